@@ -1,0 +1,31 @@
+# `make test` and `make demo` work on a fresh machine: they create (or reuse) .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test demo lint typecheck venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml $(wildcard setup.py)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/gpupool demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""typer commands: parse, call the layer below, format. No logic of their own."""

@@ -1,0 +1,1 @@
+"""Units, resource and request types, errors: pure, no I/O, no third-party imports."""

@@ -1,0 +1,1 @@
+"""GPU inventory and control: NVML backend, simulated backend, MIG apply."""

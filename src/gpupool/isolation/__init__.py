@@ -1,0 +1,1 @@
+"""Turns an allocation into a launch spec; MPS control; locates the native libraries."""

@@ -1,0 +1,1 @@
+"""MIG profile catalog, layout planner, mig-parted config format (pure)."""

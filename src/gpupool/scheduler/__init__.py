@@ -1,0 +1,1 @@
+"""Placement engine: cluster state, feasibility, policies, priorities."""

@@ -1,0 +1,1 @@
+"""Trace loaders, replay engine, metrics, plots."""
