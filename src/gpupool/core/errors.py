@@ -50,3 +50,9 @@ class NativeLibraryError(GpupoolError):
     """A native library of gpupool is missing or cannot be loaded."""
 
     exit_code = 5
+
+
+class MigLayoutError(InvalidRequest):
+    """A MIG layout does not fit a GPU (overlap, invalid start, too many instances)."""
+
+    exit_code = 1
