@@ -1,0 +1,172 @@
+"""`gpupool gpus`: the node's GPUs, MIG instances and processes, like nvidia-smi."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.units import format_bytes
+from gpupool.devices.backend import GpuBackend, open_backend
+from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
+
+DEFAULT_WATCH_SECONDS = 2.0
+
+
+def _optional(value: object, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value}{suffix}"
+
+
+def _memory(used: int | None, total: int | None = None) -> str:
+    if used is None:
+        return "n/a"
+    return format_bytes(used) if total is None else f"{format_bytes(used)} / {format_bytes(total)}"
+
+
+def _mig_mode(gpu: GpuSnapshot) -> str:
+    if gpu.mig is None:
+        return "n/a"
+    mode = "on" if gpu.mig.current else "off"
+    if gpu.mig.pending != gpu.mig.current:
+        mode += f" ({'on' if gpu.mig.pending else 'off'} after reset)"
+    return mode
+
+
+def header(snapshot: NodeSnapshot) -> Text:
+    """The first line: where the numbers come from."""
+    if snapshot.simulated:
+        return Text(f"simulated node {snapshot.node_dir} (simulated GPUs)", style="bold yellow")
+    return Text(f"NVIDIA driver {snapshot.driver}", style="bold")
+
+
+def gpu_table(snapshot: NodeSnapshot) -> Table:
+    table = Table(title="GPUs", title_justify="left")
+    for column in ("GPU", "Name", "Model", "Memory used / total", "Util", "Temp", "Power"):
+        table.add_column(column, justify="right" if column in ("GPU", "Util", "Temp") else "left")
+    table.add_column("MIG")
+    table.add_column("Health")
+    for gpu in snapshot.gpus:
+        power = None if gpu.power_w is None else f"{gpu.power_w:.0f}"
+        health = Text("ok", style="green") if gpu.healthy else Text(gpu.error or "error", "red")
+        table.add_row(
+            str(gpu.index),
+            gpu.name,
+            gpu.model,
+            _memory(gpu.memory_used, gpu.memory_total),
+            _optional(gpu.utilization, "%"),
+            _optional(gpu.temperature, "C"),
+            _optional(power, "W"),
+            _mig_mode(gpu),
+            health,
+        )
+    return table
+
+
+def mig_table(snapshot: NodeSnapshot) -> Table | None:
+    rows = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
+    if not rows:
+        return None
+    table = Table(title="MIG instances", title_justify="left")
+    for column in ("GPU", "GI", "CI", "Profile", "Placement", "Memory", "UUID"):
+        table.add_column(column)
+    for gpu, instance in rows:
+        start = instance.placement_start
+        placement = "n/a" if start is None else f"{start}:{instance.placement_size}"
+        table.add_row(
+            str(gpu.index),
+            str(instance.gi_id),
+            _optional(instance.ci_id),
+            instance.profile,
+            placement,
+            format_bytes(instance.memory_total),
+            instance.uuid or "",
+        )
+    return table
+
+
+def process_table(snapshot: NodeSnapshot) -> Table:
+    table = Table(title="Processes", title_justify="left")
+    for column in ("GPU", "PID", "Name", "Memory", "SM util"):
+        table.add_column(column, justify="right" if column != "Name" else "left")
+    for gpu in snapshot.gpus:
+        for process in gpu.processes:
+            table.add_row(
+                str(gpu.index),
+                str(process.pid),
+                process.name,
+                _memory(process.memory_used),
+                _optional(process.gpu_utilization, "%"),
+            )
+    if not table.row_count:
+        table.add_row("", "", "no processes", "", "")
+    return table
+
+
+def render(snapshot: NodeSnapshot) -> RenderableType:
+    """The whole nvidia-smi-like view of one snapshot."""
+    parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
+    migs = mig_table(snapshot)
+    if migs is not None:
+        parts.append(migs)
+    parts.append(process_table(snapshot))
+    return Group(*parts)
+
+
+def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console) -> None:
+    """Refresh until Ctrl-C; JSON mode prints one document per line per refresh."""
+    try:
+        if as_json:
+            while True:
+                typer.echo(json.dumps(backend.snapshot().to_json()))
+                time.sleep(seconds)
+        with Live(render(backend.snapshot()), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(seconds)
+                live.update(render(backend.snapshot()), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+def register(app: typer.Typer) -> None:
+    """Add `gpus` to the app."""
+
+    @app.command("gpus")
+    def gpus(
+        simulate: str | None = typer.Option(
+            None,
+            "--simulate",
+            metavar="SPEC",
+            help="Simulated GPUs: 8xH100-80GB, 4xA30-24GB,2xA100-40GB or an inventory YAML.",
+        ),
+        node_dir: Path | None = typer.Option(
+            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON."),
+        watch: bool = typer.Option(
+            False, "--watch", help="Refresh every SECONDS (default 2) until Ctrl-C."
+        ),
+        seconds: float | None = typer.Argument(
+            None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
+        ),
+    ) -> None:
+        """Show the GPUs, their MIG instances and processes (NVML, or simulated GPUs)."""
+        if seconds is not None and not watch:
+            raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
+        interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds
+        if interval <= 0:
+            raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
+        console = Console()
+        with open_backend(simulate, node_dir) as backend:
+            if watch:
+                _watch(backend, interval, as_json, console)
+            elif as_json:
+                typer.echo(json.dumps(backend.snapshot().to_json(), indent=2))
+            else:
+                console.print(render(backend.snapshot()))

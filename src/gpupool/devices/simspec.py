@@ -1,0 +1,191 @@
+"""Simulated node specs: `8xH100-80GB`, `4xA30,2xA100-40GB` or a YAML inventory file.
+
+The YAML inventory::
+
+    gpus:
+      - model: H100-80GB        # a catalog model or alias (H100, A30, H200, B200, ...)
+        count: 2                # default 1
+        mig: [3g.40gb, {profile: 4g.40gb, start: 0}]   # optional: MIG on, these instances;
+                                                        # `mig: true` is MIG on, no instances
+        uuids: [GPU-..., GPU-...]                       # optional, one per GPU
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.devices.simstate import MAX_GPUS
+from gpupool.mig import catalog
+
+ENV_NODE_DIR = "GPUPOOL_SIM_NODE"
+_ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class MigRequest:
+    """An instance a spec asks for: a profile, at `start` or the first free valid slot."""
+
+    profile: str
+    start: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    """One GPU of a spec."""
+
+    model: catalog.GpuModel
+    mig: bool = False
+    instances: tuple[MigRequest, ...] = ()
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A parsed spec; `key` identifies it (the same spec reuses the same node)."""
+
+    text: str
+    gpus: tuple[GpuEntry, ...]
+
+    @property
+    def key(self) -> str:
+        canonical = json.dumps(
+            [
+                [g.model.name, g.mig, [[i.profile, i.start] for i in g.instances], g.uuid]
+                for g in self.gpus
+            ]
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def parse_spec(text: str) -> NodeSpec:
+    """A spec string or a YAML inventory path -> NodeSpec; bad input names the bad part."""
+    stripped = text.strip()
+    if stripped.endswith((".yaml", ".yml")) or (stripped and Path(stripped).is_file()):
+        return _parse_yaml(Path(stripped))
+    gpus: list[GpuEntry] = []
+    for part in stripped.split(","):
+        match = _ITEM.match(part)
+        if match is None:
+            raise InvalidRequest(
+                f"invalid simulated node spec {text!r}: {part.strip()!r} is not COUNTxMODEL "
+                "(e.g. 8xH100-80GB, 4xA30,2xA100-40GB) nor a YAML file"
+            )
+        count = int(match.group(1) or 1)
+        if count < 1:
+            raise InvalidRequest(f"invalid simulated node spec {text!r}: GPU count {count}")
+        gpus.extend([GpuEntry(catalog.get_model(match.group(2)))] * count)
+    return NodeSpec(stripped, _check_size(text, gpus))
+
+
+def _check_size(where: str, gpus: list[GpuEntry]) -> tuple[GpuEntry, ...]:
+    if not 0 < len(gpus) <= MAX_GPUS:
+        raise InvalidRequest(
+            f"simulated node {where!r} has {len(gpus)} GPUs; a node holds 1 to {MAX_GPUS}"
+        )
+    return tuple(gpus)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read inventory {path}: {err.strerror}") from err
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{line} malformed YAML: {err.problem}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: malformed YAML: {err}") from err
+
+
+def _parse_yaml(path: Path) -> NodeSpec:
+    data = _load_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+        raise ConfigError(f"{path}: an inventory is a mapping with a `gpus:` list")
+    gpus: list[GpuEntry] = []
+    for number, item in enumerate(data["gpus"], start=1):
+        gpus.extend(_parse_yaml_entry(path, number, item))
+    return NodeSpec(str(path), _check_size(str(path), gpus))
+
+
+def _parse_yaml_entry(path: Path, number: int, item: Any) -> list[GpuEntry]:
+    where = f"{path}: gpus entry {number}"
+    if not isinstance(item, dict) or "model" not in item:
+        raise ConfigError(f"{where}: needs `model:` (and optionally count, mig, uuids)")
+    unknown = set(item) - {"model", "count", "mig", "uuids"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    try:
+        model = catalog.get_model(str(item["model"]))
+    except InvalidRequest as err:
+        raise ConfigError(f"{where}: {err}") from err
+    count = item.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"{where}: count {count!r} must be a positive integer")
+    mig, instances = _parse_mig(where, model, item.get("mig", False))
+    uuids = item.get("uuids")
+    if uuids is not None and (
+        not isinstance(uuids, list) or len(uuids) != count or not all(map(_is_gpu_uuid, uuids))
+    ):
+        raise ConfigError(f"{where}: uuids must list {count} UUIDs like GPU-<uuid>")
+    return [
+        GpuEntry(model, mig, instances, uuids[i] if uuids is not None else None)
+        for i in range(count)
+    ]
+
+
+def _is_gpu_uuid(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"GPU-[0-9a-fA-F-]{36}", value) is not None
+
+
+def _parse_mig(
+    where: str, model: catalog.GpuModel, value: Any
+) -> tuple[bool, tuple[MigRequest, ...]]:
+    if isinstance(value, bool):
+        return value, ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: mig must be true, false or a list of profiles")
+    requests = []
+    for item in value:
+        profile, start = (item, None) if isinstance(item, str) else _mig_item(where, item)
+        try:
+            model.profile(profile)
+        except InvalidRequest as err:
+            raise ConfigError(f"{where}: {err}") from err
+        requests.append(MigRequest(model.profile(profile).name, start))
+    return True, tuple(requests)
+
+
+def _mig_item(where: str, item: Any) -> tuple[str, int | None]:
+    if not isinstance(item, dict) or not isinstance(item.get("profile"), str):
+        raise ConfigError(f"{where}: a mig item is a profile name or {{profile: P, start: N}}")
+    start = item.get("start")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
+        raise ConfigError(f"{where}: start {start!r} must be an integer slot")
+    return item["profile"], start
+
+
+def default_node_dir(spec: NodeSpec) -> Path:
+    """Where the node of `spec` lives unless told: one directory per spec, per user."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "gpupool-sim" if runtime else Path(f"/tmp/gpupool-sim-{os.getuid()}")
+    return base / spec.key
+
+
+def resolve_node_dir(spec: NodeSpec | None, node_dir: Path | None) -> Path | None:
+    """--node-dir, else $GPUPOOL_SIM_NODE, else the spec's default; None when nothing says."""
+    if node_dir is not None:
+        return node_dir
+    from_env = os.environ.get(ENV_NODE_DIR)
+    if from_env:
+        return Path(from_env)
+    return default_node_dir(spec) if spec is not None else None
