@@ -378,3 +378,26 @@ def _best_keep(
             return list(subset), final
     # nothing kept: the target alone must fit, or its reason is the answer
     return [], find_placements(model, wanted)
+
+
+def free_slices(model: GpuModel, placements: Iterable[Placement]) -> list[int]:
+    """Memory slices no instance of `placements` occupies."""
+    used = {s for p in placements for s in model.profile(p.profile).slots(p.start)}
+    return [s for s in range(model.memory_slices) if s not in used]
+
+
+def room(model: GpuModel, placements: Sequence[Placement]) -> dict[str, int]:
+    """For each profile, how many more instances of it alone would still fit next to these."""
+    validate_layout(model, placements)
+    counts = Counter(model.profile(p.profile).name for p in placements)
+    more: dict[str, int] = {}
+    for profile in model.profiles:
+        fits = 0
+        for extra in range(1, profile.max_instances - counts[profile.name] + 1):
+            try:
+                find_placements(model, {profile.name: extra}, placements)
+            except MigLayoutError:
+                break
+            fits = extra
+        more[profile.name] = fits
+    return more
