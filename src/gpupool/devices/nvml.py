@@ -352,12 +352,13 @@ class NvmlBackend(GpuBackend):
         nvml = self._nvml
         handle = self._handle(index)
         profile = self._profile(index, profile_name)
-        if (start, profile.slice_count) not in profile.placements and profile.placements:
-            starts = ", ".join(str(s) for s, _ in profile.placements)
+        sizes = {s: size for s, size in profile.placements}
+        if start not in sizes:
+            starts = ", ".join(str(s) for s in sizes) or "none"
             raise InvalidRequest(
                 f"{profile_name} cannot start at slot {start} on GPU {index} (valid: {starts})"
             )
-        placement = nvml.constant("c_nvmlGpuInstancePlacement_t")(start, profile.slice_count)
+        placement = nvml.constant("c_nvmlGpuInstancePlacement_t")(start, sizes[start])
         what = f"creating a {profile_name} GPU instance at slot {start} on GPU {index}"
         gi = nvml.command(
             "nvmlDeviceCreateGpuInstanceWithPlacement",
