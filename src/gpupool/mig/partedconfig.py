@@ -80,7 +80,10 @@ class _Reader:
         items = []
         seen: set[str] = set()
         for key_node, value_node in node.value:
-            key = str(self.scalar(key_node))
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, f"a key in {what} must be a plain name")
+            # the text as written: YAML 1.1 would turn a config named `off` into False
+            key = str(key_node.value)
             if key in seen:
                 raise self.fail(key_node, f"{key!r} appears twice in {what}")
             seen.add(key)
