@@ -88,7 +88,7 @@ class FakeNvml:
             return getattr(real, name)
         return object.__getattribute__(self, name)
 
-    # -- plumbing -----------------------------------------------------------------------------------
+    # -- plumbing --
 
     def _enter(self, name: str, handle: Any = None) -> None:
         self.calls.append(name)
@@ -129,7 +129,7 @@ class FakeNvml:
         if not self.privileged:
             raise nvml_error(real.NVML_ERROR_NO_PERMISSION)
 
-    # -- init, system ---------------------------------------------------------------------------------
+    # -- init, system --
 
     def nvmlInit(self) -> None:
         self._enter("nvmlInit")
@@ -158,7 +158,7 @@ class FakeNvml:
             raise nvml_error(real.NVML_ERROR_GPU_IS_LOST)
         return gpu
 
-    # -- device queries (a GPU or a MIG device handle) ------------------------------------------------
+    # -- device queries (a GPU or a MIG device handle) --
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         self._enter("nvmlDeviceGetUUID", handle)
@@ -229,7 +229,7 @@ class FakeNvml:
             for pid, util in handle.process_sm_util.items()
         ]
 
-    # -- MIG ------------------------------------------------------------------------------------------
+    # -- MIG --
 
     def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", handle)

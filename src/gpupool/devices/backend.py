@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from gpupool.devices.simspec import ENV_NODE_DIR
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 
 
@@ -74,13 +76,14 @@ class GpuBackend(abc.ABC):
 
 
 def open_backend(simulate: str | None, node_dir: Path | None = None) -> GpuBackend:
-    """NVML when `simulate` is None (and no `node_dir`), else the simulated node of that spec.
+    """The simulated node of spec `simulate`, else NVML.
 
-    `simulate` is a spec (`8xH100-80GB`, `4xA30,2xA100-40GB`, a YAML inventory path); `node_dir`
-    alone opens an existing simulated node.
+    `simulate` is a spec (`8xH100-80GB`, `4xA30,2xA100-40GB`, a YAML inventory path). Without
+    one, `node_dir` or $GPUPOOL_SIM_NODE (set for processes on the simulated driver) opens an
+    existing simulated node; with neither, the real GPUs through NVML.
     """
     # imported here so that NVML users never load the simulated node and vice versa
-    if simulate is None and node_dir is None:
+    if simulate is None and node_dir is None and not os.environ.get(ENV_NODE_DIR):
         from gpupool.devices.nvml import NvmlBackend
 
         return NvmlBackend()

@@ -2,7 +2,8 @@
 
 `node.json` is replaced atomically (write, then rename) under an flock, so readers never lock and
 two writers never lose each other's change. MIG changes follow the hardware's rules, from the
-catalog: valid start slots, no overlapping slices, at most `max_instances` of a profile.
+catalog: valid start slots, no overlapping memory slices, at most `max_instances` of a profile
+(the catalog's start slots keep compute slices within the GPU's, as the driver's tables do).
 """
 
 from __future__ import annotations
@@ -206,7 +207,13 @@ def _with_spec_mig(gpu: SimGpu, entry: GpuEntry) -> SimGpu:
     if not entry.mig:
         return gpu
     gpu = _with_mig(gpu, True)
-    for request in entry.instances:
+    placed = [r for r in entry.instances if r.start is not None]
+    # the rest first-fit, largest first, as one packs slices by hand
+    unplaced = sorted(
+        (r for r in entry.instances if r.start is None),
+        key=lambda r: -entry.model.profile(r.profile).size,
+    )
+    for request in placed + unplaced:
         start = request.start
         if start is None:
             start = _first_free_start(gpu, request.profile)
@@ -242,10 +249,9 @@ def _without_instance(gpu: SimGpu, gi_id: int) -> SimGpu:
 
 def _first_free_start(gpu: SimGpu, profile_name: str) -> int:
     profile = gpu.catalog_model.profile(profile_name)
-    if _compute_fits(gpu, profile):
-        for start in profile.starts:
-            if _overlap(gpu, profile, start) is None:
-                return start
+    for start in profile.starts:
+        if _overlap(gpu, profile, start) is None:
+            return start
     raise InvalidRequest(
         f"no free placement for {profile.name} on GPU {gpu.index} ({gpu.model}): "
         f"in use {_describe_layout(gpu)}"
@@ -272,14 +278,9 @@ def _new_instance(gpu: SimGpu, profile_name: str, start: int) -> SimInstance:
     conflict = _overlap(gpu, profile, start)
     if conflict is not None:
         raise InvalidRequest(
-            f"{profile.name} at slots {_slots(start, profile.size)} on GPU {gpu.index} overlaps "
-            f"{conflict.profile} (GPU instance {conflict.gi_id}) at slots "
+            f"{profile.name} at {_slots(start, profile.size)} on GPU {gpu.index} overlaps "
+            f"{conflict.profile} (GPU instance {conflict.gi_id}) at "
             f"{_slots(conflict.start, conflict.size)}"
-        )
-    if not _compute_fits(gpu, profile):
-        raise InvalidRequest(
-            f"{profile.name} does not fit on GPU {gpu.index}: its compute slices are in use "
-            f"({_describe_layout(gpu)})"
         )
     used = {i.gi_id for i in gpu.instances}
     gi_id = next(n for n in range(1, len(used) + 2) if n not in used)
@@ -294,18 +295,14 @@ def _overlap(gpu: SimGpu, profile: catalog.MigProfile, start: int) -> SimInstanc
     return None
 
 
-def _compute_fits(gpu: SimGpu, profile: catalog.MigProfile) -> bool:
-    model = gpu.catalog_model
-    used = sum(model.profile(i.profile).compute_slices for i in gpu.instances)
-    return used + profile.compute_slices <= model.compute_slices
-
-
 def _slots(start: int, size: int) -> str:
-    return f"{start}" if size == 1 else f"{start}-{start + size - 1}"
+    return f"slot {start}" if size == 1 else f"slots {start}-{start + size - 1}"
 
 
 def _describe_layout(gpu: SimGpu) -> str:
-    return ", ".join(f"{i.profile}@{_slots(i.start, i.size)}" for i in gpu.instances) or "nothing"
+    return (
+        ", ".join(f"{i.profile} at {_slots(i.start, i.size)}" for i in gpu.instances) or "nothing"
+    )
 
 
 def _gpus_of(data: dict[str, Any]) -> list[SimGpu]:
