@@ -124,3 +124,11 @@ def test_config_errors_name_the_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "GPU 0 (A30-24GB) has no MIG profile '3g.40gb'" in result.stderr
+
+
+def test_catalog_json_and_markdown() -> None:
+    data = json.loads(gpupool("catalog", "--model", "A30", "--json").stdout)
+    assert [p["name"] for p in data[0]["profiles"]][-1] == "4g.24gb"
+    assert data[0]["profiles"][-1]["starts"] == [0]
+    markdown = gpupool("catalog", "--markdown").stdout
+    assert markdown.count("### ") == 7

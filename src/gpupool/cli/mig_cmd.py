@@ -13,7 +13,8 @@ from gpupool.core.units import format_bytes
 from gpupool.devices.backend import open_backend
 from gpupool.devices.mig_apply import NodePlan, StepDone, apply_node, plan_node
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
-from gpupool.mig.catalog import GpuModel, get_model
+from gpupool.mig.catalog import MODELS, GpuModel, get_model
+from gpupool.mig.catalog_tables import catalog_markdown, model_markdown, nvml_profile_name
 from gpupool.mig.partedconfig import load_config
 from gpupool.mig.planner import (
     Placement,
@@ -211,6 +212,57 @@ def layouts(
     typer.echo(f"{len(found)} complete layouts of {model.name}:")
     for layout in found:
         typer.echo(f"  {format_layout(layout)}")
+
+
+def _profile_json(model: GpuModel) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": p.name,
+            "nvml_profile": p.nvml_profile,
+            "smi_id": p.smi_id,
+            "compute_slices": p.compute_slices,
+            "memory_slices": p.memory_slices,
+            "memory": p.memory_bytes,
+            "sm_count": p.sm_count,
+            "max_instances": p.max_instances,
+            "starts": list(p.starts),
+        }
+        for p in model.profiles
+    ]
+
+
+def _catalog_lines(model: GpuModel) -> list[str]:
+    note = "" if model.exact else " (nominal memory sizes)"
+    lines = [f"{model.name}: {model.marketing_name}, {format_bytes(model.memory_bytes)}{note}"]
+    lines.append(
+        f"  {'profile':<12} {'NVML profile':<13} {'smi id':>6} {'compute':>7} {'memory':>6} "
+        f"{'size':>9} {'SMs':>4} {'max':>3}  starts"
+    )
+    for p in model.profiles:
+        lines.append(
+            f"  {p.name:<12} {nvml_profile_name(p.nvml_profile):<13} {p.smi_id:>6} "
+            f"{p.compute_slices:>7} {p.memory_slices:>6} {format_bytes(p.memory_bytes):>9} "
+            f"{p.sm_count:>4} {p.max_instances:>3}  {','.join(map(str, p.starts))}"
+        )
+    return lines
+
+
+@mig_app.command("catalog")
+def catalog_command(
+    model_name: str | None = typer.Option(
+        None, "--model", "-m", metavar="MODEL", help="One model (default: all)."
+    ),
+    markdown: bool = typer.Option(False, "--markdown", help="Markdown tables (docs/mig.md)."),
+    as_json: bool = JSON,
+) -> None:
+    """The MIG profiles gpupool knows: sizes, NVML ids, valid starts, per model."""
+    models = [get_model(model_name)] if model_name else list(MODELS)
+    if markdown:
+        typer.echo(model_markdown(models[0]) if model_name else catalog_markdown())
+    elif as_json:
+        _emit_json([{"model": m.name, "profiles": _profile_json(m)} for m in models])
+    else:
+        typer.echo("\n".join(line for m in models for line in [*_catalog_lines(m), ""]).rstrip())
 
 
 # --- plan and apply ----------------------------------------------------------------------------
