@@ -227,13 +227,15 @@ class NvmlBackend(GpuBackend):
             )
             if mig is NOT_AVAILABLE:
                 continue
-            gi_id = nvml.command("nvmlDeviceGetGpuInstanceId", mig, what="reading a MIG device")
-            ci_id = nvml.command("nvmlDeviceGetComputeInstanceId", mig, what="reading a MIG device")
-            uuid = text(nvml.command("nvmlDeviceGetUUID", mig, what="reading a MIG device"))
+            gi_id = nvml.query("nvmlDeviceGetGpuInstanceId", mig)
+            ci_id = nvml.query("nvmlDeviceGetComputeInstanceId", mig)
+            uuid = nvml.query("nvmlDeviceGetUUID", mig)
             name = nvml.query("nvmlDeviceGetName", mig)
-            memory = nvml.command("nvmlDeviceGetMemoryInfo", mig, what="reading a MIG device")
+            memory = nvml.query("nvmlDeviceGetMemoryInfo", mig)
+            if any(v is NOT_AVAILABLE for v in (gi_id, ci_id, uuid, memory)):
+                continue  # a MIG device the driver half-describes is left out, not fatal
             name_text = text(name) if name is not NOT_AVAILABLE else ""
-            found.setdefault(gi_id, (ci_id, uuid, int(memory.total), name_text))
+            found.setdefault(gi_id, (ci_id, text(uuid), int(memory.total), name_text))
         return found
 
     def _mig_instances(self, index: int, handle: Any) -> tuple[MigInstance, ...]:
