@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.errors import DeviceError
+from gpupool.core.errors import DeviceError, MigLayoutError
 from gpupool.devices.backend import DriverProfile, GpuBackend
-from gpupool.devices.mig_apply import StepDone, apply_node, plan_node
+from gpupool.devices.mig_apply import StepDone, apply_node, plan_backend, plan_node
 from gpupool.devices.simstate import SimProcSlot, process_start_time
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
@@ -34,6 +34,10 @@ mig-configs:
     - devices: [0]
       mig-enabled: true
       mig-devices: {"3g.40gb": 1, "4g.40gb": 1}
+  halves-3g:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1}
   off:  # read as the name "off", not YAML 1.1's false
     - devices: all
       mig-enabled: false
@@ -194,3 +198,23 @@ def test_a_lost_gpu_is_named(node: SimulatedBackend) -> None:
     node.node.state.set_flags(1, 0x1)
     with pytest.raises(DeviceError, match="GPU 1 cannot be configured: GPU is lost"):
         plan_node(node.snapshot(), CONFIG, "balanced")
+
+
+class DriverSays(Wrapped):
+    """A real-looking node whose driver table differs from the catalog."""
+
+    def __init__(self, inner: SimulatedBackend, table: list[DriverProfile]) -> None:
+        super().__init__(inner)
+        self.simulated = False
+        self.table = table
+
+    def mig_profile_table(self, index: int) -> list[DriverProfile]:
+        return self.table if index == 0 else self.inner.mig_profile_table(index)
+
+
+def test_on_real_gpus_the_drivers_table_decides(node: SimulatedBackend) -> None:
+    only_high = [DriverProfile(9, "3g.40gb", 40448, 3, 60, 2, ((4, 4),))]
+    plan = plan_backend(DriverSays(node, only_high), CONFIG, "halves-3g")
+    assert [str(p) for p in plan.gpus[0].plan.final] == ["3g.40gb@4"]
+    with pytest.raises(MigLayoutError, match=r"GPU 0 \(H100-80GB\): its driver does not offer"):
+        plan_backend(DriverSays(node, only_high), CONFIG, "balanced")

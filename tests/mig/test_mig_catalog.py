@@ -104,3 +104,41 @@ def test_lookup_by_device_name_and_pci_id() -> None:
     assert get_model("H100").pci_device_id == "0x233010DE"
     with pytest.raises(InvalidRequest, match="invalid PCI device id 'zz'"):
         catalog.normalize_pci_device_id("zz")
+
+
+class Row:
+    """A driver table row as the devices layer reads it (nvmlGpuInstanceProfileInfo + places)."""
+
+    def __init__(
+        self,
+        name: str,
+        pid: int,
+        slices: int,
+        mib: int,
+        sms: int,
+        count: int,
+        placements: tuple[tuple[int, int], ...],
+    ) -> None:
+        self.name, self.profile_id, self.slice_count = name, pid, slices
+        self.memory_mib, self.sm_count, self.instance_count = mib, sms, count
+        self.placements = placements
+
+
+def test_the_driver_table_overrides_the_catalog() -> None:
+    h200 = get_model("H200")
+    rows = [
+        Row("MIG 1g.18gb", 19, 1, 16384, 16, 7, tuple((s, 1) for s in range(7))),
+        Row("MIG 3g.71gb", 9, 3, 70656, 60, 2, ((0, 4), (4, 4))),
+        Row("MIG 1g.18gb-me", 21, 1, 16384, 16, 7, tuple((s, 1) for s in range(7))),
+        Row("MIG 7g.141gb", 0, 7, 143360, 132, 1, ()),
+    ]
+    driven = catalog.with_driver_table(h200, rows)
+    assert driven.exact and driven.profile_names == ("1g.18gb", "3g.71gb", "1g.18gb-me", "7g.141gb")
+    assert driven.profile("1g.18gb").memory_mib == 16384
+    assert driven.profile("3g.71gb").starts == (0, 4)
+    added = driven.profile("1g.18gb-me")
+    assert (added.nvml_profile, added.smi_id, added.memory_slices) == (-1, 21, 1)
+    full = driven.profile("7g.141gb")  # no placements from the driver: the catalog's
+    assert (full.starts, full.memory_slices, full.memory_mib) == ((0,), 8, 143360)
+    assert not driven.has_profile("2g.35gb")  # the driver does not offer it
+    assert catalog.with_driver_table(h200, []) is h200

@@ -11,7 +11,7 @@ import typer
 from gpupool.core.errors import InvalidRequest, MigLayoutError
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import open_backend
-from gpupool.devices.mig_apply import NodePlan, StepDone, apply_node, plan_node
+from gpupool.devices.mig_apply import NodePlan, StepDone, apply_node, driver_tables, plan_node
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
 from gpupool.mig.catalog import MODELS, GpuModel, get_model
 from gpupool.mig.catalog_tables import catalog_markdown, model_markdown, nvml_profile_name
@@ -334,8 +334,9 @@ def plan(
     config = load_config(config_file)
     with open_backend(simulate, node_dir) as backend:
         snapshot = backend.snapshot()
+        tables = driver_tables(backend, snapshot)
     _announce(snapshot)
-    node_plan = plan_node(snapshot, config, config_name)
+    node_plan = plan_node(snapshot, config, config_name, tables)
     if as_json:
         _emit_json(_plan_json(node_plan))
     else:

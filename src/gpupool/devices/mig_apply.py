@@ -7,13 +7,19 @@ driver error, a crash) is finished by running it again: instances that already m
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpupool.core.errors import DeviceError, GpupoolError, InvalidRequest
-from gpupool.devices.backend import GpuBackend
+from gpupool.core.errors import (
+    DeviceError,
+    GpupoolError,
+    InvalidRequest,
+    MigLayoutError,
+    NotAvailable,
+)
+from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
-from gpupool.mig.catalog import GpuModel, get_model
+from gpupool.mig.catalog import GpuModel, get_model, with_driver_table
 from gpupool.mig.partedconfig import GpuIdentity, GpuTarget, PartedConfig, targets
 from gpupool.mig.planner import ExistingInstance, GpuPlan, Step, plan_gpu
 
@@ -71,8 +77,29 @@ def _disturbing(plan: GpuPlan) -> bool:
     return any(step.action != "create" for step in plan.steps)
 
 
-def plan_node(snapshot: NodeSnapshot, config: PartedConfig, name: str) -> NodePlan:
-    """Plan config `name` for every GPU of `snapshot` (nothing is changed)."""
+DriverTables = Mapping[int, Sequence[DriverProfile]]
+
+
+def _planning_model(target: GpuTarget, tables: DriverTables) -> GpuModel:
+    """The catalog's model, or the driver's own table of it where one was read."""
+    model = with_driver_table(target.model, tables.get(target.index, ()))
+    for profile in target.counts:
+        if not model.has_profile(profile):
+            raise MigLayoutError(
+                f"GPU {target.index} ({model.name}): its driver does not offer {profile}; "
+                f"it offers {', '.join(model.profile_names)}"
+            )
+    return model
+
+
+def plan_node(
+    snapshot: NodeSnapshot, config: PartedConfig, name: str, tables: DriverTables | None = None
+) -> NodePlan:
+    """Plan config `name` for every GPU of `snapshot` (nothing is changed).
+
+    `tables` holds the driver's profile tables by GPU index; where given, planning uses them
+    instead of the catalog.
+    """
     by_index = {gpu.index: gpu for gpu in snapshot.gpus}
     identities = [GpuIdentity(g.index, _catalog_model(g)) for g in snapshot.gpus]
     planned = []
@@ -83,13 +110,37 @@ def plan_node(snapshot: NodeSnapshot, config: PartedConfig, name: str) -> NodePl
         if gpu.mig is None:
             raise DeviceError(f"GPU {gpu.index} ({gpu.model}) does not report a MIG mode")
         enabled_now, existing = _existing(gpu)
-        plan = plan_gpu(target.model, enabled_now, existing, target.mig_enabled, target.counts)
+        model = _planning_model(target, tables or {})
+        plan = plan_gpu(model, enabled_now, existing, target.mig_enabled, target.counts)
         pids = tuple(p.pid for p in gpu.processes) if _disturbing(plan) else ()
         planned.append(GpuApplyPlan(gpu.index, target.model.name, target, plan, pids))
     planned.sort(key=lambda g: g.index)
     done = {g.index for g in planned}
     untouched = tuple(g.index for g in snapshot.gpus if g.index not in done)
     return NodePlan(name, snapshot.simulated, tuple(planned), untouched)
+
+
+def driver_tables(backend: GpuBackend, snapshot: NodeSnapshot) -> dict[int, list[DriverProfile]]:
+    """The driver's profile tables of a real node's MIG GPUs; none for a simulated node.
+
+    A simulated node's table is the catalog itself, so there is nothing to read.
+    """
+    if backend.simulated:
+        return {}
+    tables = {}
+    for gpu in snapshot.gpus:
+        if gpu.healthy and gpu.mig is not None:
+            try:
+                tables[gpu.index] = backend.mig_profile_table(gpu.index)
+            except NotAvailable:
+                continue  # no table (MIG off on some drivers): the catalog stands in
+    return tables
+
+
+def plan_backend(backend: GpuBackend, config: PartedConfig, name: str) -> NodePlan:
+    """Plan config `name` on the node behind `backend` as it is now."""
+    snapshot = backend.snapshot()
+    return plan_node(snapshot, config, name, driver_tables(backend, snapshot))
 
 
 @dataclass(frozen=True)
@@ -133,7 +184,7 @@ def apply_node(
     the run with a DeviceError that says how far it got; the state stays as the driver left it
     (`mig show` reports it), and running the same apply again finishes the job.
     """
-    plan = plan_node(backend.snapshot(), config, name)
+    plan = plan_backend(backend, config, name)
     _refuse(plan, backend, force)
     for gpu in plan.gpus:
         _apply_gpu(backend, gpu, force, progress)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MiB
@@ -409,3 +410,56 @@ def normalize_pci_device_id(device_id: str | int) -> str:
     if not 0 <= number <= 0xFFFFFFFF:
         raise InvalidRequest(f"invalid PCI device id {device_id!r}: must fit in 32 bits")
     return f"0x{number:08X}"
+
+
+class DriverTableRow(Protocol):
+    """One row of a driver's GPU instance profile table (what the devices layer reads)."""
+
+    @property
+    def profile_id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_mib(self) -> int: ...
+    @property
+    def slice_count(self) -> int: ...
+    @property
+    def sm_count(self) -> int: ...
+    @property
+    def instance_count(self) -> int: ...
+    @property
+    def placements(self) -> tuple[tuple[int, int], ...]: ...
+
+
+def with_driver_table(model: GpuModel, rows: Sequence[DriverTableRow]) -> GpuModel:
+    """`model` as the driver describes it: the driver's profiles, sizes, maxima and placements.
+
+    The driver is the authority on a real GPU (a newer or older driver offers other profiles,
+    and its memory sizes move between releases); the catalog fills in what a row lacks (the
+    NVML constant, and placements when the driver gave none). An empty table leaves `model` as is.
+    """
+    profiles = [p for p in (_driver_profile(model, row) for row in rows) if p is not None]
+    return replace(model, profiles=tuple(profiles), exact=True) if profiles else model
+
+
+def _driver_profile(model: GpuModel, row: DriverTableRow) -> MigProfile | None:
+    name = row.name.strip().lower().removeprefix("mig ").strip()
+    known = model.profile(name) if model.has_profile(name) else None
+    sizes = {size for _, size in row.placements}
+    if len(sizes) == 1:
+        memory_slices, starts = sizes.pop(), tuple(sorted(s for s, _ in row.placements))
+    elif known is not None:
+        memory_slices, starts = known.memory_slices, known.starts
+    else:
+        return None  # neither the driver nor the catalog says where it goes
+    return MigProfile(
+        name=name,
+        nvml_profile=known.nvml_profile if known is not None else -1,
+        smi_id=row.profile_id,
+        compute_slices=row.slice_count,
+        memory_slices=memory_slices,
+        memory_mib=row.memory_mib,
+        sm_count=row.sm_count,
+        max_instances=row.instance_count,
+        starts=starts,
+    )
