@@ -87,7 +87,8 @@ def test_profile_memory_fits_the_gpu_and_grows_with_slices() -> None:
 
 
 def test_nvml_constants_match_pynvml() -> None:
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # nvidia-ml-py is a dependency: its constants are the reference
+
     assert catalog.NVML_PROFILE_7_SLICE == pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
     assert catalog.NVML_PROFILE_1_SLICE_REV1 == pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1
     assert catalog.NVML_PROFILE_2_SLICE_REV1 == pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1

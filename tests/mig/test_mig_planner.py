@@ -146,3 +146,9 @@ def test_plan_destroys_unknown_placements_and_fails_with_the_reason() -> None:
     assert [s.action for s in plan.steps] == ["destroy", "create"]
     with pytest.raises(MigLayoutError, match="needs 10 compute slices"):
         plan_gpu(H100, True, [], True, {"7g.80gb": 1, "3g.40gb": 1})
+
+
+def test_complete_layouts_ignore_a_repeated_profile_name() -> None:
+    once = complete_layouts(A30, ["2g.12gb", "4g.24gb"])
+    assert complete_layouts(A30, ["2g.12gb", "2G.12GB", "4g.24gb"]) == once
+    assert [format_layout(layout) for layout in once] == ["2g.12gb@0, 2g.12gb@2", "4g.24gb@0"]

@@ -159,7 +159,7 @@ class _Search:
             return list(chosen)
         profile = self.todo[depth]
         # equal profiles go in increasing start order, so each set is tried once
-        same_before = depth > 0 and self.todo[depth - 1] is profile
+        same_before = depth > 0 and self.todo[depth - 1].name == profile.name
         floor = chosen[-1].start + 1 if same_before else 0
         for start in profile.starts:
             slots = profile.slots(start)
@@ -226,7 +226,7 @@ def complete_layouts(
     would only repeat layouts with one instance renamed.
     """
     profiles = (
-        [model.profile(n) for n in profile_names]
+        list({model.profile(n).name: model.profile(n) for n in profile_names}.values())
         if profile_names is not None
         else [p for p in model.profiles if not p.media_extensions]
     )
