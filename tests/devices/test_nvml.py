@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
+import pynvml
 import pytest
-from nvml_fake import FakeInstance, FakeNvml
+from nvml_fake import FakeInstance, FakeNvml, nvml_error
 
 from gpupool.core.errors import DeviceError, DriverNotFound, InvalidRequest
 from gpupool.core.units import MiB
@@ -214,3 +215,25 @@ def test_set_mig_mode_refuses_busy_gpu_and_reports_pending(
     nvml_backend.set_mig_mode(0, True, force=True)
     mig = nvml_backend.snapshot().gpus[0].mig
     assert mig is not None and (mig.current, mig.pending) == (False, True)
+
+
+def test_profile_table_is_asked_again_until_the_driver_gives_it(
+    fake_nvml: FakeNvml, nvml_backend: NvmlBackend
+) -> None:
+    fake_nvml.gpus[0].not_supported.add("nvmlDeviceGetGpuInstanceProfileInfo")
+    assert nvml_backend.mig_profile_table(0) == []  # e.g. a driver that wants MIG mode first
+    fake_nvml.gpus[0].not_supported.clear()
+    assert len(nvml_backend.mig_profile_table(0)) == len(catalog.get_model("H100").profiles)
+
+
+def test_memory_v2_falls_back_to_v1(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    original = fake_nvml.nvmlDeviceGetMemoryInfo
+
+    def v1_only(handle: object, version: object = None) -> object:
+        if version is not None:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return original(handle)
+
+    fake_nvml.nvmlDeviceGetMemoryInfo = v1_only  # type: ignore[method-assign]
+    gpu = nvml_backend.snapshot().gpus[0]
+    assert gpu.healthy and gpu.memory_used == 4 << 30

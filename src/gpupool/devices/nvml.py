@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import MiB
 from gpupool.devices.backend import DriverProfile, GpuBackend
-from gpupool.devices.nvml_lib import NOT_AVAILABLE, GpuLost, Nvml, text
+from gpupool.devices.nvml_lib import NOT_AVAILABLE, Nvml, text
+from gpupool.devices.simstate import process_name
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
 from gpupool.mig import catalog
 
@@ -38,13 +38,6 @@ def model_of(name: str, memory_total: int, pci_device_id: int | None = None) -> 
     return min(candidates, key=lambda m: abs(m.memory_bytes - memory_total)).name
 
 
-def _process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def _ci_profile_constant(slices: int) -> str:
     """The compute-instance profile that spans a whole GPU instance of `slices` slices."""
     return f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE"
@@ -60,7 +53,6 @@ class _GpuReadings:
     pci_bus_id: str = ""
     pci_device_id: int | None = None
     memory: tuple[int, int, int] = (0, 0, 0)
-    readings: dict[str, Any] = field(default_factory=dict)
 
 
 class NvmlBackend(GpuBackend):
@@ -100,9 +92,7 @@ class NvmlBackend(GpuBackend):
             handle = self._handle(index)
             self._read_identity(handle, seen)
             return self._read_gpu(handle, seen)
-        except GpuLost as err:
-            return self._broken(seen, str(err))
-        except DeviceError as err:
+        except DeviceError as err:  # GpuLost included: this GPU is broken, the others answer
             return self._broken(seen, str(err))
 
     def _broken(self, seen: _GpuReadings, error: str) -> GpuSnapshot:
@@ -140,7 +130,12 @@ class NvmlBackend(GpuBackend):
         version = nvml.constant("nvmlMemory_v2")
         if version is not None:
             # v2 reports reserved memory apart, so `used` is what processes hold
-            memory = nvml.query("nvmlDeviceGetMemoryInfo", handle, version=version)
+            memory = nvml.query(
+                "nvmlDeviceGetMemoryInfo",
+                handle,
+                version=version,
+                absent=("NVML_ERROR_INVALID_ARGUMENT",),  # a driver that predates v2
+            )
             if memory is not NOT_AVAILABLE:
                 return memory
         return nvml.command("nvmlDeviceGetMemoryInfo", handle, what="reading GPU memory")
@@ -182,7 +177,7 @@ class NvmlBackend(GpuBackend):
                 memory[proc.pid] = used if previous is None else max(previous, used or 0)
         utilization = self._process_utilization(index, handle)
         return tuple(
-            ProcessInfo(pid, _process_name(pid), used, utilization.get(pid))
+            ProcessInfo(pid, process_name(pid), used, utilization.get(pid))
             for pid, used in sorted(memory.items())
         )
 
@@ -246,7 +241,7 @@ class NvmlBackend(GpuBackend):
                 _instance_from_device(gi_id, *device) for gi_id, device in sorted(devices.items())
             )
         instances = []
-        for gi_id, profile, start, size in sorted(listed):
+        for gi_id, profile, start, size in sorted(listed, key=lambda row: row[0]):
             ci_id, uuid, memory_total, _ = devices.get(gi_id, (None, None, 0, ""))
             if not memory_total:
                 memory_total = profile.memory_mib * MiB
@@ -291,7 +286,8 @@ class NvmlBackend(GpuBackend):
             if info is NOT_AVAILABLE:
                 continue
             table.append(self._driver_profile(handle, info))
-        self._profiles[index] = table
+        if table:  # some drivers give the table only in MIG mode: ask again until they do
+            self._profiles[index] = table
         return table
 
     def _driver_profile(self, handle: Any, info: Any) -> DriverProfile:

@@ -111,6 +111,14 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def process_name(pid: int) -> str:
+    """The command name of `pid` (/proc/PID/comm), empty when the pid is gone or hidden."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def is_slot_alive(slot: SimProcSlot) -> bool:
     """The slot's process still runs and is the same process (not a reused pid)."""
     return slot.pid > 0 and process_start_time(slot.pid) == slot.start_time

@@ -22,6 +22,7 @@ from gpupool.devices.simstate import (
     SimGpuCounters,
     SimProcSlot,
     is_slot_alive,
+    process_name,
 )
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
 
@@ -58,13 +59,6 @@ def _proc_key(slot: SimProcSlot) -> tuple[int, int, int]:
 
 def _percent(busy_ns: int, wall_ns: int) -> int:
     return max(0, min(100, round(100 * busy_ns / wall_ns))) if wall_ns > 0 else 0
-
-
-def _process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class SimulatedBackend(GpuBackend):
@@ -181,9 +175,7 @@ class SimulatedBackend(GpuBackend):
         for slot in sorted((s for s in now.live if s.gpu == index), key=lambda s: s.pid):
             busy = slot.busy_ns - before.get(_proc_key(slot), slot.busy_ns)
             share = _percent(busy, wall_ns) if supported else None
-            processes.append(
-                ProcessInfo(slot.pid, _process_name(slot.pid), slot.memory_used, share)
-            )
+            processes.append(ProcessInfo(slot.pid, process_name(slot.pid), slot.memory_used, share))
         return tuple(processes)
 
     # -- MIG ------------------------------------------------------------------------------------
