@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,29 @@ def test_two_backends_on_one_node_see_each_other(sim_node: SimulatedBackend) -> 
         sim_node.create_gpu_instance(2, "7g.80gb", 0)
         mig = other.snapshot().gpus[2].mig
         assert mig is not None and [i.profile for i in mig.instances] == ["7g.80gb"]
+
+
+def _churn(node_dir: str, index: int, rounds: int) -> None:
+    """Create and destroy MIG instances on GPU `index` many times, from another process."""
+    with SimulatedBackend.open(None, Path(node_dir)) as backend:
+        backend.set_mig_mode(index, True)
+        for _ in range(rounds):
+            created = [backend.create_gpu_instance(index, "1g.6gb", s) for s in range(4)]
+            for instance in created:
+                backend.destroy_gpu_instance(index, instance.gi_id)
+        backend.create_gpu_instance(index, "4g.24gb", 0)
+
+
+def test_concurrent_writers_lose_no_change(sim_node: SimulatedBackend) -> None:
+    context = multiprocessing.get_context("fork")
+    workers = [
+        context.Process(target=_churn, args=(str(sim_node.node_dir), index, 15)) for index in (0, 1)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    for gpu in sim_node.snapshot().gpus[:2]:
+        assert gpu.mig is not None and gpu.mig.current
+        assert [i.profile for i in gpu.mig.instances] == ["4g.24gb"]
