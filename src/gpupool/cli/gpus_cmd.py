@@ -49,7 +49,7 @@ def header(snapshot: NodeSnapshot) -> Text:
 def gpu_table(snapshot: NodeSnapshot) -> Table:
     table = Table(title="GPUs", title_justify="left")
     for column in ("GPU", "Name", "Model", "Memory used / total", "Util", "Temp", "Power"):
-        table.add_column(column, justify="right" if column in ("GPU", "Util", "Temp") else "left")
+        table.add_column(column, justify="left" if column in ("Name", "Model") else "right")
     table.add_column("MIG")
     table.add_column("Health")
     for gpu in snapshot.gpus:
