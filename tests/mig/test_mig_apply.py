@@ -100,7 +100,7 @@ def test_apply_reaches_the_config_on_every_matched_gpu(node: SimulatedBackend) -
     done: list[StepDone] = []
     plan = apply_node(node, CONFIG, "balanced", progress=done.append)
     assert [g.index for g in plan.gpus] == [0, 1, 2]
-    assert layout(node, 0) == [("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]
+    assert layout(node, 0) == [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)]
     assert layout(node, 2) == [("2g.12gb", 0), ("2g.12gb", 2)]
     assert len(done) == 5 + 5 + 3 and done[0].step.action == "enable"
     assert not apply_node(node, CONFIG, "balanced").changes  # a rerun has nothing to do
@@ -122,18 +122,18 @@ def test_failure_half_way_leaves_the_truth_and_a_rerun_finishes(node: SimulatedB
     with pytest.raises(DeviceError) as caught:
         apply_node(flaky, CONFIG, "balanced")
     message = str(caught.value)
-    assert "GPU 0: step 4 of 5 (create 1g.10gb@3) failed: Insufficient Resources" in message
+    assert "GPU 0: step 4 of 5 (create 2g.20gb@2) failed: Insufficient Resources" in message
     assert "3 done" in message and "run the same `gpupool mig apply` again" in message
     assert isinstance(caught.value.__cause__, DeviceError)
     # what the node reports is what was done: MIG on, two instances, GPUs 1 and 2 untouched
     snapshot = node.snapshot()
-    assert layout(node, 0) == [("1g.10gb", 2), ("2g.20gb", 0)]
+    assert layout(node, 0) == [("1g.10gb", 0), ("1g.10gb", 1)]
     assert snapshot.gpus[1].mig is not None and not snapshot.gpus[1].mig.current
     first_ids = {i.gi_id for i in instances(node, 0)}
     # the second run plans from that state and keeps the two instances
     plan = apply_node(node, CONFIG, "balanced")
-    assert [str(s) for s in plan.gpus[0].plan.steps] == ["create 1g.10gb@3", "create 3g.40gb@4"]
-    assert layout(node, 0) == [("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]
+    assert [str(s) for s in plan.gpus[0].plan.steps] == ["create 2g.20gb@2", "create 3g.40gb@4"]
+    assert layout(node, 0) == [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)]
     assert first_ids <= {i.gi_id for i in instances(node, 0)}
     assert Counter(p for p, _ in layout(node, 2)) == {"2g.12gb": 2}
 

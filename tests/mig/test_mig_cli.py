@@ -90,7 +90,7 @@ def test_plan_apply_show_on_a_simulated_node(tmp_path: Path) -> None:
     data = json.loads(plan.stdout)
     assert data["simulated"] is True
     assert data["gpus"][0]["steps"][0] == "enable MIG mode"
-    assert [p["start"] for p in data["gpus"][1]["final"]] == [0, 2, 3, 4]
+    assert [p["start"] for p in data["gpus"][1]["final"]] == [0, 1, 2, 4]
 
     applied = gpupool("apply", "-f", str(config), "-c", "balanced", *node, env_dir=tmp_path)
     assert applied.returncode == 0, applied.stderr

@@ -57,9 +57,11 @@ def test_valid_layout_passes() -> None:
     )
 
 
-def test_find_placements_largest_first_lowest_start() -> None:
+def test_find_placements_largest_first_highest_start() -> None:
     found = find_placements(H100, {"1g.10gb": 1, "3g.40gb": 1, "2g.20gb": 1})
-    assert format_layout(found) == "3g.40gb@0, 2g.20gb@4, 1g.10gb@6"
+    # slice 0 stays free: room for another 1g; 3g@0, 2g@4, 1g@6 would leave only slice 7
+    assert format_layout(found) == "1g.10gb@1, 2g.20gb@2, 3g.40gb@4"
+    assert format_layout(find_placements(H100, {"1g.10gb": 2})) == "1g.10gb@5, 1g.10gb@6"
     assert find_placements(A100_40, {"3g.20gb": 1, "4g.20gb": 1}) == (
         Placement(0, "4g.20gb"),
         Placement(4, "3g.20gb"),
@@ -118,11 +120,11 @@ def test_plan_keeps_instances_that_can_stay() -> None:
     assert plan.kept == (Placement(4, "3g.40gb"),)
     assert [str(s) for s in plan.steps] == [
         "destroy 3g.40gb@0 (GPU instance 2)",
-        "create 2g.20gb@0",
-        "create 1g.10gb@2",
-        "create 1g.10gb@3",
+        "create 1g.10gb@0",
+        "create 1g.10gb@1",
+        "create 2g.20gb@2",
     ]
-    assert format_layout(plan.final) == "2g.20gb@0, 1g.10gb@2, 1g.10gb@3, 3g.40gb@4"
+    assert format_layout(plan.final) == "1g.10gb@0, 1g.10gb@1, 2g.20gb@2, 3g.40gb@4"
 
 
 def test_plan_for_the_current_layout_is_empty() -> None:

@@ -158,12 +158,12 @@ class _Search:
         if depth == len(self.todo):
             return list(chosen)
         profile = self.todo[depth]
-        # equal profiles go in increasing start order, so each set is tried once
+        # equal profiles go in decreasing start order, so each set is tried once
         same_before = depth > 0 and self.todo[depth - 1].name == profile.name
-        floor = chosen[-1].start + 1 if same_before else 0
-        for start in profile.starts:
+        ceiling = chosen[-1].start - 1 if same_before else self.model.memory_slices
+        for start in reversed(profile.starts):
             slots = profile.slots(start)
-            if start < floor or any(s in self.used for s in slots):
+            if start > ceiling or any(s in self.used for s in slots):
                 continue
             self.used.update(slots)
             chosen.append(Placement(start, profile.name))
@@ -182,8 +182,9 @@ def find_placements(
 ) -> tuple[Placement, ...]:
     """Places for `counts` instances next to `fixed` ones, or MigLayoutError saying why not.
 
-    Deterministic: instances go largest first, each at the lowest free valid start; the first
-    complete layout found wins.
+    Deterministic: instances go largest first, each at the highest free valid start (slice 0,
+    the only start of the 4g and 7g profiles, stays free longest); the first complete layout
+    found wins.
     """
     _check_profiles(model, itertools.chain(counts, (p.profile for p in fixed)))
     if any(count < 0 for count in counts.values()):
