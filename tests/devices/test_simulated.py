@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
 from gpupool.devices.backend import open_backend
-from gpupool.devices.simstate import SimProcSlot
+from gpupool.devices.simstate import FLAG_NOT_SUPPORTED
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.mig import catalog
 
@@ -111,19 +112,34 @@ def test_not_supported_hides_optional_readings(sim_not_supported: SimulatedBacke
     assert gpus[0].utilization == 0
 
 
+class SteppedClock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 10**12
+
+    def __call__(self) -> int:
+        return self.now
+
+
 def test_utilization_from_busy_counter_deltas(sim_node: SimulatedBackend) -> None:
-    state = sim_node.node.state
+    state, clock = sim_node.node.state, SteppedClock()
+    sim_node.clock = clock
     sim_node.snapshot()
-    state.set_gpu_usage(2, 0, 60 * 10**9)  # a minute of kernels since the last sample
-    assert sim_node.snapshot().gpus[2].utilization == 100
+    clock.now += 200 * 10**6
+    state.set_gpu_usage(2, 0, 50 * 10**6)  # 50 ms of kernels in 200 ms
+    assert sim_node.snapshot().gpus[2].utilization == 25
+    clock.now += 100 * 10**6
     assert sim_node.snapshot().gpus[2].utilization == 0  # nothing ran since
-    start = time.monotonic_ns()
-    time.sleep(0.2)
-    state.set_gpu_usage(2, 0, 60 * 10**9 + 50 * 10**6)  # 50 ms busy in >= 200 ms
-    utilization = sim_node.snapshot().gpus[2].utilization
-    wall_ms = (time.monotonic_ns() - start) / 1e6
-    assert utilization is not None and 0 < utilization <= 25
-    assert utilization >= 50 / wall_ms * 100 - 1
+    clock.now += 10**9
+    state.set_gpu_usage(2, 0, 60 * 10**9)  # more busy time than wall time: clamped
+    assert sim_node.snapshot().gpus[2].utilization == 100
+
+
+def test_first_snapshot_samples_twice(sim_node: SimulatedBackend) -> None:
+    started = time.monotonic()
+    assert sim_node.snapshot().gpus[0].utilization == 0
+    assert time.monotonic() - started >= 0.05
 
 
 def test_long_running_kernel_counts_as_busy(sim_node: SimulatedBackend) -> None:
@@ -131,23 +147,36 @@ def test_long_running_kernel_counts_as_busy(sim_node: SimulatedBackend) -> None:
 
     from gpupool.devices.simstate import GPU_RECORD_SIZE, GPUS_OFFSET
 
+    clock = SteppedClock()
+    sim_node.clock = clock
     sim_node.snapshot()
+    clock.now += 10**9
     # busy_until_ns (offset 200 in the GPU record): a kernel queued to end in an hour
-    until = time.monotonic_ns() + 3600 * 10**9
+    until = clock.now + 3600 * 10**9
     struct.pack_into("<Q", sim_node.node.state._map, GPUS_OFFSET + GPU_RECORD_SIZE + 200, until)
     assert sim_node.snapshot().gpus[1].utilization == 100
 
 
 def test_per_process_utilization(sim_node: SimulatedBackend, sim_live_process: Any) -> None:
-    state = sim_node.node.state
+    state, clock = sim_node.node.state, SteppedClock()
+    sim_node.clock = clock
     sim_node.snapshot()
-    slot = SimProcSlot(0, sim_live_process.pid, 0, 0, 2 * GiB, 30 * 10**9, 0)
-    own = next(state.procs())
-    state.write_proc(0, SimProcSlot(0, own.pid, 0, own.start_time, own.memory_used, 30 * 10**9, 0))
+    (slot,) = (s for s in state.procs() if s.pid == sim_live_process.pid)
+    clock.now += 100 * 10**6
+    state.write_proc(slot.slot, dataclasses.replace(slot, busy_ns=slot.busy_ns + 40 * 10**6))
     (process,) = sim_node.snapshot().gpus[0].processes
-    assert process.gpu_utilization == 100 and slot.pid == process.pid
+    assert (process.pid, process.gpu_utilization) == (sim_live_process.pid, 40)
+    clock.now += 100 * 10**6
     (process,) = sim_node.snapshot().gpus[0].processes
     assert process.gpu_utilization == 0
+
+
+def test_not_supported_hides_per_process_utilization(
+    sim_node: SimulatedBackend, sim_live_process: Any
+) -> None:
+    sim_node.node.state.set_flags(0, FLAG_NOT_SUPPORTED)
+    (process,) = sim_node.snapshot().gpus[0].processes
+    assert process.gpu_utilization is None and process.memory_used == 2 * GiB
 
 
 # -- MIG --------------------------------------------------------------------------------

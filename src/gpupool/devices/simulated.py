@@ -9,6 +9,7 @@ the snapshot says so.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,8 @@ class SimulatedBackend(GpuBackend):
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
+        #: CLOCK_MONOTONIC ns, the simulated driver's clock; replaceable to test the arithmetic
+        self.clock: Callable[[], int] = time.monotonic_ns
         self._last: _Sample | None = None
 
     @classmethod
@@ -88,10 +91,10 @@ class SimulatedBackend(GpuBackend):
 
     def _sample(self) -> _Sample:
         state = self.node.state
-        at_ns = time.monotonic_ns()
-        slots = list(state.procs(live_only=False))
-        live = tuple(s for s in slots if is_slot_alive(s))
-        dead = tuple(s for s in slots if not is_slot_alive(s))
+        at_ns = self.clock()
+        alive = {slot: is_slot_alive(slot) for slot in state.procs(live_only=False)}
+        live = tuple(slot for slot, ok in alive.items() if ok)
+        dead = tuple(slot for slot, ok in alive.items() if not ok)
         return _Sample(at_ns, tuple(state.gpus()), live, dead)
 
     def snapshot(self) -> NodeSnapshot:
