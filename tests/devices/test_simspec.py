@@ -113,3 +113,13 @@ def test_yaml_layout_that_does_not_fit_names_the_gpu(tmp_path: Path, sim_node_di
 def test_missing_yaml_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read inventory"):
         parse_spec(str(tmp_path / "absent.yaml"))
+
+
+def test_a_bare_word_is_a_model_even_if_a_file_has_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "A30").write_text("gpus: [{model: H100}]\n")
+    (tmp_path / "inventory").write_text("gpus: [{model: H100}]\n")
+    monkeypatch.chdir(tmp_path)
+    assert [g.model.name for g in parse_spec("A30").gpus] == ["A30-24GB"]
+    assert [g.model.name for g in parse_spec("./inventory").gpus] == ["H100-80GB"]

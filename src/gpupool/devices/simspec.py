@@ -69,7 +69,8 @@ class NodeSpec:
 def parse_spec(text: str) -> NodeSpec:
     """A spec string or a YAML inventory path -> NodeSpec; bad input names the bad part."""
     stripped = text.strip()
-    if stripped.endswith((".yaml", ".yml")) or (stripped and Path(stripped).is_file()):
+    # a path, never a bare word: a file called `A30` in the working directory changes nothing
+    if stripped.endswith((".yaml", ".yml")) or os.sep in stripped:
         return _parse_yaml(Path(stripped))
     gpus: list[GpuEntry] = []
     for part in stripped.split(","):
