@@ -1,9 +1,16 @@
 """A simulated node directory: `node.json` (inventory and MIG layout) next to `state.bin`.
 
-`node.json` is replaced atomically (write, then rename) under an flock, so readers never lock and
-two writers never lose each other's change. MIG changes follow the hardware's rules, from the
-catalog: valid start slots, no overlapping memory slices, at most `max_instances` of a profile
-(the catalog's start slots keep compute slices within the GPU's, as the driver's tables do).
+`node.json` is replaced atomically (write, then rename) under an flock on `node.lock`, so readers
+never lock and two writers never lose each other's change. Its format (1)::
+
+    {"format": 1, "spec": "2xA30", "key": "<spec hash>",
+     "gpus": [{"index": 0, "model": "A30-24GB", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
+               "mig": true, "instances": [{"gi_id": 1, "ci_id": 0, "profile": "2g.12gb",
+                                           "start": 0, "size": 2, "uuid": "MIG-..."}]}]}
+
+MIG changes follow the hardware's rules, from the catalog: valid start slots, no overlapping
+memory slices, at most `max_instances` of a profile (the catalog's start slots keep compute
+slices within the GPU's, as the driver's tables do).
 """
 
 from __future__ import annotations
