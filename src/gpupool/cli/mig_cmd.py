@@ -92,7 +92,7 @@ def _known_placements(gpu: GpuSnapshot, model: GpuModel) -> list[Placement] | No
     return [Placement(i.placement_start or 0, i.profile) for i in gpu.mig.instances]
 
 
-def _gpu_show(gpu: GpuSnapshot) -> tuple[dict[str, Any], list[str]]:
+def describe_gpu(gpu: GpuSnapshot) -> tuple[dict[str, Any], list[str]]:
     """JSON and text lines for one GPU."""
     data: dict[str, Any] = {"index": gpu.index, "model": gpu.model, "name": gpu.name}
     data["mig"] = gpu.mig.to_json() if gpu.mig is not None else None
@@ -120,11 +120,20 @@ def _gpu_show(gpu: GpuSnapshot) -> tuple[dict[str, Any], list[str]]:
         return data, lines
     placements = _known_placements(gpu, model)
     if gpu.mig.current and placements is not None:
-        free = free_slices(model, placements)
-        more = {name: n for name, n in room(model, placements).items() if n}
+        # the driver's own sizes, not the catalog's: show reports what is there
+        used = {
+            s
+            for i in gpu.mig.instances
+            for s in range(i.placement_start or 0, (i.placement_start or 0) + i.placement_size)
+        }
+        free = [s for s in range(model.memory_slices) if s not in used]
         data["free_slices"] = free
-        data["room"] = more
         lines.append(f"  free memory slices: {', '.join(map(str, free)) or 'none'}")
+        try:
+            more = {name: n for name, n in room(model, placements).items() if n}
+        except MigLayoutError:
+            return data, lines  # a layout the catalog would not allow: the driver knows better
+        data["room"] = more
         if more:
             lines.append("  room for: " + ", ".join(f"{n}x {name}" for name, n in more.items()))
     return data, lines
@@ -138,7 +147,7 @@ def show(
     with open_backend(simulate, node_dir) as backend:
         snapshot = backend.snapshot()
     _announce(snapshot)
-    shown = [_gpu_show(gpu) for gpu in snapshot.gpus]
+    shown = [describe_gpu(gpu) for gpu in snapshot.gpus]
     if as_json:
         _emit_json(
             {
