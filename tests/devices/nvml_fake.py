@@ -267,20 +267,25 @@ class FakeNvml:
                 return profile
         raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
 
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: FakeGpu, number: int) -> Any:
-        self._enter("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: FakeGpu, number: int, version: int = 2
+    ) -> Any:
+        # pynvml's default (version 2) calls the V symbol, whose struct carries the name
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo" + ("V" if version == 2 else ""), handle)
         if number >= real.NVML_GPU_INSTANCE_PROFILE_COUNT:
             raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
         for p in handle.model.profiles:
             if p.nvml_profile == number:
-                return SimpleNamespace(
+                info = SimpleNamespace(
                     id=p.smi_id,
                     sliceCount=p.compute_slices,
                     instanceCount=p.max_instances,
                     multiprocessorCount=p.sm_count,
                     memorySizeMB=p.memory_mib,
-                    name=f"MIG {p.name}".encode(),
                 )
+                if version == 2:
+                    info.name = f"MIG {p.name}".encode()
+                return info
         raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
@@ -328,6 +333,7 @@ class FakeNvml:
         if not handle.mig_current:
             raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
         profile = self._profile_by_id(handle, profile_id)
+        placement = placement.contents  # C takes a pointer to the placement
         taken = {s for i in handle.instances for s in i.profile.slots(i.start)}
         if placement.start not in profile.starts or taken & set(profile.slots(placement.start)):
             raise nvml_error(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
@@ -337,9 +343,10 @@ class FakeNvml:
         return (handle, instance)
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
-        self, gi: Any, number: int, engines: int
+        self, gi: Any, number: int, engines: int, version: int = 2
     ) -> Any:
-        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi)
+        name = "nvmlGpuInstanceGetComputeInstanceProfileInfo" + ("V" if version == 2 else "")
+        self._enter(name, gi)
         _, instance = self._resolve(gi)
         if number >= real.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)

@@ -220,7 +220,10 @@ def test_set_mig_mode_refuses_busy_gpu_and_reports_pending(
 def test_profile_table_is_asked_again_until_the_driver_gives_it(
     fake_nvml: FakeNvml, nvml_backend: NvmlBackend
 ) -> None:
-    fake_nvml.gpus[0].not_supported.add("nvmlDeviceGetGpuInstanceProfileInfo")
+    fake_nvml.gpus[0].not_supported |= {
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "nvmlDeviceGetGpuInstanceProfileInfoV",
+    }
     assert nvml_backend.mig_profile_table(0) == []  # e.g. a driver that wants MIG mode first
     fake_nvml.gpus[0].not_supported.clear()
     assert len(nvml_backend.mig_profile_table(0)) == len(catalog.get_model("H100").profiles)
@@ -237,3 +240,14 @@ def test_memory_v2_falls_back_to_v1(fake_nvml: FakeNvml, nvml_backend: NvmlBacke
     fake_nvml.nvmlDeviceGetMemoryInfo = v1_only  # type: ignore[method-assign]
     gpu = nvml_backend.snapshot().gpus[0]
     assert gpu.healthy and gpu.memory_used == 4 << 30
+
+
+def test_driver_without_v2_profile_structs(fake_nvml: FakeNvml, nvml_backend: NvmlBackend) -> None:
+    fake_nvml.unresolved |= {
+        "nvmlDeviceGetGpuInstanceProfileInfoV",
+        "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+    }
+    names = [p.name for p in nvml_backend.mig_profile_table(1)]
+    assert sorted(names) == sorted(catalog.get_model("A100-40GB").profile_names)
+    created = nvml_backend.create_gpu_instance(1, "1g.5gb+me", 3)
+    assert (created.profile, created.placement_start, created.ci_id) == ("1g.5gb+me", 3, 0)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.core.errors import DeviceError, InvalidRequest
+from gpupool.core.errors import DeviceError, InvalidRequest, NotAvailable
 from gpupool.core.units import MiB
 from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.nvml_lib import NOT_AVAILABLE, Nvml, text
@@ -277,18 +278,35 @@ class NvmlBackend(GpuBackend):
         handle = self._handle(index)
         table = []
         for number in range(nvml.constant("NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
-            info = nvml.query(
-                "nvmlDeviceGetGpuInstanceProfileInfo",
-                handle,
-                number,
-                absent=("NVML_ERROR_INVALID_ARGUMENT",),
-            )
+            info = self._versioned_info("nvmlDeviceGetGpuInstanceProfileInfo", handle, number)
             if info is NOT_AVAILABLE:
                 continue
             table.append(self._driver_profile(handle, info))
         if table:  # some drivers give the table only in MIG mode: ask again until they do
             self._profiles[index] = table
         return table
+
+    def _versioned_info(self, function: str, *args: Any) -> Any:
+        """A MIG profile info struct: the v2 call (it carries the profile name), else v1."""
+        invalid = ("NVML_ERROR_INVALID_ARGUMENT",)  # a profile number this driver does not know
+        info = self._nvml.query(function, *args, absent=invalid)
+        if info is NOT_AVAILABLE:
+            info = self._nvml.query(function, *args, version=1, absent=invalid)
+        return info
+
+    def _profile_name(self, handle: Any, info: Any) -> str:
+        """The driver's name (`MIG 3g.40gb` in v2 structs), else the catalog's for this model."""
+        name = text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+        if name:
+            return name
+        seen = _GpuReadings(-1)
+        self._read_identity(handle, seen)
+        model_name = model_of(seen.name, seen.memory[0], seen.pci_device_id)
+        for model in catalog.MODELS:
+            for profile in model.profiles if model.name == model_name else ():
+                if profile.smi_id == info.id:
+                    return profile.name
+        return f"{info.sliceCount}g.{-(-info.memorySizeMB // 1024)}gb"  # NVIDIA's naming
 
     def _driver_profile(self, handle: Any, info: Any) -> DriverProfile:
         nvml = self._nvml
@@ -301,13 +319,9 @@ class NvmlBackend(GpuBackend):
             if found is NOT_AVAILABLE
             else tuple((p.start, p.size) for p in array[: count.contents.value])
         )
-        raw_name = text(getattr(info, "name", b""))
-        name = raw_name.removeprefix("MIG ").strip() or _fallback_profile_name(
-            info.sliceCount, info.memorySizeMB
-        )
         return DriverProfile(
             profile_id=int(info.id),
-            name=name,
+            name=self._profile_name(handle, info),
             memory_mib=int(info.memorySizeMB),
             slice_count=int(info.sliceCount),
             sm_count=int(info.multiprocessorCount),
@@ -357,12 +371,13 @@ class NvmlBackend(GpuBackend):
                 f"{profile_name} cannot start at slot {start} on GPU {index} (valid: {starts})"
             )
         placement = nvml.constant("c_nvmlGpuInstancePlacement_t")(start, sizes[start])
+        # pynvml hands `placement` to C as is, and C wants a pointer to it
         what = f"creating a {profile_name} GPU instance at slot {start} on GPU {index}"
         gi = nvml.command(
             "nvmlDeviceCreateGpuInstanceWithPlacement",
             handle,
             profile.profile_id,
-            placement,
+            ctypes.pointer(placement),
             what=what,
         )
         info = nvml.command("nvmlGpuInstanceGetInfo", gi, what=what)
@@ -383,13 +398,16 @@ class NvmlBackend(GpuBackend):
 
     def _create_full_compute_instance(self, gi: Any, profile: DriverProfile, what: str) -> int:
         nvml = self._nvml
-        ci_profile = nvml.command(
+        ci_profile = self._versioned_info(
             "nvmlGpuInstanceGetComputeInstanceProfileInfo",
             gi,
             nvml.constant(_ci_profile_constant(profile.slice_count), 0),
             nvml.constant("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0),
-            what=what,
         )
+        if ci_profile is NOT_AVAILABLE:
+            raise NotAvailable(
+                f"{what}: the driver offers no compute instance of {profile.slice_count} slices"
+            )
         ci = nvml.command("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile.id, what=what)
         return int(nvml.command("nvmlComputeInstanceGetInfo", ci, what=what).id)
 
@@ -399,12 +417,11 @@ class NvmlBackend(GpuBackend):
         what = f"destroying GPU instance {gi_id} on GPU {index}"
         gi = nvml.command("nvmlDeviceGetGpuInstanceById", handle, gi_id, what=what)
         for number in range(nvml.constant("NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0)):
-            info = nvml.query(
+            info = self._versioned_info(
                 "nvmlGpuInstanceGetComputeInstanceProfileInfo",
                 gi,
                 number,
                 nvml.constant("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0),
-                absent=("NVML_ERROR_INVALID_ARGUMENT",),
             )
             if info is NOT_AVAILABLE:
                 continue
@@ -413,11 +430,6 @@ class NvmlBackend(GpuBackend):
             for ci in array[: count.contents.value]:
                 nvml.command("nvmlComputeInstanceDestroy", ci, what=what)
         nvml.command("nvmlGpuInstanceDestroy", gi, what=what)
-
-
-def _fallback_profile_name(slices: int, memory_mib: int) -> str:
-    """NVIDIA's naming (`3g.40gb`) when an old driver gives no profile name."""
-    return f"{slices}g.{-(-memory_mib // 1024)}gb"
 
 
 def _instance_from_device(
