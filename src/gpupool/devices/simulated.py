@@ -176,6 +176,7 @@ class SimulatedBackend(GpuBackend):
         before = {_proc_key(s): s.busy_ns for s in previous.live}
         processes = []
         for slot in sorted((s for s in now.live if s.gpu == index), key=lambda s: s.pid):
+            # a process new in this window has no baseline yet: it shows from the next sample
             busy = slot.busy_ns - before.get(_proc_key(slot), slot.busy_ns)
             share = _percent(busy, wall_ns) if supported else None
             processes.append(ProcessInfo(slot.pid, process_name(slot.pid), slot.memory_used, share))
