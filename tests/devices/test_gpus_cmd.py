@@ -111,6 +111,13 @@ def test_seconds_without_watch(clean_env: dict[str, str]) -> None:
     assert "SECONDS 3 needs --watch" in result.stderr
 
 
+@pytest.mark.parametrize("seconds", ["0", "nan", "inf"])
+def test_bad_watch_interval(seconds: str, clean_env: dict[str, str]) -> None:
+    result = gpupool("gpus", "--simulate", "A30", "--watch", seconds, env=clean_env)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpupool: error: invalid watch interval {seconds}")
+
+
 def _watch(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "gpupool", "gpus", *args],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def register(app: typer.Typer) -> None:
         if seconds is not None and not watch:
             raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
         interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds
-        if interval <= 0:
+        if not (math.isfinite(interval) and interval > 0):
             raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
         console = Console()
         with open_backend(simulate, node_dir) as backend:
