@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.errors import ConfigError, InvalidRequest
-from gpupool.devices.simspec import parse_spec
+from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
+from gpupool.devices.simspec import default_node_dir, parse_spec
 from gpupool.devices.simulated import SimulatedBackend
 
 
@@ -123,3 +123,21 @@ def test_a_bare_word_is_a_model_even_if_a_file_has_its_name(
     monkeypatch.chdir(tmp_path)
     assert [g.model.name for g in parse_spec("A30").gpus] == ["A30-24GB"]
     assert [g.model.name for g in parse_spec("./inventory").gpus] == ["H100-80GB"]
+
+
+def test_default_base_planted_as_a_symlink_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "gpupool-sim").symlink_to(elsewhere)
+    with pytest.raises(DeviceError, match="not a directory of this user"):
+        default_node_dir(parse_spec("A30"))
+
+
+def test_default_base_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    node_dir = default_node_dir(parse_spec("A30"))
+    assert node_dir.parent == tmp_path / "gpupool-sim"
+    assert (node_dir.parent.stat().st_mode & 0o777) == 0o700

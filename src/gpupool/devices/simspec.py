@@ -16,13 +16,14 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
 from gpupool.devices.simstate import MAX_GPUS
 from gpupool.mig import catalog
 
@@ -179,7 +180,21 @@ def default_node_dir(spec: NodeSpec) -> Path:
     """Where the node of `spec` lives unless told: one directory per spec, per user."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "gpupool-sim" if runtime else Path(f"/tmp/gpupool-sim-{os.getuid()}")
-    return base / spec.key
+    return _private(base) / spec.key
+
+
+def _private(base: Path) -> Path:
+    """`base`, created 0700 if new; refused when another user could have planted it (in /tmp)."""
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = base.lstat()
+    except OSError as err:
+        raise DeviceError(f"cannot create simulated node directory {base}: {err}") from err
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise DeviceError(
+            f"{base} is not a directory of this user: remove it, or use --node-dir DIR"
+        )
+    return base
 
 
 def resolve_node_dir(spec: NodeSpec | None, node_dir: Path | None) -> Path | None:
