@@ -251,3 +251,8 @@ def test_driver_without_v2_profile_structs(fake_nvml: FakeNvml, nvml_backend: Nv
     assert sorted(names) == sorted(catalog.get_model("A100-40GB").profile_names)
     created = nvml_backend.create_gpu_instance(1, "1g.5gb+me", 3)
     assert (created.profile, created.placement_start, created.ci_id) == ("1g.5gb+me", 3, 0)
+
+
+def test_a_command_first_still_reports_the_missing_driver(no_driver: FakeNvml) -> None:
+    with pytest.raises(DriverNotFound, match="NVIDIA driver not found"):
+        Nvml(no_driver).command("nvmlDeviceGetCount", what="counting GPUs")

@@ -157,6 +157,7 @@ class Nvml:
 
     def command(self, names: str | tuple[str, ...], *args: Any, what: str, **kwargs: Any) -> Any:
         """An action: raises with `what` named where NVML refuses or lacks it."""
+        self.init()  # outside the mapping below: a missing driver keeps its own message
         module = self.module
         try:
             result = self._call(names, args, kwargs, ())
