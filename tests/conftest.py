@@ -40,6 +40,13 @@ def sim_node(sim_node_dir: Path) -> Iterator[SimulatedBackend]:
 
 
 @pytest.fixture
+def sim_node_env(sim_node: SimulatedBackend, monkeypatch: pytest.MonkeyPatch) -> SimulatedBackend:
+    """The `sim_node`, named by $GPUPOOL_SIM_NODE as for processes on the simulated driver."""
+    monkeypatch.setenv(ENV_NODE_DIR, str(sim_node.node_dir))
+    return sim_node
+
+
+@pytest.fixture
 def sim_gpu_lost(sim_node: SimulatedBackend) -> SimulatedBackend:
     """GPU 0 of the node fell off the bus."""
     sim_node.node.state.set_flags(0, FLAG_LOST)

@@ -56,12 +56,10 @@ def test_default_dir_is_per_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert isinstance(other, SimulatedBackend) and other.node_dir != one.node_dir
 
 
-def test_env_var_names_the_node(
-    sim_node: SimulatedBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("GPUPOOL_SIM_NODE", str(sim_node.node_dir))
+def test_env_var_names_the_node(sim_node_env: SimulatedBackend) -> None:
     with open_backend(None) as backend:
         assert backend.simulated and len(backend.snapshot().gpus) == 3
+        assert backend.snapshot().node_dir == str(sim_node_env.node_dir)
 
 
 def test_another_spec_in_a_used_dir_is_refused(sim_node: SimulatedBackend) -> None:
