@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib.util
 import subprocess
@@ -55,15 +56,21 @@ def test_report_on_a_fake_driver_only_reads(fake_nvml: FakeNvml) -> None:
     )
 
 
-def test_without_a_driver_it_says_so_and_exits_4(tmp_path: Path) -> None:
+def test_runs_read_only_here(tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,
-        timeout=60,
+        timeout=300,
     )
-    assert result.returncode == 4, result.stderr
     assert "Traceback" not in result.stderr
-    assert "Nothing checked: NVIDIA driver not found" in out.read_text()
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver here: it says so and exits 4
+        assert result.returncode == 4, result.stderr
+        assert "Nothing checked: NVIDIA driver not found" in out.read_text()
+    else:  # a real GPU: the report has every section (0 or 1 by what it found)
+        assert result.returncode in (0, 1), result.stderr
+        assert "## MIG catalog against the driver" in out.read_text()
