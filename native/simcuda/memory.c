@@ -1,0 +1,609 @@
+/*
+ * Simulated device memory: host mappings counted against the simulated GPU's memory in state.bin.
+ * Linear allocations are MAP_NORESERVE anonymous mappings (an 80 GiB allocation commits no RAM
+ * until touched); the virtual-memory API backs physical handles with memfds mapped MAP_FIXED into
+ * reserved ranges; arrays are counted without storage, since the simulation runs no kernels.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+#define SIM_HASH_BUCKETS 8192u
+static sim_mem *sim_linear[SIM_HASH_BUCKETS];
+
+static unsigned sim_hash(uintptr_t ptr) { return (unsigned)((ptr >> 12) % SIM_HASH_BUCKETS); }
+
+static void sim_unlink_mem_locked(sim_mem *m)
+{
+    if (m->kind == SIM_MEM_LINEAR) {
+        for (sim_mem **pp = &sim_linear[sim_hash(m->ptr)]; *pp != NULL; pp = &(*pp)->hnext) {
+            if (*pp == m) {
+                *pp = m->hnext;
+                break;
+            }
+        }
+    }
+    if (m->ctx != NULL) {
+        if (m->prev != NULL)
+            m->prev->next = m->next;
+        else
+            m->ctx->mems = m->next;
+        if (m->next != NULL)
+            m->next->prev = m->prev;
+    }
+}
+
+/* Gives the memory back to the GPU and frees the host side; the record is already unlinked. */
+void sim_mem_teardown(sim_mem *m)
+{
+    sim_memory_release(m->gpu, m->size);
+    if (m->kind == SIM_MEM_LINEAR)
+        munmap((void *)m->ptr, m->size);
+    if (m->kind == SIM_MEM_VMM && m->fd >= 0)
+        close(m->fd);
+    m->magic = 0;
+    free(m);
+}
+
+/* Counts `size` against the current context's GPU and makes the record. */
+static CUresult sim_mem_new(sim_mem_kind kind, size_t size, sim_ctx **ctx_out, sim_mem **out)
+{
+    sim_ctx *ctx;
+    CUresult rc = sim_current_ctx_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_mem *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = sim_memory_reserve(ctx->gpu, size);
+    if (rc != CUDA_SUCCESS) {
+        free(m);
+        return rc;
+    }
+    m->magic = SIM_MAGIC_MEM;
+    m->kind = kind;
+    m->size = size;
+    m->gpu = ctx->gpu;
+    m->fd = -1;
+    *ctx_out = ctx;
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
+{
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_ctx *ctx;
+    sim_mem *m;
+    CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, &ctx, &m);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        sim_memory_release(m->gpu, size);
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->ptr = (uintptr_t)p;
+    pthread_mutex_lock(&g_sim.mu);
+    unsigned b = sim_hash(m->ptr);
+    m->hnext = sim_linear[b];
+    sim_linear[b] = m;
+    pthread_mutex_unlock(&g_sim.mu);
+    sim_ctx_link_mem(ctx, m);
+    *dptr = (CUdeviceptr)m->ptr;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return sim_alloc_linear(dptr, bytesize); }
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    if (pPitch == NULL || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (WidthInBytes + 511) & ~(size_t)511; /* the texture pitch alignment */
+    CUresult rc = sim_alloc_linear(dptr, pitch * Height);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return sim_alloc_linear(dptr, bytesize);
+}
+
+/* Stream-ordered allocation: the memory is ready at once, which is a legal schedule. */
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    sim_stream *st;
+    CUresult rc = sim_resolve_stream(hStream, &st);
+    return rc != CUDA_SUCCESS ? rc : sim_alloc_linear(dptr, bytesize);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream)
+{
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS || dptr == 0)
+        return rc;
+    pthread_mutex_lock(&g_sim.mu);
+    sim_mem *m = sim_linear[sim_hash((uintptr_t)dptr)];
+    while (m != NULL && m->ptr != (uintptr_t)dptr)
+        m = m->hnext;
+    if (m != NULL)
+        sim_unlink_mem_locked(m);
+    pthread_mutex_unlock(&g_sim.mu);
+    if (m == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int lost = sim_gpu_lost(m->gpu);
+    sim_mem_teardown(m);
+    return lost ? SIM_LOST_ERROR : CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    sim_stream *st;
+    CUresult rc = sim_resolve_stream(hStream, &st);
+    return rc != CUDA_SUCCESS ? rc : cuMemFree_v2(dptr);
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    sim_ctx *ctx;
+    CUresult rc = sim_current_ctx_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (free_bytes == NULL || total == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_driver_lock();
+    sim_reclaim_dead_locked();
+    gpupool_sim_gpu *rec = sim_gpu(ctx->gpu);
+    *total = rec->memory_total;
+    *free_bytes = rec->memory_used < rec->memory_total ? rec->memory_total - rec->memory_used : 0;
+    sim_driver_unlock();
+    return CUDA_SUCCESS;
+}
+
+/* ---- arrays: counted, no storage ---------------------------------------------------------- */
+
+static size_t sim_format_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+    }
+}
+
+static size_t sim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned ch)
+{
+    size_t elem = sim_format_bytes(format);
+    if (w == 0 || elem == 0 || (ch != 1 && ch != 2 && ch != 4))
+        return 0;
+    return w * (h ? h : 1) * (d ? d : 1) * elem * ch;
+}
+
+static CUresult sim_array_new(size_t bytes, void **handle)
+{
+    if (handle == NULL || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_ctx *ctx;
+    sim_mem *m;
+    CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, &ctx, &m);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_ctx_link_mem(ctx, m);
+    *handle = m;
+    return CUDA_SUCCESS;
+}
+
+static CUresult sim_array_destroy(void *handle)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_mem *m = handle;
+    if (m == NULL || m->magic != SIM_MAGIC_MEM || m->kind != SIM_MEM_ARRAY)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_sim.mu);
+    sim_unlink_mem_locked(m);
+    pthread_mutex_unlock(&g_sim.mu);
+    sim_mem_teardown(m);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = sim_array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels);
+    return sim_array_new(bytes, (void **)pHandle);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = sim_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
+    return sim_array_new(bytes, (void **)pHandle);
+}
+
+CUresult cuArrayDestroy(CUarray hArray) { return sim_array_destroy(hArray); }
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                unsigned int numMipmapLevels)
+{
+    if (d == NULL || numMipmapLevels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = 0, w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned level = 0; level < numMipmapLevels; level++) {
+        size_t b = sim_array_bytes(w, h, z, d->Format, d->NumChannels);
+        if (b == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        bytes += b;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        z = z > 1 ? z / 2 : z;
+    }
+    return sim_array_new(bytes, (void **)pHandle);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return sim_array_destroy(hMipmappedArray);
+}
+
+/* ---- the virtual-memory API ------------------------------------------------------------------ */
+
+typedef struct sim_mapping {
+    uintptr_t ptr;
+    size_t size;
+    sim_mem *handle;
+    struct sim_mapping *next;
+} sim_mapping;
+static sim_mapping *sim_mappings;
+
+static CUresult sim_vmm_prop_check(const CUmemAllocationProp *prop)
+{
+    if (prop == NULL || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.id < 0 || prop->location.id >= g_sim.count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option)
+{
+    CUresult rc = sim_require_init();
+    if (rc == CUDA_SUCCESS)
+        rc = sim_vmm_prop_check(prop);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (granularity == NULL || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                                option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = SIM_VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    sim_ctx *ctx;
+    CUresult rc = sim_current_ctx_checked(&ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_vmm_prop_check(prop);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (handle == NULL || flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int phys = g_sim.phys[prop->location.id];
+    if (sim_gpu_lost(phys))
+        return SIM_LOST_ERROR;
+    sim_mem *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = sim_memory_reserve(phys, size);
+    if (rc != CUDA_SUCCESS) {
+        free(m);
+        return rc;
+    }
+    m->fd = memfd_create("gpupool-sim-vmm", MFD_CLOEXEC);
+    if (m->fd < 0 || ftruncate(m->fd, (off_t)size) != 0) {
+        if (m->fd >= 0)
+            close(m->fd);
+        sim_memory_release(phys, size);
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->magic = SIM_MAGIC_MEM;
+    m->kind = SIM_MEM_VMM;
+    m->size = size;
+    m->gpu = phys;
+    sim_ctx_link_mem(ctx, m);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)m;
+    return CUDA_SUCCESS;
+}
+
+static sim_mem *sim_vmm_handle(CUmemGenericAllocationHandle handle)
+{
+    sim_mem *m = (sim_mem *)(uintptr_t)handle;
+    return m != NULL && m->magic == SIM_MAGIC_MEM && m->kind == SIM_MEM_VMM ? m : NULL;
+}
+
+/* the physical memory goes back once released and no longer mapped, as in the real driver */
+static void sim_vmm_maybe_free_locked(sim_mem *m, sim_mem **to_free)
+{
+    if (m->released && m->maps == 0) {
+        sim_unlink_mem_locked(m);
+        *to_free = m;
+    }
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_mem *to_free = NULL;
+    pthread_mutex_lock(&g_sim.mu);
+    sim_mem *m = sim_vmm_handle(handle);
+    if (m != NULL && !m->released) {
+        m->released = 1;
+        sim_vmm_maybe_free_locked(m, &to_free);
+    } else {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    if (to_free != NULL)
+        sim_mem_teardown(to_free);
+    return rc;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ptr == NULL || size == 0 || size % SIM_VMM_GRANULARITY != 0 || flags != 0 ||
+        (alignment & (alignment - 1)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t align = alignment > SIM_VMM_GRANULARITY ? alignment : SIM_VMM_GRANULARITY;
+    /* over-reserve, then trim to an aligned range (the address hint is only a hint) */
+    void *hint = (void *)(uintptr_t)addr;
+    char *base = mmap(hint, size + align, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t start = ((uintptr_t)base + align - 1) & ~(uintptr_t)(align - 1);
+    if (start > (uintptr_t)base)
+        munmap(base, start - (uintptr_t)base);
+    uintptr_t tail = start + size, end = (uintptr_t)base + size + align;
+    if (end > tail)
+        munmap((void *)tail, end - tail);
+    *ptr = (CUdeviceptr)start;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ptr == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return munmap((void *)(uintptr_t)ptr, size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_mapping *map = calloc(1, sizeof *map);
+    if (map == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_sim.mu);
+    sim_mem *m = sim_vmm_handle(handle);
+    if (m == NULL || m->released || ptr == 0 || size == 0 || flags != 0 ||
+        offset + size > m->size || size % SIM_VMM_GRANULARITY != 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                  m->fd, (off_t)offset) == MAP_FAILED)
+        rc = CUDA_ERROR_MAP_FAILED;
+    if (rc == CUDA_SUCCESS) {
+        m->maps++;
+        map->ptr = (uintptr_t)ptr;
+        map->size = size;
+        map->handle = m;
+        map->next = sim_mappings;
+        sim_mappings = map;
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    if (rc != CUDA_SUCCESS)
+        free(map);
+    return rc;
+}
+
+/* Unmaps every mapping inside [ptr, ptr+size) and puts the reservation back in its place. */
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    sim_mem *to_free[64];
+    int nfree = 0, found = 0;
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_mapping **pp = &sim_mappings; *pp != NULL;) {
+        sim_mapping *map = *pp;
+        if (map->ptr >= lo && map->ptr + map->size <= hi) {
+            *pp = map->next;
+            mmap((void *)map->ptr, map->size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            map->handle->maps--;
+            sim_mem *freed = NULL;
+            sim_vmm_maybe_free_locked(map->handle, &freed);
+            if (freed != NULL && nfree < 64)
+                to_free[nfree++] = freed;
+            free(map);
+            found = 1;
+        } else {
+            pp = &map->next;
+        }
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    for (int i = 0; i < nfree; i++)
+        sim_mem_teardown(to_free[i]);
+    return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ptr == 0 || size == 0 || desc == NULL || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= g_sim.count)
+            return CUDA_ERROR_INVALID_DEVICE;
+    }
+    int prot = desc[count - 1].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+               : desc[count - 1].flags == CU_MEM_ACCESS_FLAGS_PROT_READ   ? PROT_READ
+                                                                          : PROT_NONE;
+    return mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- copies and fills: done at once; synchronous forms first wait for blocking streams ------- */
+
+enum { SIM_OP_COPY = 1, SIM_OP_SET8 = 2, SIM_OP_SET32 = 3 };
+
+static CUresult sim_memop(int kind, void *dst, const void *src, uint32_t value, size_t count)
+{
+    if (count == 0)
+        return CUDA_SUCCESS;
+    if (dst == NULL || (kind == SIM_OP_COPY && src == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (kind == SIM_OP_COPY) {
+        memmove(dst, src, count);
+    } else if (kind == SIM_OP_SET8) {
+        memset(dst, (int)(value & 0xffu), count);
+    } else {
+        uint32_t *p = dst;
+        for (size_t i = 0; i < count; i++)
+            p[i] = value;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult sim_memop_sync(int kind, void *dst, const void *src, uint32_t value, size_t count)
+{
+    sim_ctx *ctx;
+    CUresult rc = sim_current_ctx_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_ctx_wait_blocking(ctx);
+    return sim_memop(kind, dst, src, value, count);
+}
+
+static CUresult sim_memop_async(int kind, void *dst, const void *src, uint32_t value, size_t count,
+                                CUstream hStream)
+{
+    sim_stream *st;
+    CUresult rc = sim_resolve_stream(hStream, &st);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (st->capture != NULL)
+        return sim_capture_memop(st, kind, (CUdeviceptr)(uintptr_t)dst, src, value, count);
+    return sim_memop(kind, dst, src, value, count);
+}
+
+#define DEV(p) ((void *)(uintptr_t)(p))
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), src, 0, n);
+}
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    return sim_memop_sync(SIM_OP_COPY, dst, DEV(src), 0, n);
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), src, 0, n, s);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_COPY, dst, DEV(src), 0, n, s);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
+}
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    return sim_memop_sync(SIM_OP_SET8, DEV(dst), NULL, uc, n);
+}
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n)
+{
+    return sim_memop_sync(SIM_OP_SET32, DEV(dst), NULL, ui, n);
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_SET8, DEV(dst), NULL, uc, n, s);
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s)
+{
+    return sim_memop_async(SIM_OP_SET32, DEV(dst), NULL, ui, n, s);
+}
+
+/* replays a copy or fill recorded in a graph */
+CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value, size_t count)
+{
+    return sim_memop(kind, DEV(dst), src, value, count);
+}
