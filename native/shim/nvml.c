@@ -1,0 +1,82 @@
+/*
+ * NVML's memory queries, so that nvidia-smi and NVML-based tools inside the share report it:
+ * total = the share's limit, used = what the whole share holds, free = the rest. NVML numbers
+ * GPUs by their index on the node; the share's limits are per CUDA ordinal, which is the position
+ * of the GPU in CUDA_VISIBLE_DEVICES (by index or UUID), or the index itself when it is unset.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+static int uuid_matches(const char *token, size_t len, const char *uuid) {
+    return len >= 4 && strncmp(token, "GPU-", 4) == 0 && strncmp(uuid, token, len) == 0;
+}
+
+/* the CUDA ordinal of an NVML device, or -1 when it is not visible to CUDA here */
+static int cuda_ordinal(nvmlDevice_t device) {
+    __typeof__(&nvmlDeviceGetIndex) get_index = GP_REAL_NVML(nvmlDeviceGetIndex);
+    __typeof__(&nvmlDeviceGetUUID) get_uuid = GP_REAL_NVML(nvmlDeviceGetUUID);
+    unsigned int index = 0;
+    if (get_index == NULL || get_index(device, &index) != NVML_SUCCESS) return -1;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (visible == NULL) return index < GP_MAX_DEVICES ? (int)index : -1;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = "";
+    if (get_uuid != NULL && get_uuid(device, uuid, sizeof uuid) != NVML_SUCCESS) uuid[0] = '\0';
+    int ordinal = 0;
+    for (const char *token = visible; *token != '\0' && ordinal < GP_MAX_DEVICES; ordinal++) {
+        size_t len = strcspn(token, ",");
+        char *end = NULL;
+        unsigned long n = strtoul(token, &end, 10);
+        if (end == token + len && len > 0) {
+            if (n == index) return ordinal;
+        } else if (uuid[0] != '\0' && uuid_matches(token, len, uuid)) {
+            return ordinal;
+        } else if (len == 0 || strncmp(token, "GPU-", 4) != 0) {
+            return -1; /* CUDA stops at the first entry it cannot read */
+        }
+        token += len;
+        if (*token == ',') token++;
+    }
+    return -1;
+}
+
+/* the share's view of one device: 0 and the numbers when the device has a limit */
+static int share_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *used) {
+    int dev = cuda_ordinal(device);
+    if (dev < 0) return -1;
+    uint64_t limit = gp_region_memory_limit(dev);
+    if (limit == 0) return -1;
+    /* the effective limit needs the driver, which an NVML-only program may not load */
+    if (*total != 0 && limit > *total) limit = *total;
+    *total = limit;
+    *used = gp_region_used(dev);
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    __typeof__(&nvmlDeviceGetMemoryInfo) real = GP_REAL_NVML(nvmlDeviceGetMemoryInfo);
+    if (real == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real(device, memory);
+    if (rc != NVML_SUCCESS || memory == NULL) return rc;
+    unsigned long long total = memory->total, used = 0;
+    if (share_view(device, &total, &used) != 0) return rc;
+    memory->total = total;
+    memory->used = used < total ? used : total;
+    memory->free = total - memory->used;
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = GP_REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
+    if (real == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real(device, memory);
+    if (rc != NVML_SUCCESS || memory == NULL) return rc;
+    unsigned long long total = memory->total, used = 0;
+    if (share_view(device, &total, &used) != 0) return rc;
+    memory->total = total;
+    memory->reserved = 0;
+    memory->used = used < total ? used : total;
+    memory->free = total - memory->used;
+    return rc;
+}
