@@ -7,6 +7,7 @@ import typer
 
 def all_commands(app: typer.Typer) -> None:
     """Add every command group to `app` (one line per module keeps merges trivial)."""
-    from gpupool.cli import version_cmd
+    from gpupool.cli import exec_cmd, version_cmd
 
     version_cmd.register(app)
+    exec_cmd.register(app)
