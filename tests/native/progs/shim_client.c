@@ -1,0 +1,306 @@
+/*
+ * A CUDA driver API client for the interception library's tests. It loads the driver by name
+ * (dlopen + dlsym, as the CUDA runtime and ctypes do) and runs the steps given as arguments, one
+ * output line per step:
+ *   alloc BYTES          cuMemAlloc_v2                    -> "alloc RC"
+ *   procalloc BYTES      cuMemAlloc via cuGetProcAddress  -> "procalloc RC"
+ *   managed BYTES        cuMemAllocManaged                -> "managed RC"
+ *   pitch WIDTH HEIGHT   cuMemAllocPitch_v2               -> "pitch RC PITCH"
+ *   async BYTES          cuMemAllocAsync (+ stream sync)  -> "async RC"
+ *   vmm BYTES            cuMemCreate on device 0          -> "vmm RC"
+ *   array W H            cuArrayCreate_v2 (float4)        -> "array RC"
+ *   free                 frees the latest allocation      -> "free RC"
+ *   freeasync            cuMemFreeAsync of the latest     -> "freeasync RC"
+ *   fill BYTES           cuMemAlloc until it fails        -> "fill COUNT RC"
+ *   meminfo              cuMemGetInfo_v2                  -> "meminfo FREE TOTAL"
+ *   totalmem             cuDeviceTotalMem_v2              -> "totalmem BYTES"
+ *   run SECONDS KIND     launches for SECONDS of wall time, then synchronizes; KIND is kernel,
+ *                        ex, coop, graph, or procgraph (cuGraphLaunch via cuGetProcAddress with
+ *                        the per-thread stream flavour) -> "run LAUNCHES ELAPSED_NS"
+ *   ready                prints "ready" and waits for a line on stdin
+ *   hold                 prints "holding" and sleeps until killed
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpupool_cuda.h"
+
+#define FN(name) static __typeof__(&name) p_##name
+FN(cuInit);
+FN(cuDeviceGet);
+FN(cuDevicePrimaryCtxRetain);
+FN(cuCtxSetCurrent);
+FN(cuCtxSynchronize);
+FN(cuGetProcAddress_v2);
+FN(cuMemAlloc_v2);
+FN(cuMemAllocManaged);
+FN(cuMemAllocPitch_v2);
+FN(cuMemAllocAsync);
+FN(cuMemFree_v2);
+FN(cuMemFreeAsync);
+FN(cuMemCreate);
+FN(cuMemRelease);
+FN(cuArrayCreate_v2);
+FN(cuArrayDestroy);
+FN(cuMemGetInfo_v2);
+FN(cuDeviceTotalMem_v2);
+FN(cuStreamSynchronize);
+FN(cuModuleLoadData);
+FN(cuModuleGetFunction);
+FN(cuLaunchKernel);
+FN(cuLaunchKernelEx);
+FN(cuLaunchCooperativeKernel);
+FN(cuGraphCreate);
+FN(cuGraphAddKernelNode);
+FN(cuGraphInstantiateWithFlags);
+FN(cuGraphLaunch);
+
+static void *load(void *lib, const char *name) {
+    void *fn = dlsym(lib, name);
+    if (fn == NULL) {
+        fprintf(stderr, "shim_client: no %s in the driver\n", name);
+        exit(3);
+    }
+    return fn;
+}
+
+#define LOAD(name) p_##name = (__typeof__(&name))load(lib, #name)
+
+static void load_driver(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        fprintf(stderr, "shim_client: %s\n", dlerror());
+        exit(3);
+    }
+    LOAD(cuInit);
+    LOAD(cuDeviceGet);
+    LOAD(cuDevicePrimaryCtxRetain);
+    LOAD(cuCtxSetCurrent);
+    LOAD(cuCtxSynchronize);
+    LOAD(cuGetProcAddress_v2);
+    LOAD(cuMemAlloc_v2);
+    LOAD(cuMemAllocManaged);
+    LOAD(cuMemAllocPitch_v2);
+    LOAD(cuMemAllocAsync);
+    LOAD(cuMemFree_v2);
+    LOAD(cuMemFreeAsync);
+    LOAD(cuMemCreate);
+    LOAD(cuMemRelease);
+    LOAD(cuArrayCreate_v2);
+    LOAD(cuArrayDestroy);
+    LOAD(cuMemGetInfo_v2);
+    LOAD(cuDeviceTotalMem_v2);
+    LOAD(cuStreamSynchronize);
+    LOAD(cuModuleLoadData);
+    LOAD(cuModuleGetFunction);
+    LOAD(cuLaunchKernel);
+    LOAD(cuLaunchKernelEx);
+    LOAD(cuLaunchCooperativeKernel);
+    LOAD(cuGraphCreate);
+    LOAD(cuGraphAddKernelNode);
+    LOAD(cuGraphInstantiateWithFlags);
+    LOAD(cuGraphLaunch);
+}
+
+static void check(CUresult rc, const char *what) {
+    if (rc != CUDA_SUCCESS) {
+        fprintf(stderr, "shim_client: %s failed with %d\n", what, (int)rc);
+        exit(4);
+    }
+}
+
+typedef enum { K_PTR, K_VMM, K_ARRAY } kind_t;
+typedef struct {
+    kind_t kind;
+    unsigned long long handle;
+} alloc_t;
+
+static alloc_t allocs[1 << 16];
+static int nallocs;
+
+static void remember(kind_t kind, unsigned long long handle) {
+    if (nallocs < (int)(sizeof allocs / sizeof allocs[0])) allocs[nallocs++] = (alloc_t){kind, handle};
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static CUfunction kernel(void) {
+    static CUmodule module;
+    static CUfunction fn;
+    if (fn == NULL) {
+        static const char image[] = "shim_client kernel image";
+        check(p_cuModuleLoadData(&module, image), "cuModuleLoadData");
+        check(p_cuModuleGetFunction(&fn, module, "spin"), "cuModuleGetFunction");
+    }
+    return fn;
+}
+
+/* a graph of 4 chained kernels of 64 blocks: as long as one 256-block kernel */
+static CUgraphExec graph(void) {
+    CUgraph g;
+    CUgraphExec exec;
+    check(p_cuGraphCreate(&g, 0), "cuGraphCreate");
+    CUgraphNode prev = NULL;
+    for (int i = 0; i < 4; i++) {
+        CUDA_KERNEL_NODE_PARAMS_v1 params = {.func = kernel(),
+                                             .gridDimX = 64, .gridDimY = 1, .gridDimZ = 1,
+                                             .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+        CUgraphNode node;
+        check(p_cuGraphAddKernelNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &params),
+              "cuGraphAddKernelNode");
+        prev = node;
+    }
+    check(p_cuGraphInstantiateWithFlags(&exec, g, 0), "cuGraphInstantiateWithFlags");
+    return exec;
+}
+
+static CUresult launch_once(const char *kind, CUgraphExec exec,
+                            CUresult (*graph_launch)(CUgraphExec, CUstream)) {
+    if (strcmp(kind, "kernel") == 0)
+        return p_cuLaunchKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    if (strcmp(kind, "coop") == 0)
+        return p_cuLaunchCooperativeKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, NULL, NULL);
+    if (strcmp(kind, "ex") == 0) {
+        CUlaunchConfig config = {.gridDimX = 256, .gridDimY = 1, .gridDimZ = 1,
+                                 .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+        return p_cuLaunchKernelEx(&config, kernel(), NULL, NULL);
+    }
+    return graph_launch(exec, NULL);
+}
+
+static void run(double seconds, const char *kind) {
+    CUgraphExec exec = NULL;
+    CUresult (*graph_launch)(CUgraphExec, CUstream) = p_cuGraphLaunch;
+    if (strcmp(kind, "graph") == 0 || strcmp(kind, "procgraph") == 0) exec = graph();
+    if (strcmp(kind, "procgraph") == 0) {
+        void *fn = NULL;
+        check(p_cuGetProcAddress_v2("cuGraphLaunch", &fn, 12040,
+                                    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL),
+              "cuGetProcAddress_v2");
+        graph_launch = (CUresult(*)(CUgraphExec, CUstream))fn;
+    }
+    kernel();
+    uint64_t start = now_ns(), until = start + (uint64_t)(seconds * 1e9);
+    unsigned long long launches = 0;
+    while (now_ns() < until) {
+        check(launch_once(kind, exec, graph_launch), "launch");
+        launches++;
+    }
+    check(p_cuCtxSynchronize(), "cuCtxSynchronize");
+    printf("run %llu %llu\n", launches, (unsigned long long)(now_ns() - start));
+}
+
+static CUresult free_latest(int async) {
+    if (nallocs == 0) return CUDA_ERROR_INVALID_VALUE;
+    alloc_t a = allocs[--nallocs];
+    switch (a.kind) {
+    case K_VMM: return p_cuMemRelease(a.handle);
+    case K_ARRAY: return p_cuArrayDestroy((CUarray)(uintptr_t)a.handle);
+    default: return async ? p_cuMemFreeAsync(a.handle, NULL) : p_cuMemFree_v2(a.handle);
+    }
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    load_driver();
+    CUdevice dev;
+    CUcontext ctx;
+    check(p_cuInit(0), "cuInit");
+    check(p_cuDeviceGet(&dev, 0), "cuDeviceGet");
+    check(p_cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    for (int i = 1; i < argc; i++) {
+        const char *step = argv[i];
+        const char *arg = i + 1 < argc ? argv[i + 1] : "0";
+        unsigned long long n = strtoull(arg, NULL, 0);
+        CUdeviceptr ptr = 0;
+        CUresult rc;
+        if (strcmp(step, "alloc") == 0 || strcmp(step, "procalloc") == 0) {
+            __typeof__(&cuMemAlloc_v2) alloc = p_cuMemAlloc_v2;
+            if (strcmp(step, "procalloc") == 0) {
+                void *fn = NULL;
+                check(p_cuGetProcAddress_v2("cuMemAlloc", &fn, 12040, 0, NULL), "cuGetProcAddress");
+                alloc = (__typeof__(&cuMemAlloc_v2))fn;
+            }
+            rc = alloc(&ptr, n);
+            if (rc == CUDA_SUCCESS) remember(K_PTR, ptr);
+            printf("%s %d\n", step, (int)rc);
+            i++;
+        } else if (strcmp(step, "managed") == 0) {
+            rc = p_cuMemAllocManaged(&ptr, n, CU_MEM_ATTACH_GLOBAL);
+            if (rc == CUDA_SUCCESS) remember(K_PTR, ptr);
+            printf("managed %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "async") == 0) {
+            rc = p_cuMemAllocAsync(&ptr, n, NULL);
+            if (rc == CUDA_SUCCESS) {
+                remember(K_PTR, ptr);
+                check(p_cuStreamSynchronize(NULL), "cuStreamSynchronize");
+            }
+            printf("async %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "pitch") == 0) {
+            size_t pitch = 0, height = strtoull(argv[i + 2], NULL, 0);
+            rc = p_cuMemAllocPitch_v2(&ptr, &pitch, n, height, 4);
+            if (rc == CUDA_SUCCESS) remember(K_PTR, ptr);
+            printf("pitch %d %zu\n", (int)rc, pitch);
+            i += 2;
+        } else if (strcmp(step, "vmm") == 0) {
+            CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                        .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+            CUmemGenericAllocationHandle handle = 0;
+            rc = p_cuMemCreate(&handle, n, &prop, 0);
+            if (rc == CUDA_SUCCESS) remember(K_VMM, handle);
+            printf("vmm %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "array") == 0) {
+            CUDA_ARRAY_DESCRIPTOR desc = {.Width = n, .Height = strtoull(argv[i + 2], NULL, 0),
+                                          .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+            CUarray array = NULL;
+            rc = p_cuArrayCreate_v2(&array, &desc);
+            if (rc == CUDA_SUCCESS) remember(K_ARRAY, (uintptr_t)array);
+            printf("array %d\n", (int)rc);
+            i += 2;
+        } else if (strcmp(step, "free") == 0 || strcmp(step, "freeasync") == 0) {
+            printf("%s %d\n", step, (int)free_latest(strcmp(step, "freeasync") == 0));
+        } else if (strcmp(step, "fill") == 0) {
+            unsigned long long count = 0;
+            while ((rc = p_cuMemAlloc_v2(&ptr, n)) == CUDA_SUCCESS) {
+                remember(K_PTR, ptr);
+                count++;
+            }
+            printf("fill %llu %d\n", count, (int)rc);
+            i++;
+        } else if (strcmp(step, "meminfo") == 0) {
+            size_t free_bytes = 0, total = 0;
+            check(p_cuMemGetInfo_v2(&free_bytes, &total), "cuMemGetInfo_v2");
+            printf("meminfo %zu %zu\n", free_bytes, total);
+        } else if (strcmp(step, "totalmem") == 0) {
+            size_t total = 0;
+            check(p_cuDeviceTotalMem_v2(&total, dev), "cuDeviceTotalMem_v2");
+            printf("totalmem %zu\n", total);
+        } else if (strcmp(step, "run") == 0) {
+            run(strtod(arg, NULL), argv[i + 2]);
+            i += 2;
+        } else if (strcmp(step, "ready") == 0) {
+            printf("ready\n");
+            char line[16];
+            if (fgets(line, sizeof line, stdin) == NULL) return 0;
+        } else if (strcmp(step, "hold") == 0) {
+            printf("holding\n");
+            for (;;) pause();
+        } else {
+            fprintf(stderr, "shim_client: unknown step %s\n", step);
+            return 2;
+        }
+    }
+    return 0;
+}
