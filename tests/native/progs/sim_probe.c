@@ -232,7 +232,7 @@ static int cmd_graph(void)
     CK(cuEventRecord(b, stream));
     CK(cuEventSynchronize(b));
     CK(cuEventElapsedTime(&ms, a, b));
-    printf("graph kind=manual event_ms=%.3f\n", ms);
+    printf("graph type=manual event_ms=%.3f\n", ms);
 
     CUdeviceptr buf;
     CK(cuMemAlloc_v2(&buf, 4096));
@@ -256,7 +256,7 @@ static int cmd_graph(void)
     CK(cuEventElapsedTime(&ms, a, b));
     unsigned int after;
     CK(cuMemcpyDtoH_v2(&after, buf, 4));
-    printf("graph kind=captured event_ms=%.3f capturing=%d before=%u after=%u\n", ms, (int)status,
+    printf("graph type=captured event_ms=%.3f capturing=%d before=%u after=%u\n", ms, (int)status,
            before, after);
     CK(cuGraphExecDestroy(exec));
     CK(cuGraphExecDestroy(exec2));
@@ -272,20 +272,20 @@ static int cmd_procaddr(void)
     CUdriverProcAddressQueryResult status;
     CK(cuInit(0));
     CK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12040, 0, &status));
-    printf("lookup name=cuMemAlloc v=12040 same=%d status=%d\n",
+    printf("lookup sym=cuMemAlloc v=12040 same=%d status=%d\n",
            fn == dlsym(self, "cuMemAlloc_v2"), (int)status);
     CUresult rc = cuGetProcAddress_v2("cuMemAlloc", &fn, 3000, 0, &status);
-    printf("lookup name=cuMemAlloc v=3000 rc=%d status=%d\n", (int)rc, (int)status);
+    printf("lookup sym=cuMemAlloc v=3000 rc=%d status=%d\n", (int)rc, (int)status);
     rc = cuGetProcAddress_v2("cuNoSuchFunction", &fn, 12040, 0, &status);
-    printf("lookup name=cuNoSuchFunction rc=%d status=%d null=%d\n", (int)rc, (int)status,
+    printf("lookup sym=cuNoSuchFunction rc=%d status=%d null=%d\n", (int)rc, (int)status,
            fn == NULL);
     CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12040,
                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
-    printf("lookup name=cuLaunchKernel ptsz=%d\n", fn == dlsym(self, "cuLaunchKernel_ptsz"));
+    printf("lookup sym=cuLaunchKernel ptsz=%d\n", fn == dlsym(self, "cuLaunchKernel_ptsz"));
     CK(cuGetProcAddress("cuGetProcAddress", &fn, 12000, 0));
-    printf("lookup name=cuGetProcAddress v2=%d\n", fn == dlsym(self, "cuGetProcAddress_v2"));
+    printf("lookup sym=cuGetProcAddress v2=%d\n", fn == dlsym(self, "cuGetProcAddress_v2"));
     CK(cuGetProcAddress("cuGraphInstantiate", &fn, 12040, 0));
-    printf("lookup name=cuGraphInstantiate withflags=%d\n",
+    printf("lookup sym=cuGraphInstantiate withflags=%d\n",
            fn == dlsym(self, "cuGraphInstantiateWithFlags"));
     /* a call through a looked-up pointer reaches the driver */
     CUresult (*alloc)(CUdeviceptr *, size_t);
@@ -298,7 +298,8 @@ static int cmd_procaddr(void)
     CK(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &text));
     int version;
     CK(cuDriverGetVersion(&version));
-    printf("errors name=%s version=%d text=%s\n", name, version, text);
+    printf("errors err=%s version=%d\n", name, version);
+    printf("errtext name=%s\n", text);
     return 0;
 }
 
