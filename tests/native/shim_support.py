@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +49,15 @@ def compile_prog(source: Path, out: Path, *extra: str) -> Path:
     return out
 
 
-def make_node(directory: Path, memory: int = 80 * GiB, gpus: int = 1) -> Path:
-    """A simulated node of `gpus` identical GPUs with fresh UUIDs."""
+def make_node(
+    directory: Path, memory: int = 80 * GiB, gpus: int = 1, uuids: Sequence[str] = ()
+) -> Path:
+    """A simulated node of `gpus` identical GPUs, with the given UUIDs or fresh ones."""
     directory.mkdir(parents=True, exist_ok=True)
+    names = list(uuids) or [f"GPU-{uuid.uuid4()}" for _ in range(gpus)]
     specs = [
         SimGpuSpec(
-            uuid=f"GPU-{uuid.uuid4()}",
+            uuid=names[i],
             name="NVIDIA H100 80GB HBM3",
             model="H100-80GB",
             memory_total=memory,
