@@ -281,13 +281,32 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 /* ---- the virtual-memory API ------------------------------------------------------------------ */
 
+/* a mapped range (handle != NULL) or a reserved one (handle == NULL) */
 typedef struct sim_mapping {
     uintptr_t ptr;
     size_t size;
     sim_mem *handle;
     struct sim_mapping *next;
 } sim_mapping;
-static sim_mapping *sim_mappings;
+static sim_mapping *sim_mappings, *sim_reservations;
+
+/* [ptr, ptr+size) lies inside one reservation: only there may cuMemMap map with MAP_FIXED */
+static int sim_reserved_locked(uintptr_t ptr, size_t size)
+{
+    for (sim_mapping *r = sim_reservations; r != NULL; r = r->next)
+        if (ptr >= r->ptr && size <= r->size && ptr - r->ptr <= r->size - size)
+            return 1;
+    return 0;
+}
+
+/* no mapping overlaps [ptr, ptr+size) */
+static int sim_unmapped_locked(uintptr_t ptr, size_t size)
+{
+    for (sim_mapping *m = sim_mappings; m != NULL; m = m->next)
+        if (ptr < m->ptr + m->size && m->ptr < ptr + size)
+            return 0;
+    return 1;
+}
 
 static CUresult sim_vmm_prop_check(const CUmemAllocationProp *prop)
 {
@@ -399,17 +418,28 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
         return CUDA_ERROR_INVALID_VALUE;
     size_t align = alignment > SIM_VMM_GRANULARITY ? alignment : SIM_VMM_GRANULARITY;
     /* over-reserve, then trim to an aligned range (the address hint is only a hint) */
+    sim_mapping *reservation = calloc(1, sizeof *reservation);
+    if (reservation == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     void *hint = (void *)(uintptr_t)addr;
     char *base = mmap(hint, size + align, PROT_NONE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED)
+    if (base == MAP_FAILED) {
+        free(reservation);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     uintptr_t start = ((uintptr_t)base + align - 1) & ~(uintptr_t)(align - 1);
     if (start > (uintptr_t)base)
         munmap(base, start - (uintptr_t)base);
     uintptr_t tail = start + size, end = (uintptr_t)base + size + align;
     if (end > tail)
         munmap((void *)tail, end - tail);
+    reservation->ptr = start;
+    reservation->size = size;
+    pthread_mutex_lock(&g_sim.mu);
+    reservation->next = sim_reservations;
+    sim_reservations = reservation;
+    pthread_mutex_unlock(&g_sim.mu);
     *ptr = (CUdeviceptr)start;
     return CUDA_SUCCESS;
 }
@@ -419,9 +449,22 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     CUresult rc = sim_require_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (ptr == 0 || size == 0)
+    sim_mapping *found = NULL;
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_mapping **pp = &sim_reservations; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->ptr == (uintptr_t)ptr && (*pp)->size == size &&
+            sim_unmapped_locked((uintptr_t)ptr, size)) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    if (found == NULL) /* not a whole reservation, or still mapped */
         return CUDA_ERROR_INVALID_VALUE;
-    return munmap((void *)(uintptr_t)ptr, size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)found->ptr, found->size);
+    free(found);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
@@ -435,9 +478,12 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_sim.mu);
     sim_mem *m = sim_vmm_handle(handle);
-    if (m == NULL || m->released || ptr == 0 || size == 0 || flags != 0 ||
-        offset + size > m->size || size % SIM_VMM_GRANULARITY != 0)
+    if (m == NULL || m->released || ptr == 0 || size == 0 || flags != 0 || offset > m->size ||
+        size > m->size - offset || size % SIM_VMM_GRANULARITY != 0 ||
+        !sim_reserved_locked((uintptr_t)ptr, size))
         rc = CUDA_ERROR_INVALID_VALUE;
+    else if (!sim_unmapped_locked((uintptr_t)ptr, size))
+        rc = CUDA_ERROR_ALREADY_MAPPED;
     else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                   m->fd, (off_t)offset) == MAP_FAILED)
         rc = CUDA_ERROR_MAP_FAILED;
@@ -494,6 +540,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
     if (rc != CUDA_SUCCESS)
         return rc;
     if (ptr == 0 || size == 0 || desc == NULL || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_sim.mu);
+    int reserved = sim_reserved_locked((uintptr_t)ptr, size);
+    pthread_mutex_unlock(&g_sim.mu);
+    if (!reserved)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||

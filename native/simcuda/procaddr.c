@@ -11,9 +11,6 @@
 
 #include "sim.h"
 
-CUresult cuStreamBeginCapture(CUstream hStream);
-CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
-
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
     return cuEventElapsedTime(pMilliseconds, hStart, hEnd);

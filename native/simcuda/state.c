@@ -223,6 +223,11 @@ gpupool_sim_proc *sim_slot_locked(int phys)
     return p;
 }
 
+static int sim_fits(const gpupool_sim_gpu *rec, uint64_t size)
+{
+    return rec->memory_used <= rec->memory_total && size <= rec->memory_total - rec->memory_used;
+}
+
 CUresult sim_memory_reserve(int phys, size_t size)
 {
     CUresult rc = CUDA_SUCCESS;
@@ -231,8 +236,7 @@ CUresult sim_memory_reserve(int phys, size_t size)
     gpupool_sim_proc *slot = sim_slot_locked(phys);
     if (slot == NULL) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
-    } else if (rec->memory_used + size > rec->memory_total &&
-               (sim_reclaim_dead_locked() == 0 || rec->memory_used + size > rec->memory_total)) {
+    } else if (!sim_fits(rec, size) && (sim_reclaim_dead_locked() == 0 || !sim_fits(rec, size))) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         rec->memory_used += size;

@@ -199,6 +199,8 @@ def test_vmm_arrays_and_pitch_are_counted(
     assert info["pitched"] == 1024 * 10
     assert records(result, "vmm")[0] == {"kind": "vmm", "gran": "2097152", "word": "01020304"}
     assert records(result, "pitch")[0]["value"] == "1024"
+    errors = records(result, "vmmerr")[0]
+    assert (errors["outside"], errors["twice"], errors["free_mapped"]) == ("1", "208", "1")
 
 
 def test_kernel_time_is_proportional_to_threads(

@@ -141,6 +141,10 @@ static int cmd_vmm(void)
     CK(cuMemMap(va, size, 0, handle, 0));
     CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CK(cuMemSetAccess(va, size, &access, 1));
+    unsigned int local = 0; /* mapping outside a reservation must not clobber this process */
+    printf("vmmerr outside=%d twice=%d free_mapped=%d\n",
+           (int)cuMemMap((CUdeviceptr)(uintptr_t)&local, gran, 0, handle, 0),
+           (int)cuMemMap(va, gran, 0, handle, 0), (int)cuMemAddressFree(va, size));
     CK(cuMemsetD32_v2(va, 0x01020304u, size / 4));
     unsigned int word;
     CK(cuMemcpyDtoH_v2(&word, va + size - 4, 4));
