@@ -49,7 +49,8 @@ void gp_log(gp_log_level level, const char *fmt, ...) __attribute__((format(prin
 void gp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* "3.9 GiB", "512 MiB", "17 B" */
 void gp_format_bytes(uint64_t bytes, char *out, unsigned long size);
-uint64_t gp_now_ns(void); /* CLOCK_MONOTONIC */
+uint64_t gp_now_ns(void);        /* CLOCK_MONOTONIC */
+uint64_t gp_coarse_now_ns(void); /* CLOCK_MONOTONIC_COARSE: cheaper, millisecond resolution */
 void gp_sleep_ns(uint64_t ns);
 
 /* ---- config.c: GPUPOOL_* variables, read once at load -------------------------------------- */

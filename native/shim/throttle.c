@@ -22,6 +22,7 @@
 #define GP_BURST_NS (20 * GP_NS_PER_MS)
 #define GP_GAP_NS GP_NS_PER_MS
 #define GP_MAX_SLEEP_NS (100 * GP_NS_PER_MS)
+#define GP_TOUCH_EVERY_NS (5 * GP_NS_PER_MS)
 
 typedef struct {
     CUevent end;
@@ -228,14 +229,16 @@ static int current_context_device(CUcontext *ctx) {
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     pthread_once(&init_once, init_throttles);
     launch->dev = -1;
-    uint64_t now = gp_now_ns();
     if (!any_limit) {
-        /* no compute share: only tell the node we are here, now and then */
-        if (now - __atomic_load_n(&last_touch_ns, __ATOMIC_RELAXED) < GP_NS_PER_MS) return;
-        __atomic_store_n(&last_touch_ns, now, __ATOMIC_RELAXED);
-        gp_activity_touch(current_context_device(NULL), now);
+        /* no compute share: only tell the node we are here, now and then (the coarse clock
+         * costs a few nanoseconds, and its few milliseconds of resolution are plenty here) */
+        uint64_t coarse = gp_coarse_now_ns();
+        if (coarse - __atomic_load_n(&last_touch_ns, __ATOMIC_RELAXED) < GP_TOUCH_EVERY_NS) return;
+        __atomic_store_n(&last_touch_ns, coarse, __ATOMIC_RELAXED);
+        gp_activity_touch(current_context_device(NULL), gp_now_ns());
         return;
     }
+    uint64_t now = gp_now_ns();
     CUcontext ctx = NULL;
     int dev = current_context_device(&ctx);
     if (dev < 0 || !events_available()) return;
