@@ -149,4 +149,3 @@ def register(app: typer.Typer) -> None:
                 shutil.rmtree(spec.shared_region.parent, ignore_errors=True)
         sys.stdout.flush()
         raise typer.Exit(code)
-
