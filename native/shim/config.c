@@ -1,12 +1,71 @@
-/* The GPUPOOL_* configuration, read once when the library loads; a malformed value is fatal. */
+/*
+ * The GPUPOOL_* configuration, read once when the library loads; a malformed value is fatal.
+ *
+ * The values come from the environment, or, when /etc/gpupool/shim.conf exists, from that file
+ * alone (NAME=VALUE lines): a container mounts it read-only next to /etc/ld.so.preload, so a
+ * workload can neither drop the library nor change or unset its share.
+ */
 #include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "shim.h"
 
+#define GP_SYSTEM_CONFIG "/etc/gpupool/shim.conf"
+#define GP_CONFIG_LINES 128
+
 extern char **environ;
+
+/* NAME=VALUE entries the configuration is read from: the environment or the file's lines */
+static char **source;
+
+static const char *get(const char *name) {
+    size_t len = strlen(name);
+    for (char **entry = source; entry != NULL && *entry != NULL; entry++) {
+        if (strncmp(*entry, name, len) == 0 && (*entry)[len] == '=') return *entry + len + 1;
+    }
+    return NULL;
+}
+
+static void trim_line(char *line) {
+    size_t len = strlen(line);
+    while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = '\0';
+}
+
+static char **read_file(const char *path) {
+    FILE *file = fopen(path, "re");
+    if (file == NULL) gp_fatal("cannot read the share configuration %s: %s", path, strerror(errno));
+    static char *lines[GP_CONFIG_LINES + 1];
+    char buf[1024];
+    int count = 0, number = 0;
+    while (fgets(buf, sizeof buf, file) != NULL) {
+        number++;
+        trim_line(buf);
+        const char *text = buf;
+        while (isspace((unsigned char)*text)) text++;
+        if (*text == '\0' || *text == '#') continue;
+        if (strncmp(text, "GPUPOOL_", 8) != 0 || strchr(text, '=') == NULL)
+            gp_fatal("invalid line %d of %s: expected GPUPOOL_NAME=VALUE", number, path);
+        if (count == GP_CONFIG_LINES) gp_fatal("%s has more than %d settings", path, count);
+        lines[count++] = strdup(text);
+    }
+    fclose(file);
+    lines[count] = NULL;
+    return lines;
+}
+
+/* the system file if present; else a file named by GPUPOOL_CONFIG_FILE (only where the system
+ * file is absent, so it opens no way around it); else the environment */
+static char **config_source(void) {
+    if (access(GP_SYSTEM_CONFIG, F_OK) == 0) return read_file(GP_SYSTEM_CONFIG);
+    const char *named = getenv("GPUPOOL_CONFIG_FILE");
+    if (named != NULL && *named != '\0') return read_file(named);
+    return environ;
+}
 
 int gp_parse_bytes(const char *text, uint64_t *out) {
     const char *p = text;
@@ -73,7 +132,7 @@ static int parse_ordinal(const char *name, const char *digits) {
 }
 
 static void load_log_level(void) {
-    const char *text = getenv("GPUPOOL_LOG_LEVEL");
+    const char *text = get("GPUPOOL_LOG_LEVEL");
     if (text == NULL || *text == '\0') return;
     static const char *const names[] = {"error", "warn", "info", "debug"};
     for (int i = 0; i < 4; i++) {
@@ -89,7 +148,7 @@ static void load_log_level(void) {
 static void load_per_device(gp_config *cfg) {
     static const char mem[] = "GPUPOOL_MEMORY_LIMIT_";
     static const char cmp[] = "GPUPOOL_COMPUTE_LIMIT_";
-    for (char **env = environ; env != NULL && *env != NULL; env++) {
+    for (char **env = source; env != NULL && *env != NULL; env++) {
         const char *entry = *env;
         int is_mem = strncmp(entry, mem, sizeof mem - 1) == 0;
         int is_cmp = strncmp(entry, cmp, sizeof cmp - 1) == 0;
@@ -115,17 +174,18 @@ static void load_per_device(gp_config *cfg) {
 
 void gp_config_load(gp_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
+    source = config_source();
     load_log_level();
-    const char *text = getenv("GPUPOOL_MEMORY_LIMIT");
+    const char *text = get("GPUPOOL_MEMORY_LIMIT");
     uint64_t memory = (text && *text) ? parse_memory("GPUPOOL_MEMORY_LIMIT", text) : 0;
-    text = getenv("GPUPOOL_COMPUTE_LIMIT");
+    text = get("GPUPOOL_COMPUTE_LIMIT");
     uint32_t compute = (text && *text) ? parse_percent("GPUPOOL_COMPUTE_LIMIT", text) : 100;
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
         cfg->memory_limit[dev] = memory;
         cfg->compute_limit[dev] = compute;
     }
     load_per_device(cfg);
-    text = getenv("GPUPOOL_COMPUTE_POLICY");
+    text = get("GPUPOOL_COMPUTE_POLICY");
     if (text == NULL || *text == '\0' || strcmp(text, "cap") == 0) {
         cfg->policy = GP_POLICY_CAP;
     } else if (strcmp(text, "share") == 0) {
@@ -133,6 +193,6 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_POLICY=%s: expected cap or share", text);
     }
-    text = getenv("GPUPOOL_SHARED_REGION");
+    text = get("GPUPOOL_SHARED_REGION");
     cfg->region_path = (text && *text) ? text : NULL;
 }

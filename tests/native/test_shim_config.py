@@ -127,3 +127,25 @@ def test_a_file_that_is_not_a_region_is_refused(client: Path, node: Path, tmp_pa
     assert result.returncode == 2
     assert len(result.stderr) == 1
     assert "is not a gpupool shared region" in result.stderr[0]
+
+
+def test_a_configuration_file_overrides_the_environment(
+    client: Path, node: Path, tmp_path: Path
+) -> None:
+    # how a container pins a share: the file (read-only there) wins over anything in the env
+    conf = tmp_path / "shim.conf"
+    conf.write_text("# the share\nGPUPOOL_MEMORY_LIMIT=1GiB\n\nGPUPOOL_COMPUTE_POLICY=cap\n")
+    env = shim_env(node, MEMORY_LIMIT="64GiB", CONFIG_FILE=str(conf))
+    result = run_client(client, env, "totalmem", "alloc", 2 * GiB)
+    assert result.step("totalmem") == [[str(GiB)]]
+    assert codes(result, "alloc") == [2]
+
+
+def test_a_malformed_configuration_file_stops_the_workload(
+    client: Path, node: Path, tmp_path: Path
+) -> None:
+    conf = tmp_path / "shim.conf"
+    conf.write_text("GPUPOOL_MEMORY_LIMIT=1GiB\nmemory: 4GiB\n")
+    result = run_client(client, shim_env(node, CONFIG_FILE=str(conf)), "alloc", 1)
+    assert result.returncode == 2
+    assert result.stderr == [f"gpupool: invalid line 2 of {conf}: expected GPUPOOL_NAME=VALUE"]
