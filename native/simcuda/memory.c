@@ -49,8 +49,9 @@ void sim_mem_teardown(sim_mem *m)
     free(m);
 }
 
-/* Counts `size` against the current context's GPU and makes the record. */
-static CUresult sim_mem_new(sim_mem_kind kind, size_t size, sim_ctx **ctx_out, sim_mem **out)
+/* Counts `size` against GPU `phys` (-1: the current context's) and makes the record. */
+static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **ctx_out,
+                            sim_mem **out)
 {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
@@ -58,10 +59,14 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, sim_ctx **ctx_out, s
         return rc;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (phys < 0)
+        phys = ctx->gpu;
+    else if (sim_gpu_lost(phys))
+        return SIM_LOST_ERROR;
     sim_mem *m = calloc(1, sizeof *m);
     if (m == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    rc = sim_memory_reserve(ctx->gpu, size);
+    rc = sim_memory_reserve(phys, size);
     if (rc != CUDA_SUCCESS) {
         free(m);
         return rc;
@@ -69,20 +74,20 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, sim_ctx **ctx_out, s
     m->magic = SIM_MAGIC_MEM;
     m->kind = kind;
     m->size = size;
-    m->gpu = ctx->gpu;
+    m->gpu = phys;
     m->fd = -1;
     *ctx_out = ctx;
     *out = m;
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
+static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys)
 {
     if (dptr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
-    CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, &ctx, &m);
+    CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, phys, &ctx, &m);
     if (rc != CUDA_SUCCESS)
         return rc;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -101,6 +106,11 @@ static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
     sim_ctx_link_mem(ctx, m);
     *dptr = (CUdeviceptr)m->ptr;
     return CUDA_SUCCESS;
+}
+
+static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
+{
+    return sim_alloc_linear_on(dptr, size, -1);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return sim_alloc_linear(dptr, bytesize); }
@@ -133,12 +143,81 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
     return rc != CUDA_SUCCESS ? rc : sim_alloc_linear(dptr, bytesize);
 }
 
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+/* A memory pool names the GPU its allocations come from; the simulation keeps no cache in it. */
+typedef struct sim_pool {
+    uint32_t magic;
+    int gpu;
+    int is_default;
+} sim_pool;
+
+static sim_pool sim_default_pools[GPUPOOL_SIM_MAX_GPUS];
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (pool_out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_sim.count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    sim_pool *pool = &sim_default_pools[dev];
+    pool->gpu = g_sim.phys[dev];
+    pool->is_default = 1;
+    pool->magic = SIM_MAGIC_POOL;
+    *pool_out = (CUmemoryPool)pool;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool_out, const CUmemPoolProps *props)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (pool_out == NULL || props == NULL || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.id < 0 || props->location.id >= g_sim.count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    sim_pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pool->magic = SIM_MAGIC_POOL;
+    pool->gpu = g_sim.phys[props->location.id];
+    *pool_out = (CUmemoryPool)pool;
+    return CUDA_SUCCESS;
+}
+
+static sim_pool *sim_pool_of(CUmemoryPool h)
+{
+    sim_pool *pool = (sim_pool *)h;
+    return pool != NULL && pool->magic == SIM_MAGIC_POOL ? pool : NULL;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool h)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_pool *pool = sim_pool_of(h);
+    if (pool == NULL || pool->is_default)
+        return CUDA_ERROR_INVALID_VALUE;
+    pool->magic = 0;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool h,
                                  CUstream hStream)
 {
+    sim_stream *st;
+    CUresult rc = sim_resolve_stream(hStream, &st);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_pool *pool = sim_pool_of(h);
     if (pool == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return cuMemAllocAsync(dptr, bytesize, hStream);
+    return sim_alloc_linear_on(dptr, bytesize, pool->gpu);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -215,7 +294,7 @@ static CUresult sim_array_new(size_t bytes, void **handle)
         return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
-    CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, &ctx, &m);
+    CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, -1, &ctx, &m);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_ctx_link_mem(ctx, m);

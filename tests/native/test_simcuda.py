@@ -196,6 +196,9 @@ def test_vmm_arrays_and_pitch_are_counted(
     arrays = 1024 * 1024 * 16 + 64**3 + (64**3 + 32**3)  # 2D float4, 3D u8, 2-level mipmap
     assert info["arrays"] == arrays
     assert info["arrays-destroyed"] == 0
+    assert info["pools"] == 8 * 1024**2
+    assert info["pools-freed"] == 0
+    assert records(result, "pool")[0]["destroy_default_rc"] == "1"
     assert info["pitched"] == 1024 * 10
     assert records(result, "vmm")[0] == {"kind": "vmm", "gran": "2097152", "word": "01020304"}
     assert records(result, "pitch")[0]["value"] == "1024"

@@ -168,6 +168,20 @@ static int cmd_vmm(void)
     CK(cuArrayDestroy(a3));
     CK(cuMipmappedArrayDestroy(mip));
     print_meminfo("arrays-destroyed");
+    CUmemoryPool pool, dflt;
+    CUmemPoolProps pool_props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUdeviceptr from_pool, from_default;
+    CK(cuMemPoolCreate(&pool, &pool_props));
+    CK(cuDeviceGetDefaultMemPool(&dflt, 0));
+    CK(cuMemAllocFromPoolAsync(&from_pool, 3u << 20, pool, NULL));
+    CK(cuMemAllocFromPoolAsync(&from_default, 5u << 20, dflt, NULL));
+    print_meminfo("pools");
+    CK(cuMemFreeAsync(from_pool, NULL));
+    CK(cuMemFreeAsync(from_default, NULL));
+    CK(cuMemPoolDestroy(pool));
+    printf("pool destroy_default_rc=%d\n", (int)cuMemPoolDestroy(dflt));
+    print_meminfo("pools-freed");
     size_t pitch;
     CUdeviceptr pitched;
     CK(cuMemAllocPitch_v2(&pitched, &pitch, 1000, 10, 4));
