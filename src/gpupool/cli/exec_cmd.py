@@ -104,7 +104,9 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_interspersed_args": False},
     )
     def exec_(
-        command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
+        command: list[str] = typer.Argument(
+            ..., metavar="CMD", help="The command and its arguments, after --."
+        ),
         simulate: str | None = typer.Option(
             None, "--simulate", metavar="SPEC", help="Run on a simulated node, e.g. 2xH100."
         ),
@@ -116,7 +118,10 @@ def register(app: typer.Typer) -> None:
             None, "--compute", metavar="PERCENT", help="Compute share per GPU, 1..100."
         ),
         compute_policy: str = typer.Option(
-            "cap", "--compute-policy", help="cap: never above; share: may use an idle GPU."
+            "cap",
+            "--compute-policy",
+            metavar="cap|share",
+            help="cap: never above the share; share: may use an idle GPU.",
         ),
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
