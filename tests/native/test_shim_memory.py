@@ -75,13 +75,17 @@ def test_get_proc_address_returns_the_limited_allocator(client: Path, node: Path
         (["async", 600 * MiB], "async"),
         (["vmm", 600 * MiB], "vmm"),
         (["array", 8192, 4800], "array"),  # float4: 16 B x 8192 x 4800 = 600 MiB
+        (["array3d", 1024, 1200, 32], "array3d"),  # 16 B x 1024 x 1200 x 32 = 600 MiB
+        (["mipmap", 8192, 3600, 8], "mipmap"),  # 450 MiB x (1 + 1/4 + 1/16 + ...) ~ 600 MiB
+        (["pool", 600 * MiB], "pool"),
+        (["ptszasync", 600 * MiB], "ptszasync"),
     ],
 )
 def test_every_allocation_kind_counts_and_its_free_credits(
     client: Path, node: Path, steps: list[object], step: str
 ) -> None:
     env = shim_env(node, MEMORY_LIMIT="1GiB")
-    free = "freeasync" if step == "async" else "free"
+    free = {"async": "freeasync", "pool": "freeasync", "ptszasync": "ptszfree"}.get(step, "free")
     result = run_client(client, env, *steps, *steps, free, *steps)  # type: ignore[arg-type]
     assert codes(result, step) == [0, OOM, 0]
     assert codes(result, free) == [0]

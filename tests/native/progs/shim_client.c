@@ -9,8 +9,14 @@
  *   async BYTES          cuMemAllocAsync (+ stream sync)  -> "async RC"
  *   vmm BYTES            cuMemCreate on device 0          -> "vmm RC"
  *   array W H            cuArrayCreate_v2 (float4)        -> "array RC"
+ *   array3d W H D        cuArray3DCreate_v2 (float4)      -> "array3d RC"
+ *   mipmap W H LEVELS    cuMipmappedArrayCreate (float4)  -> "mipmap RC"
+ *   pool BYTES           cuMemAllocFromPoolAsync, the device's default pool -> "pool RC"
+ *   ptszasync BYTES      cuMemAllocAsync fetched by cuGetProcAddress with the per-thread
+ *                        default stream flag (the _ptsz flavour) -> "ptszasync RC"
  *   free                 frees the latest allocation      -> "free RC"
  *   freeasync            cuMemFreeAsync of the latest     -> "freeasync RC"
+ *   ptszfree             cuMemFreeAsync, _ptsz flavour    -> "ptszfree RC"
  *   fill BYTES           cuMemAlloc until it fails        -> "fill COUNT RC"
  *   meminfo              cuMemGetInfo_v2                  -> "meminfo FREE TOTAL"
  *   totalmem             cuDeviceTotalMem_v2              -> "totalmem BYTES"
@@ -46,6 +52,11 @@ FN(cuMemCreate);
 FN(cuMemRelease);
 FN(cuArrayCreate_v2);
 FN(cuArrayDestroy);
+FN(cuArray3DCreate_v2);
+FN(cuMipmappedArrayCreate);
+FN(cuMipmappedArrayDestroy);
+FN(cuDeviceGetDefaultMemPool);
+FN(cuMemAllocFromPoolAsync);
 FN(cuMemGetInfo_v2);
 FN(cuDeviceTotalMem_v2);
 FN(cuStreamSynchronize);
@@ -92,6 +103,11 @@ static void load_driver(void) {
     LOAD(cuMemRelease);
     LOAD(cuArrayCreate_v2);
     LOAD(cuArrayDestroy);
+    LOAD(cuArray3DCreate_v2);
+    LOAD(cuMipmappedArrayCreate);
+    LOAD(cuMipmappedArrayDestroy);
+    LOAD(cuDeviceGetDefaultMemPool);
+    LOAD(cuMemAllocFromPoolAsync);
     LOAD(cuMemGetInfo_v2);
     LOAD(cuDeviceTotalMem_v2);
     LOAD(cuStreamSynchronize);
@@ -113,7 +129,7 @@ static void check(CUresult rc, const char *what) {
     }
 }
 
-typedef enum { K_PTR, K_VMM, K_ARRAY } kind_t;
+typedef enum { K_PTR, K_VMM, K_ARRAY, K_MIPMAP } kind_t;
 typedef struct {
     kind_t kind;
     unsigned long long handle;
@@ -198,14 +214,28 @@ static void run(double seconds, const char *kind) {
     printf("run %llu %llu\n", launches, (unsigned long long)(now_ns() - start));
 }
 
+static void *proc(const char *name, cuuint64_t flags) {
+    void *fn = NULL;
+    check(p_cuGetProcAddress_v2(name, &fn, 12040, flags, NULL), "cuGetProcAddress_v2");
+    return fn;
+}
+
+/* async: 0 cuMemFree, 1 cuMemFreeAsync, 2 cuMemFreeAsync_ptsz (by cuGetProcAddress) */
 static CUresult free_latest(int async) {
     if (nallocs == 0) return CUDA_ERROR_INVALID_VALUE;
     alloc_t a = allocs[--nallocs];
     switch (a.kind) {
     case K_VMM: return p_cuMemRelease(a.handle);
     case K_ARRAY: return p_cuArrayDestroy((CUarray)(uintptr_t)a.handle);
-    default: return async ? p_cuMemFreeAsync(a.handle, NULL) : p_cuMemFree_v2(a.handle);
+    case K_MIPMAP: return p_cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)a.handle);
+    default: break;
     }
+    if (async == 2) {
+        __typeof__(&cuMemFreeAsync) free_ptsz = (__typeof__(&cuMemFreeAsync))proc(
+            "cuMemFreeAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        return free_ptsz(a.handle, NULL);
+    }
+    return async ? p_cuMemFreeAsync(a.handle, NULL) : p_cuMemFree_v2(a.handle);
 }
 
 int main(int argc, char **argv) {
@@ -269,8 +299,43 @@ int main(int argc, char **argv) {
             if (rc == CUDA_SUCCESS) remember(K_ARRAY, (uintptr_t)array);
             printf("array %d\n", (int)rc);
             i += 2;
-        } else if (strcmp(step, "free") == 0 || strcmp(step, "freeasync") == 0) {
-            printf("%s %d\n", step, (int)free_latest(strcmp(step, "freeasync") == 0));
+        } else if (strcmp(step, "array3d") == 0 || strcmp(step, "mipmap") == 0) {
+            CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = n, .Height = strtoull(argv[i + 2], NULL, 0),
+                                            .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+            unsigned int third = (unsigned int)strtoul(argv[i + 3], NULL, 0);
+            if (strcmp(step, "array3d") == 0) {
+                desc.Depth = third;
+                CUarray array = NULL;
+                rc = p_cuArray3DCreate_v2(&array, &desc);
+                if (rc == CUDA_SUCCESS) remember(K_ARRAY, (uintptr_t)array);
+            } else {
+                CUmipmappedArray mipmap = NULL;
+                rc = p_cuMipmappedArrayCreate(&mipmap, &desc, third);
+                if (rc == CUDA_SUCCESS) remember(K_MIPMAP, (uintptr_t)mipmap);
+            }
+            printf("%s %d\n", step, (int)rc);
+            i += 3;
+        } else if (strcmp(step, "pool") == 0) {
+            CUmemoryPool pool = NULL;
+            check(p_cuDeviceGetDefaultMemPool(&pool, dev), "cuDeviceGetDefaultMemPool");
+            rc = p_cuMemAllocFromPoolAsync(&ptr, n, pool, NULL);
+            if (rc == CUDA_SUCCESS) {
+                remember(K_PTR, ptr);
+                check(p_cuStreamSynchronize(NULL), "cuStreamSynchronize");
+            }
+            printf("pool %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "ptszasync") == 0) {
+            __typeof__(&cuMemAllocAsync) alloc_ptsz = (__typeof__(&cuMemAllocAsync))proc(
+                "cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+            rc = alloc_ptsz(&ptr, n, NULL);
+            if (rc == CUDA_SUCCESS) remember(K_PTR, ptr);
+            printf("ptszasync %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "free") == 0 || strcmp(step, "freeasync") == 0 ||
+                   strcmp(step, "ptszfree") == 0) {
+            int how = strcmp(step, "free") == 0 ? 0 : strcmp(step, "freeasync") == 0 ? 1 : 2;
+            printf("%s %d\n", step, (int)free_latest(how));
         } else if (strcmp(step, "fill") == 0) {
             unsigned long long count = 0;
             while ((rc = p_cuMemAlloc_v2(&ptr, n)) == CUDA_SUCCESS) {
