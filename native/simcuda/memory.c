@@ -37,12 +37,58 @@ static void sim_unlink_mem_locked(sim_mem *m)
     }
 }
 
+/* Freed mappings kept for reuse by an allocation of the same size: a real cuMemAlloc makes no
+ * system call, and without this cache mmap/munmap would dominate the cost of an allocation. */
+#define SIM_CACHE_SLOTS 32
+#define SIM_CACHE_MAX_BYTES (64ull << 20)   /* the largest mapping kept */
+#define SIM_CACHE_TOTAL_BYTES (256ull << 20) /* bounds the host memory the cache may hold */
+static struct {
+    uintptr_t ptr;
+    size_t size;
+} sim_cache[SIM_CACHE_SLOTS];
+static int sim_cache_count;
+static size_t sim_cache_bytes;
+
+static void *sim_map_linear(size_t size)
+{
+    pthread_mutex_lock(&g_sim.mu);
+    for (int i = 0; i < sim_cache_count; i++) {
+        if (sim_cache[i].size == size) {
+            void *p = (void *)sim_cache[i].ptr;
+            sim_cache_bytes -= size;
+            sim_cache[i] = sim_cache[--sim_cache_count];
+            pthread_mutex_unlock(&g_sim.mu);
+            return p;
+        }
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                -1, 0);
+}
+
+static void sim_unmap_linear(uintptr_t ptr, size_t size)
+{
+    if (size <= SIM_CACHE_MAX_BYTES) {
+        pthread_mutex_lock(&g_sim.mu);
+        int kept = sim_cache_count < SIM_CACHE_SLOTS &&
+                   sim_cache_bytes + size <= SIM_CACHE_TOTAL_BYTES;
+        if (kept) {
+            sim_cache[sim_cache_count++] = (typeof(sim_cache[0])){ptr, size};
+            sim_cache_bytes += size;
+        }
+        pthread_mutex_unlock(&g_sim.mu);
+        if (kept)
+            return;
+    }
+    munmap((void *)ptr, size);
+}
+
 /* Gives the memory back to the GPU and frees the host side; the record is already unlinked. */
 void sim_mem_teardown(sim_mem *m)
 {
     sim_memory_release(m->gpu, m->size);
     if (m->kind == SIM_MEM_LINEAR)
-        munmap((void *)m->ptr, m->size);
+        sim_unmap_linear(m->ptr, m->size);
     if (m->kind == SIM_MEM_VMM && m->fd >= 0)
         close(m->fd);
     m->magic = 0;
@@ -90,8 +136,7 @@ static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys)
     CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, phys, &ctx, &m);
     if (rc != CUDA_SUCCESS)
         return rc;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *p = sim_map_linear(size);
     if (p == MAP_FAILED) {
         sim_memory_release(m->gpu, size);
         free(m);
