@@ -183,6 +183,33 @@ def test_memory_is_counted_per_process_and_oom_at_the_gpu_size(
     assert list(state.procs(live_only=False)) == []  # the slot is given back at exit
 
 
+def test_racing_processes_cannot_pass_the_gpu_memory_together(
+    probe: Path, sim_dir: Path, node: tuple[Path, SimState]
+) -> None:
+    node_dir, state = node
+    sizes = [str(GiB)] * 10
+    procs = [
+        subprocess.Popen(
+            [str(probe), "alloc", *sizes],
+            env=sim_env(sim_dir, node_dir),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    granted = 0
+    for proc in procs:
+        assert proc.stdout is not None
+        while not (line := proc.stdout.readline()).startswith("ready"):
+            granted += line.startswith("alloc") and line.rstrip().endswith("rc=0")
+    assert granted == 24  # 40 GiB asked for at once on a 24 GiB GPU: exactly 24 granted
+    assert sum(slot.memory_used for slot in state.procs()) == 24 * GiB == state.gpu(0).memory_used
+    for proc in procs:
+        proc.communicate("go\n", timeout=30)
+    assert state.gpu(0).memory_used == 0
+
+
 def test_vmm_arrays_and_pitch_are_counted(
     probe: Path, sim_dir: Path, node: tuple[Path, SimState]
 ) -> None:
