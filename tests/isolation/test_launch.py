@@ -58,6 +58,7 @@ def test_share_environment(native: Path, tmp_path: Path) -> None:
     assert dict(spec.env) == {
         "PATH": "/bin",
         "GPUPOOL_LOG_LEVEL": "debug",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": "1,2",
         "GPUPOOL_MEMORY_LIMIT_0": str(40 * GiB),  # ordinals count the visible GPUs
         "GPUPOOL_MEMORY_LIMIT_1": str(20 * GiB),

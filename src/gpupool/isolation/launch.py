@@ -98,6 +98,8 @@ def share_env(
     since a fraction resolves to different bytes on GPUs of different sizes.
     """
     env = {
+        # GPU indices are NVML's (PCI bus order); CUDA's own default order is fastest first
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in limits.gpus),
         "GPUPOOL_COMPUTE_POLICY": limits.policy.value,
         "GPUPOOL_SHARED_REGION": str(shared_region),
