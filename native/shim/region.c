@@ -31,6 +31,12 @@ typedef struct {
     uint64_t used[GP_MAX_DEVICES];
 } gp_region_proc;
 
+#define GP_SPANS 16
+
+typedef struct {
+    uint64_t start, end; /* end 0 = unused */
+} gp_span;
+
 typedef struct {
     uint64_t magic; /* written last, once the rest is initialised */
     uint32_t version;
@@ -46,6 +52,9 @@ typedef struct {
         char pad[128];
     } lock;
     uint64_t used[GP_MAX_DEVICES];
+    int64_t credit_ns[GP_MAX_DEVICES];     /* the share's compute bucket per device */
+    uint64_t credit_at_ns[GP_MAX_DEVICES]; /* when it was last refilled; 0 = never */
+    gp_span spans[GP_MAX_DEVICES][GP_SPANS]; /* recent busy time already paid, disjoint */
     gp_region_proc procs[GP_REGION_PROCS];
 } gp_region;
 
@@ -290,4 +299,48 @@ int gp_region_any_compute_limit(void) {
         if (region->compute_limit[dev] < 100) return 1;
     }
     return 0;
+}
+
+/* the part of [start, end) that no process of the share has paid for yet, recorded as paid.
+ * Two processes of one share measure their own batches, but a batch that waited behind a sibling's
+ * kernel would also count the sibling's time: the union of what was paid removes the overlap. */
+static uint64_t unpaid_part(gp_span *spans, uint64_t start, uint64_t end) {
+    if (end <= start) return 0;
+    uint64_t overlap = 0, merged_start = start, merged_end = end;
+    for (int i = 0; i < GP_SPANS; i++) {
+        gp_span *span = &spans[i];
+        if (span->end == 0 || span->end < start || span->start > end) continue;
+        uint64_t lo = span->start > start ? span->start : start;
+        uint64_t hi = span->end < end ? span->end : end;
+        if (hi > lo) overlap += hi - lo;
+        if (span->start < merged_start) merged_start = span->start;
+        if (span->end > merged_end) merged_end = span->end;
+        span->end = 0; /* merged into the new span */
+    }
+    int slot = 0;
+    for (int i = 0; i < GP_SPANS; i++) {
+        if (spans[i].end == 0) {
+            slot = i;
+            break;
+        }
+        if (spans[i].end < spans[slot].end) slot = i; /* full: forget the oldest */
+    }
+    spans[slot] = (gp_span){merged_start, merged_end};
+    return end - start - overlap;
+}
+
+int64_t gp_region_credit(int dev, uint32_t percent, uint64_t now, int64_t cap_ns,
+                         uint64_t busy_start, uint64_t busy_end) {
+    if (region == NULL) return 0;
+    region_lock();
+    int64_t *credit = &region->credit_ns[dev];
+    uint64_t *at = &region->credit_at_ns[dev];
+    /* a clock read by another process just before ours may be later: then nothing to add */
+    if (*at != 0 && now > *at) *credit += (int64_t)((now - *at) * percent / 100);
+    if (now > *at) *at = now;
+    if (*credit > cap_ns) *credit = cap_ns;
+    *credit -= (int64_t)unpaid_part(region->spans[dev], busy_start, busy_end);
+    int64_t left = *credit;
+    region_unlock();
+    return left;
 }

@@ -84,6 +84,11 @@ const char *gp_region_activity_path(void);
 int gp_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
 void gp_region_release(int dev, uint64_t bytes);
 uint64_t gp_region_used(int dev);
+/* the share's compute bucket on `dev`: refill X % of the time since the last call (up to cap_ns),
+ * pay for the GPU busy from busy_start to busy_end (what the share has not paid yet), return
+ * what is left (negative: in debt) */
+int64_t gp_region_credit(int dev, uint32_t percent, uint64_t now, int64_t cap_ns,
+                         uint64_t busy_start, uint64_t busy_end);
 uint64_t gp_proc_start_time(int pid); /* /proc/PID/stat field 22; 0 when gone */
 
 /* ---- ptrmap.c: what each live allocation holds, to credit its free -------------------------- */

@@ -6,8 +6,10 @@
  * its end (the previous end plus cuEventElapsedTime between the two events, anchored once to the
  * host clock by waiting for the first event) less the later of the previous end and the batch's
  * submission: GPU time the workload really used, whatever the launch kind (kernels, cooperative
- * kernels, graphs). A token bucket earns X % of wall time, at most X % of GP_BURST_NS ahead, and
- * pays for busy time; while it is in debt, the next batch waits (the launch call sleeps). At most
+ * kernels, graphs). A token bucket, one per device for the whole share (it lives in the shared
+ * region, so a share's processes together hold X %), earns X % of wall time, at most X % of
+ * GP_BURST_NS ahead, and pays for busy time; while it is in debt, the next batch waits (the
+ * launch call sleeps). At most
  * GP_MAX_PENDING batches are in flight, so work cannot be queued far ahead of the accounting.
  */
 #include <pthread.h>
@@ -47,8 +49,9 @@ typedef struct {
     CUevent last_end; /* end event of the latest accounted batch, NULL before the anchor */
     uint64_t last_end_ns, frontier_ns;
     uint64_t avg_launch_ns;
-    int64_t credit_ns;
-    uint64_t credit_at_ns;
+    int dev;
+    uint32_t percent;
+    int64_t credit_ns; /* the share's bucket as last seen */
 } gp_throttle;
 
 static gp_throttle throttles[GP_MAX_DEVICES];
@@ -126,11 +129,11 @@ static void reset(gp_throttle *t) {
     t->active = 0;
 }
 
-static void refill(gp_throttle *t, uint32_t percent, uint64_t now) {
-    if (now > t->credit_at_ns) t->credit_ns += (int64_t)((now - t->credit_at_ns) * percent / 100);
-    t->credit_at_ns = now;
-    int64_t cap = (int64_t)(GP_BURST_NS * percent / 100);
-    if (t->credit_ns > cap) t->credit_ns = cap;
+/* pay GPU time from start to end into the share's bucket (shared by all its processes, in the
+ * region), refill it, and see what is left */
+static void settle(gp_throttle *t, uint64_t now, uint64_t start, uint64_t end) {
+    int64_t cap = (int64_t)(GP_BURST_NS * t->percent / 100);
+    t->credit_ns = gp_region_credit(t->dev, t->percent, now, cap, start, end);
 }
 
 static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
@@ -138,14 +141,17 @@ static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
     uint64_t busy = end_ns > start ? end_ns - start : 0;
     if (b->after_gap) {
         uint64_t estimate = (uint64_t)b->launches * t->avg_launch_ns;
-        if (t->avg_launch_ns != 0 && busy > estimate) busy = estimate;
+        if (t->avg_launch_ns != 0 && busy > estimate) {
+            busy = estimate;
+            start = end_ns - busy;
+        }
     } else if (b->launches > 0 && busy > 0) {
         uint64_t per_launch = busy / b->launches;
         t->avg_launch_ns = t->avg_launch_ns ? (3 * t->avg_launch_ns + per_launch) / 4 : per_launch;
         uint64_t target = t->avg_launch_ns ? GP_BATCH_NS / t->avg_launch_ns : 1;
         t->batch_target = target < 1 ? 1 : target > GP_MAX_BATCH ? GP_MAX_BATCH : (uint32_t)target;
     }
-    t->credit_ns -= (int64_t)busy;
+    if (busy > 0) settle(t, gp_now_ns(), start, end_ns);
     if (end_ns > t->frontier_ns) t->frontier_ns = end_ns;
 }
 
@@ -199,16 +205,15 @@ static void close_batch(gp_throttle *t, int after_gap) {
     if (t->last_end == NULL) account(t, 1);
 }
 
-static void wait_for_credit(gp_throttle *t, uint32_t percent) {
+static void wait_for_credit(gp_throttle *t) {
     account(t, 0);
     while (t->count >= GP_MAX_PENDING) account(t, 1);
-    uint64_t now = gp_now_ns();
-    refill(t, percent, now);
+    settle(t, gp_now_ns(), 0, 0);
     while (t->credit_ns < 0) {
-        uint64_t need = (uint64_t)(-t->credit_ns) * 100 / percent;
+        uint64_t need = (uint64_t)(-t->credit_ns) * 100 / t->percent;
         gp_sleep_ns(need < GP_MAX_SLEEP_NS ? need : GP_MAX_SLEEP_NS);
         account(t, 0);
-        refill(t, percent, gp_now_ns());
+        settle(t, gp_now_ns(), 0, 0);
     }
 }
 
@@ -268,17 +273,17 @@ void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     }
     if (!t->active) {
         t->active = 1;
-        t->credit_ns = 0;
-        t->credit_at_ns = now;
         t->frontier_ns = 0;
     }
+    t->dev = dev;
+    t->percent = percent;
     if (t->open && (t->stream != stream || t->ptsz != is_ptsz)) {
         close_batch(t, 0);
     } else if (t->open && now - t->last_launch_ns > GP_GAP_NS) {
         close_batch(t, 1);
     }
     if (!t->open) {
-        wait_for_credit(t, percent);
+        wait_for_credit(t);
         t->open = 1;
         t->stream = stream;
         t->ptsz = is_ptsz;

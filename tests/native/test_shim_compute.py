@@ -113,3 +113,24 @@ def test_cap_policy_stays_at_its_share_on_an_idle_gpu(client: Path, tmp_path: Pa
         client, idle, "kernel"
     )
     assert abs(ratio - 0.30) <= TOLERANCE
+
+
+def test_processes_of_one_share_hold_its_percentage_together(client: Path, tmp_path: Path) -> None:
+    shared = make_node(tmp_path / "shared")
+    base = exclusive(client, shared, "kernel")
+    env = shim_env(shared, COMPUTE_LIMIT="40", SHARED_REGION=str(tmp_path / "region"))
+    results: list[Result] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        result = run_client(client, env, "run", SECONDS, "kernel")
+        with lock:
+            results.append(result)
+
+    workers = [threading.Thread(target=one) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    together = sum(throughput(result) for result in results) / base
+    assert abs(together - 0.40) <= TOLERANCE, f"two processes of a 40 % share: {together:.3f}"
