@@ -188,3 +188,9 @@ static int scan(const gp_activity_dev *d, uint64_t now) {
     }
     return 0;
 }
+
+/* a forked child may have been forked while another thread held the local lock */
+void gp_activity_after_fork(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    local_lock = fresh;
+}

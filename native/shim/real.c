@@ -188,6 +188,7 @@ static void after_fork_in_child(void) {
     gp_region_after_fork();
     gp_ptrmap_reset();
     gp_throttle_after_fork();
+    gp_activity_after_fork();
 }
 
 __attribute__((constructor)) static void gp_load(void) {

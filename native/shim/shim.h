@@ -145,6 +145,7 @@ void gp_throttle_after_fork(void);
 void gp_activity_touch(int dev, uint64_t now);
 /* another share used GPU `dev` within the contention window */
 int gp_activity_contended(int dev, uint64_t now);
+void gp_activity_after_fork(void);
 
 #pragma GCC visibility pop
 

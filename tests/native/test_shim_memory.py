@@ -170,9 +170,29 @@ def test_a_killed_process_gives_its_memory_back(client: Path, node: Path, tmp_pa
     assert read_until(victim, "holding")[0] == ["alloc", "0"]
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
-    result = run_client(client, env, "alloc", 3 * GiB, "meminfo")
+    # the next process of the share takes the bytes back when it opens the region
+    result = run_client(client, env, "meminfo", "alloc", 3 * GiB, "meminfo")
     assert codes(result, "alloc") == [0]
-    assert result.step("meminfo") == [[str(GiB), str(4 * GiB)]]
+    assert result.step("meminfo") == [[str(4 * GiB), str(4 * GiB)], [str(GiB), str(4 * GiB)]]
+
+
+def test_memory_of_a_killed_process_comes_back_when_an_allocation_needs_it(
+    client: Path, node: Path, tmp_path: Path
+) -> None:
+    env = shim_env(node, MEMORY_LIMIT="4GiB", SHARED_REGION=str(tmp_path / "region"))
+    survivor = start_client(client, env, "ready", "alloc", 3 * GiB, "ready")
+    victim = start_client(client, env, "alloc", 3 * GiB, "hold")
+    try:
+        read_until(survivor, "ready")  # it opened the region while the victim was alive
+        assert read_until(victim, "holding")[0] == ["alloc", "0"]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        assert survivor.stdin is not None
+        survivor.stdin.write("go\n")
+        survivor.stdin.flush()
+        assert read_until(survivor, "ready")[0] == ["alloc", "0"]
+    finally:
+        survivor.communicate("go\n", timeout=30)
 
 
 def test_a_later_process_cannot_loosen_the_share(client: Path, node: Path, tmp_path: Path) -> None:
