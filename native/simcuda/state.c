@@ -402,12 +402,22 @@ static CUresult sim_read_kernel_time(void)
     return CUDA_SUCCESS;
 }
 
-static void sim_after_fork_child(void)
+static void sim_identify_process(void)
 {
     g_sim.pid = (int)getpid();
     g_sim.start_time = sim_start_time_of(g_sim.pid);
     for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_GPUS; i++)
         g_sim.slot[i] = -1;
+}
+
+/* As with the real driver, a child forked after cuInit cannot use CUDA: its copies of the
+ * parent's contexts and allocations are not its own, and they must not touch the parent's
+ * accounting. */
+static void sim_after_fork_child(void)
+{
+    sim_identify_process();
+    g_sim.initialized = 0;
+    g_sim.init_result = CUDA_ERROR_NOT_INITIALIZED;
 }
 
 static CUresult sim_initialise(void)
@@ -419,7 +429,7 @@ static CUresult sim_initialise(void)
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_lock_prepare();
-    sim_after_fork_child();
+    sim_identify_process();
     pthread_atfork(NULL, NULL, sim_after_fork_child);
     sim_apply_visible_devices();
     return g_sim.count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;

@@ -364,6 +364,16 @@ def test_a_killed_process_s_memory_is_reclaimed(
     assert state.gpu(0).memory_used == 0
 
 
+def test_a_child_forked_after_cuinit_cannot_use_cuda(
+    probe: Path, sim_dir: Path, node: tuple[Path, SimState]
+) -> None:
+    node_dir, _ = node
+    result = run_probe(probe, sim_dir, node_dir, "fork")
+    child = records(result, "child")[0]
+    assert (child["init_rc"], child["alloc_rc"], child["free_rc"]) == ("3", "3", "3")
+    assert int(records(result, "meminfo")[0]["free"]) == 23 * GiB  # the parent's GiB stays
+
+
 def test_a_lost_gpu_fails_calls(probe: Path, sim_dir: Path, node: tuple[Path, SimState]) -> None:
     node_dir, state = node
     state.set_flags(0, FLAG_LOST)

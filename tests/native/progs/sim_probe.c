@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpupool_cuda.h"
@@ -410,6 +411,27 @@ static int cmd_rc(void)
     return 0;
 }
 
+/* fork: a child forked after cuInit cannot use CUDA, and leaves the parent's accounting alone */
+static int cmd_fork(void)
+{
+    use_device(0);
+    CUdeviceptr p;
+    CK(cuMemAlloc_v2(&p, 1 << 30));
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr q;
+        printf("child init_rc=%d alloc_rc=%d free_rc=%d\n", (int)cuInit(0),
+               (int)cuMemAlloc_v2(&q, 1 << 20), (int)cuMemFree_v2(p));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    print_meminfo("parent");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -436,5 +458,7 @@ int main(int argc, char **argv)
         return cmd_hold(argc - 2, argv + 2);
     if (strcmp(verb, "rc") == 0)
         return cmd_rc();
+    if (strcmp(verb, "fork") == 0)
+        return cmd_fork();
     return 2;
 }
