@@ -207,12 +207,28 @@ static gp_region *map_shared(const gp_config *cfg) {
     return r;
 }
 
+/* a slot of this very process (same pid and start time) is from before an exec: its
+ * allocations went with the old image */
+static void drop_previous_image(void) {
+    uint64_t start = gp_proc_start_time(my_pid);
+    for (int i = 0; i < GP_REGION_PROCS; i++) {
+        gp_region_proc *proc = &region->procs[i];
+        if (proc->pid != my_pid || proc->start_time != start) continue;
+        for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+            region->used[dev] -= proc->used[dev] < region->used[dev] ? proc->used[dev]
+                                                                     : region->used[dev];
+        }
+        memset(proc, 0, sizeof *proc);
+    }
+}
+
 void gp_region_open(const gp_config *cfg) {
     my_pid = getpid();
     region = cfg->region_path ? map_shared(cfg) : map_private(cfg);
     if (cfg->region_path) {
         region_lock();
         reclaim_dead(0);
+        drop_previous_image();
         region_unlock();
     }
 }

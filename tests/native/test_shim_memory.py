@@ -195,6 +195,14 @@ def test_memory_of_a_killed_process_comes_back_when_an_allocation_needs_it(
         survivor.communicate("go\n", timeout=30)
 
 
+def test_a_process_that_execs_starts_afresh(client: Path, node: Path, tmp_path: Path) -> None:
+    # same pid, same start time, new image: the old image's allocations are gone with it
+    env = shim_env(node, MEMORY_LIMIT="4GiB", SHARED_REGION=str(tmp_path / "region"))
+    result = run_client(client, env, "alloc", 3 * GiB, "exec", "meminfo", "alloc", 3 * GiB)
+    assert codes(result, "alloc") == [0, 0]
+    assert result.step("meminfo") == [[str(4 * GiB), str(4 * GiB)]]
+
+
 def test_a_later_process_cannot_loosen_the_share(client: Path, node: Path, tmp_path: Path) -> None:
     region = str(tmp_path / "region")
     first = run_client(client, shim_env(node, MEMORY_LIMIT="1GiB", SHARED_REGION=region))

@@ -25,6 +25,7 @@
  *                        the per-thread stream flavour) -> "run LAUNCHES ELAPSED_NS"
  *   ready                prints "ready" and waits for a line on stdin
  *   hold                 prints "holding" and sleeps until killed
+ *   exec STEPS...        replaces itself (same pid) with a new client running STEPS
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -359,6 +360,11 @@ int main(int argc, char **argv) {
             printf("ready\n");
             char line[16];
             if (fgets(line, sizeof line, stdin) == NULL) return 0;
+        } else if (strcmp(step, "exec") == 0) {
+            argv[i] = argv[0];
+            execv(argv[0], argv + i);
+            perror("shim_client: execv");
+            return 2;
         } else if (strcmp(step, "hold") == 0) {
             printf("holding\n");
             for (;;) pause();
