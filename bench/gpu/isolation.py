@@ -213,10 +213,14 @@ def memory_checks(runner: Runner, limit: int) -> list[Check]:
     holder = runner.start(HOLDER, shared, limit // 2)
     try:
         assert holder.stdout is not None
-        parse(holder.stdout.readline(), "")
+        first_line = holder.stdout.readline()
+        if not first_line.startswith("RESULT "):
+            _, err = holder.communicate(timeout=120)
+            parse(first_line, err)  # raises with the holder's error
         second = runner.run(SECOND, shared)
     finally:
-        holder.communicate("done\n", timeout=120)
+        if holder.poll() is None:
+            holder.communicate("done\n", timeout=120)
     left = limit - limit // 2
     checks += [
         Check(
