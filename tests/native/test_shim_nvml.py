@@ -74,3 +74,20 @@ def test_nvml_reports_the_share_of_the_visible_gpu(
     # NVML index 1 is CUDA ordinal 0 here, the share's GPU; index 0 is not visible to CUDA
     assert rows[1] == share + share
     assert rows[0] == untouched_v1 + untouched_v2
+
+
+def test_a_program_linked_to_nvml_gets_the_share_too(nvml_dir: Path, tmp_path: Path) -> None:
+    program = compile_prog(
+        PROGS / "shim_nvml_direct.c",
+        tmp_path / "nvml_direct",
+        f"-L{nvml_dir}",
+        "-l:libnvidia-ml.so.1",
+    )
+    env = shim_env(make_node(tmp_path / "node", gpus=2, uuids=UUIDS), MEMORY_LIMIT="2GiB")
+    env["LD_LIBRARY_PATH"] = f"{env['LD_LIBRARY_PATH']}:{nvml_dir}"
+    env["CUDA_VISIBLE_DEVICES"] = "0"
+    out = subprocess.run([str(program)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        f"0 {2 * GiB} 0 {2 * GiB}",
+        f"1 {80 * GiB} {5 * GiB} {75 * GiB}",
+    ]
