@@ -182,8 +182,8 @@ int sim_reclaim_dead_locked(void)
     int reclaimed = 0;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         gpupool_sim_proc *p = sim_proc((int)s);
-        if (p->pid == 0 || p->pid == g_sim.pid)
-            continue;
+        if (p->pid == 0 || (p->pid == g_sim.pid && p->start_time == g_sim.start_time))
+            continue; /* free, or this process's own */
         if (sim_start_time_of(p->pid) != p->start_time) {
             sim_free_slot_locked(p);
             reclaimed++;
