@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.units import GiB
-from gpupool.devices.simstate import FLAG_LOST, SimState
+from gpupool.devices.simstate import FLAG_LOST, SimProcSlot, SimState
 from gpupool.isolation.libraries import native_libraries
 from gpupool.isolation.simnode import create_sim_node
 
@@ -358,6 +358,21 @@ def test_a_killed_process_s_memory_is_reclaimed(
     holder.wait(timeout=10)
     assert state.gpu(0).memory_used == 20 * GiB  # nobody has looked yet
     assert list(state.procs()) == []  # readers skip the dead slot
+    result = run_probe(probe, sim_dir, node_dir, "rc")
+    assert records(result, "alloc")[0]["rc"] == "0"
+    assert list(state.procs(live_only=False)) == []
+    assert state.gpu(0).memory_used == 0
+
+
+def test_a_slot_whose_pid_was_reused_is_reclaimed(
+    probe: Path, sim_dir: Path, node: tuple[Path, SimState]
+) -> None:
+    node_dir, state = node
+    # a live pid, but the start time of a process that is gone: the pid was reused
+    stale = SimProcSlot(0, os.getpid(), 0, 1, 24 * GiB, 5, 6)
+    state.write_proc(0, stale)
+    state.set_gpu_usage(0, memory_used=24 * GiB, busy_ns_total=0)
+    assert list(state.procs()) == []
     result = run_probe(probe, sim_dir, node_dir, "rc")
     assert records(result, "alloc")[0]["rc"] == "0"
     assert list(state.procs(live_only=False)) == []
