@@ -126,6 +126,7 @@ void sim_ctx_link_mem(sim_ctx *ctx, sim_mem *m);
 
 /* memory.c */
 void sim_mem_teardown(sim_mem *m);
+void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
 CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
                           size_t count);
 
