@@ -24,15 +24,15 @@ _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGU
 
 
 def _check_nvidia_driver() -> None:
-    """One clear line when this machine has no NVIDIA driver (its library or its device)."""
+    """One clear line when this machine has no NVIDIA driver: its device node and its library."""
+    fix = "install the NVIDIA driver, or run on a simulated node with --simulate 1xH100"
+    # /dev/dxg is how the driver appears under WSL
+    if not any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg")):
+        raise DriverNotFound(f"NVIDIA driver not found (no /dev/nvidiactl): {fix}")
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError as err:
-        if not Path("/dev/nvidiactl").exists():
-            raise DriverNotFound(
-                "NVIDIA driver not found (no libcuda.so.1, no /dev/nvidiactl): install the "
-                "NVIDIA driver, or run on a simulated node with --simulate 1xH100"
-            ) from err
+        raise DriverNotFound(f"NVIDIA driver not found (cannot load libcuda.so.1): {fix}") from err
 
 
 def _real_gpu_totals(gpus: tuple[int, ...]) -> list[int | None]:
