@@ -127,10 +127,12 @@ def test_missing_command(env: dict[str, str]) -> None:
 
 
 def _has_nvidia_driver() -> bool:
+    if not any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg")):
+        return False
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return Path("/dev/nvidiactl").exists()
+        return False
     return True
 
 
