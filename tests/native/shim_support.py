@@ -37,6 +37,7 @@ def compile_prog(source: Path, out: Path, *extra: str) -> Path:
             "-Wall",
             "-Wextra",
             "-Werror",
+            "-pthread",
             f"-I{INCLUDE}",
             "-o",
             str(out),

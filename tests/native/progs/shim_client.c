@@ -26,8 +26,12 @@
  *   ready                prints "ready" and waits for a line on stdin
  *   hold                 prints "holding" and sleeps until killed
  *   exec STEPS...        replaces itself (same pid) with a new client running STEPS
+ *   churn BYTES          prints "churning", then allocates and frees BYTES forever
+ *   tfill THREADS BYTES  THREADS threads allocate BYTES until it fails, then (all full) free
+ *                        -> "tfill COUNT FREE_RC_NONZERO"
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +226,55 @@ static void *proc(const char *name, cuuint64_t flags) {
 }
 
 /* async: 0 cuMemFree, 1 cuMemFreeAsync, 2 cuMemFreeAsync_ptsz (by cuGetProcAddress) */
+typedef struct {
+    CUcontext ctx;
+    pthread_barrier_t *filled; /* nobody frees before everyone has hit the limit */
+    size_t bytes;
+    unsigned long long count;
+    int free_errors;
+} tfill_t;
+
+static void *tfill_thread(void *arg) {
+    tfill_t *job = arg;
+    check(p_cuCtxSetCurrent(job->ctx), "cuCtxSetCurrent");
+    CUdeviceptr *ptrs = NULL;
+    size_t cap = 0;
+    CUdeviceptr ptr;
+    while (p_cuMemAlloc_v2(&ptr, job->bytes) == CUDA_SUCCESS) {
+        if (job->count == cap) {
+            cap = cap ? cap * 2 : 64;
+            ptrs = realloc(ptrs, cap * sizeof *ptrs);
+        }
+        ptrs[job->count++] = ptr;
+    }
+    pthread_barrier_wait(job->filled);
+    for (unsigned long long i = 0; i < job->count; i++)
+        job->free_errors += p_cuMemFree_v2(ptrs[i]) != CUDA_SUCCESS;
+    free(ptrs);
+    return NULL;
+}
+
+static void tfill(CUcontext ctx, int threads, size_t bytes) {
+    pthread_t ids[64];
+    tfill_t jobs[64];
+    pthread_barrier_t filled;
+    if (threads > 64) threads = 64;
+    pthread_barrier_init(&filled, NULL, (unsigned)threads);
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (tfill_t){.ctx = ctx, .filled = &filled, .bytes = bytes};
+        pthread_create(&ids[i], NULL, tfill_thread, &jobs[i]);
+    }
+    unsigned long long count = 0;
+    int errors = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(ids[i], NULL);
+        count += jobs[i].count;
+        errors += jobs[i].free_errors;
+    }
+    pthread_barrier_destroy(&filled);
+    printf("tfill %llu %d\n", count, errors);
+}
+
 static CUresult free_latest(int async) {
     if (nallocs == 0) return CUDA_ERROR_INVALID_VALUE;
     alloc_t a = allocs[--nallocs];
@@ -360,6 +413,14 @@ int main(int argc, char **argv) {
             printf("ready\n");
             char line[16];
             if (fgets(line, sizeof line, stdin) == NULL) return 0;
+        } else if (strcmp(step, "churn") == 0) {
+            printf("churning\n");
+            for (;;) {
+                if (p_cuMemAlloc_v2(&ptr, n) == CUDA_SUCCESS) p_cuMemFree_v2(ptr);
+            }
+        } else if (strcmp(step, "tfill") == 0) {
+            tfill(ctx, (int)n, strtoull(argv[i + 2], NULL, 0));
+            i += 2;
         } else if (strcmp(step, "exec") == 0) {
             argv[i] = argv[0];
             execv(argv[0], argv + i);
