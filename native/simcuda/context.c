@@ -564,3 +564,33 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags)
     }
     return CUDA_SUCCESS;
 }
+
+/* ---- device pairs and stream priorities ------------------------------------------------------ */
+
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    sim_ctx *ctx;
+    CUresult rc = sim_current_ctx_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    /* the range of the GPUs simulated here; lower numbers are higher priorities */
+    if (leastPriority != NULL)
+        *leastPriority = 0;
+    if (greatestPriority != NULL)
+        *greatestPriority = -5;
+    return CUDA_SUCCESS;
+}
+
+/* the simulated GPUs of a node are all peers (NVLink or one PCIe root) */
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    CUresult rc = sim_device_checked(dev);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_device_checked(peerDev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (canAccessPeer == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
+}

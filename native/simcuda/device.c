@@ -228,7 +228,7 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 }
 
 /* Per-SM limits by architecture (CUDA C Programming Guide, compute capabilities table). */
-static int sim_shared_per_sm(const gpupool_sim_gpu *rec)
+int sim_shared_per_sm(const gpupool_sim_gpu *rec)
 {
     if (rec->cc_major >= 9)
         return 233472;
@@ -237,7 +237,7 @@ static int sim_shared_per_sm(const gpupool_sim_gpu *rec)
     return 102400;
 }
 
-static int sim_threads_per_sm(const gpupool_sim_gpu *rec)
+int sim_threads_per_sm(const gpupool_sim_gpu *rec)
 {
     return rec->cc_major == 8 && rec->cc_minor != 0 ? 1536 : 2048;
 }

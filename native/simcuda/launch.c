@@ -178,6 +178,74 @@ CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     return CUDA_SUCCESS;
 }
 
+/* ---- function attributes and occupancy ------------------------------------------------------- */
+
+/* resident blocks per SM for this block size and dynamic shared memory (0: it cannot run) */
+static int sim_blocks_per_sm(const gpupool_sim_gpu *rec, uint64_t threads, size_t shared)
+{
+    if (threads == 0 || threads > 1024)
+        return 0;
+    uint64_t blocks = (uint64_t)sim_threads_per_sm(rec) / threads;
+    if (shared > 0) {
+        uint64_t by_shared = (uint64_t)sim_shared_per_sm(rec) / shared;
+        blocks = by_shared < blocks ? by_shared : blocks;
+    }
+    return (int)(blocks > 32 ? 32 : blocks);
+}
+
+static CUresult sim_func_checked(CUfunction hfunc, sim_func **out)
+{
+    CUresult rc = sim_require_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_func *f = (sim_func *)hfunc;
+    if (f == NULL || f->magic != SIM_MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = f;
+    return CUDA_SUCCESS;
+}
+
+/* A kernel the simulation never compiled: the attributes of a plain kernel on its GPU. */
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    sim_func *f;
+    CUresult rc = sim_func_checked(hfunc, &f);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (pi == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    const gpupool_sim_gpu *rec = sim_gpu(f->module->ctx->gpu);
+    int arch = (int)(rec->cc_major * 10 + rec->cc_minor);
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = arch; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = 49152; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *pi = -1; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *pi = 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize)
+{
+    sim_func *f;
+    CUresult rc = sim_func_checked(func, &f);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (numBlocks == NULL || blockSize <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *numBlocks = sim_blocks_per_sm(sim_gpu(f->module->ctx->gpu), (uint64_t)blockSize,
+                                   dynamicSMemSize);
+    return CUDA_SUCCESS;
+}
+
 /* ---- graphs ---------------------------------------------------------------------------------- */
 
 static CUresult sim_graph_append(sim_graph *g, const sim_node *node)
@@ -363,7 +431,7 @@ static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const u
 }
 
 static CUresult sim_launch(void *f, const unsigned grid[3], const unsigned block[3],
-                           CUstream hStream, int cooperative)
+                           size_t shared, CUstream hStream, int cooperative)
 {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
@@ -373,10 +441,10 @@ static CUresult sim_launch(void *f, const unsigned grid[3], const unsigned block
     if (rc != CUDA_SUCCESS)
         return rc;
     if (cooperative) { /* every block must be resident at once */
-        uint64_t per_sm = 2048 / ((uint64_t)block[0] * block[1] * block[2]);
-        per_sm = per_sm > 32 ? 32 : per_sm;
-        uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
-        if (blocks > per_sm * sim_gpu(st->ctx->gpu)->sm_count)
+        const gpupool_sim_gpu *rec = sim_gpu(st->ctx->gpu);
+        uint64_t per_sm = (uint64_t)sim_blocks_per_sm(rec, (uint64_t)block[0] * block[1] * block[2],
+                                                      shared);
+        if ((uint64_t)grid[0] * grid[1] * grid[2] > per_sm * rec->sm_count)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     if (st->capture != NULL) {
@@ -393,12 +461,11 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
                         void **kernelParams, void **extra)
 {
-    SIM_UNUSED(sharedMemBytes);
     SIM_UNUSED(kernelParams);
     SIM_UNUSED(extra);
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
     const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
-    return sim_launch(f, grid, block, hStream, 0);
+    return sim_launch(f, grid, block, sharedMemBytes, hStream, 0);
 }
 
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -407,11 +474,10 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
                                    unsigned int sharedMemBytes, CUstream hStream,
                                    void **kernelParams)
 {
-    SIM_UNUSED(sharedMemBytes);
     SIM_UNUSED(kernelParams);
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
     const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
-    return sim_launch(f, grid, block, hStream, 1);
+    return sim_launch(f, grid, block, sharedMemBytes, hStream, 1);
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
@@ -427,7 +493,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **ker
             cooperative = config->attrs[i].value.cooperative != 0;
     const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
     const unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
-    return sim_launch(f, grid, block, config->hStream, cooperative);
+    return sim_launch(f, grid, block, config->sharedMemBytes, config->hStream, cooperative);
 }
 
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)

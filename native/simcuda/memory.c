@@ -158,6 +158,25 @@ static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
     return sim_alloc_linear_on(dptr, size, -1);
 }
 
+/* The linear allocation holding address `p` (a copy of its record), for pointer queries. */
+int sim_linear_find(uintptr_t p, sim_mem *out)
+{
+    const sim_mem *hit = NULL;
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_mem *m = sim_linear[sim_hash(p)]; m != NULL && hit == NULL; m = m->hnext)
+        if (m->ptr == p)
+            hit = m;
+    /* an interior pointer: look through every allocation (pointer queries are rare) */
+    for (unsigned b = 0; b < SIM_HASH_BUCKETS && hit == NULL; b++)
+        for (sim_mem *m = sim_linear[b]; m != NULL && hit == NULL; m = m->hnext)
+            if (p >= m->ptr && p - m->ptr < m->size)
+                hit = m;
+    if (hit != NULL)
+        *out = *hit;
+    pthread_mutex_unlock(&g_sim.mu);
+    return hit != NULL;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return sim_alloc_linear(dptr, bytesize); }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
@@ -177,7 +196,15 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
-    return sim_alloc_linear(dptr, bytesize);
+    CUresult rc = sim_alloc_linear(dptr, bytesize);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_sim.mu);
+        for (sim_mem *m = sim_linear[sim_hash((uintptr_t)*dptr)]; m != NULL; m = m->hnext)
+            if (m->ptr == (uintptr_t)*dptr)
+                m->managed = 1;
+        pthread_mutex_unlock(&g_sim.mu);
+    }
+    return rc;
 }
 
 /* Stream-ordered allocation: the memory is ready at once, which is a legal schedule. */

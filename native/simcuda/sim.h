@@ -56,6 +56,7 @@ typedef struct sim_mem {
     int fd;          /* VMM: the memfd backing it */
     int maps;        /* VMM: live cuMemMap mappings */
     int released;    /* VMM: cuMemRelease called */
+    int managed;     /* LINEAR: from cuMemAllocManaged */
     struct sim_ctx *ctx;
     struct sim_mem *hnext;       /* LINEAR: hash chain */
     struct sim_mem *prev, *next; /* the owning context's list */
@@ -116,6 +117,10 @@ void sim_memory_release(int phys, size_t size);
 uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
 uint64_t sim_kernel_duration_ns(uint64_t threads);
 
+/* device.c: per-SM limits of a GPU's architecture */
+int sim_shared_per_sm(const gpupool_sim_gpu *rec);
+int sim_threads_per_sm(const gpupool_sim_gpu *rec);
+
 /* context.c */
 sim_ctx *sim_current_ctx(void);
 CUresult sim_current_ctx_checked(sim_ctx **out);
@@ -127,6 +132,7 @@ void sim_ctx_link_mem(sim_ctx *ctx, sim_mem *m);
 /* memory.c */
 void sim_mem_teardown(sim_mem *m);
 void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
+int sim_linear_find(uintptr_t p, sim_mem *out);
 CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
                           size_t count);
 

@@ -320,6 +320,42 @@ def test_get_proc_address_answers_by_base_name_and_version(
     assert records(result, "errtext")[0]["name"] == "out of memory"
 
 
+def test_pinned_memory_pointer_queries_and_kernel_attributes(
+    probe: Path, sim_dir: Path, tmp_path: Path
+) -> None:
+    create_sim_node("2xH100", tmp_path)
+    result = run_probe(probe, sim_dir, tmp_path, "extras")
+    assert int(records(result, "meminfo")[0]["free"]) == 80 * GiB - 2**20
+    pointers = records(result, "pointers")[0]
+    assert pointers == {
+        "kind": "pointers",
+        "dev": "2",  # CU_MEMORYTYPE_DEVICE, found from an interior pointer
+        "host": "1",  # pinned
+        "registered": "1",
+        "ordinal": "0",
+        "owner_is_current": "1",
+        "range_ok": "1",
+        "unknown_rc": "1",  # memory the driver never saw
+    }
+    assert records(result, "freeing")[0] == {
+        "kind": "freeing",
+        "free_again_rc": "1",
+        "unregister_again_rc": "713",
+    }
+    assert records(result, "misc")[0] == {
+        "kind": "misc",
+        "least": "0",
+        "greatest": "-5",
+        "peer01": "1",
+        "peer00": "0",
+        "maxthreads": "1024",
+        "blocks": "8",  # 2048 threads per SM / 256
+        "blocks_smem": "2",  # 228 KiB of shared memory per SM / 100000 bytes
+        "coop_ok": "0",
+        "coop_big": "720",  # one block more than 132 SMs x 8 can hold at once
+    }
+
+
 def test_contexts_push_pop_and_destroy_frees_memory(
     probe: Path, sim_dir: Path, node: tuple[Path, SimState]
 ) -> None:

@@ -432,6 +432,56 @@ static int cmd_fork(void)
     return 0;
 }
 
+/* extras: pinned host memory, pointer queries, priorities, peers, kernel attributes */
+static int cmd_extras(void)
+{
+    use_device(0);
+    CUfunction fn = kernel();
+    CUdeviceptr dev;
+    void *pinned;
+    static char registered[8192];
+    CK(cuMemAlloc_v2(&dev, 1 << 20));
+    CK(cuMemAllocHost_v2(&pinned, 4096));
+    CK(cuMemHostRegister_v2(registered, sizeof registered, 0));
+    print_meminfo("extras"); /* pinned host memory is not GPU memory */
+    unsigned int type_dev, type_host, type_reg;
+    int ordinal;
+    CUdeviceptr start;
+    size_t size;
+    CUcontext owner, current;
+    CK(cuPointerGetAttribute(&type_dev, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 4096));
+    CK(cuPointerGetAttribute(&type_host, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)pinned));
+    CK(cuPointerGetAttribute(&type_reg, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                             (CUdeviceptr)(registered + 100)));
+    CK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev));
+    CK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, dev));
+    CK(cuCtxGetCurrent(&current));
+    CK(cuMemGetAddressRange_v2(&start, &size, dev + 12345));
+    int local = 0;
+    printf("pointers dev=%u host=%u registered=%u ordinal=%d owner_is_current=%d range_ok=%d "
+           "unknown_rc=%d\n",
+           type_dev, type_host, type_reg, ordinal, owner == current, start == dev && size == 1 << 20,
+           (int)cuPointerGetAttribute(&type_dev, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                      (CUdeviceptr)(uintptr_t)&local));
+    CK(cuMemHostUnregister(registered));
+    CK(cuMemFreeHost(pinned));
+    printf("freeing free_again_rc=%d unregister_again_rc=%d\n", (int)cuMemFreeHost(pinned),
+           (int)cuMemHostUnregister(registered));
+    int least, greatest, peer01, peer00, regs, blocks, blocks_smem;
+    CK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    CK(cuDeviceCanAccessPeer(&peer01, 0, 1));
+    CK(cuDeviceCanAccessPeer(&peer00, 0, 0));
+    CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn));
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, 256, 0));
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_smem, fn, 128, 100000));
+    CUresult coop_ok = cuLaunchCooperativeKernel(fn, 132 * 8, 1, 1, 256, 1, 1, 0, NULL, NULL);
+    CUresult coop_big = cuLaunchCooperativeKernel(fn, 132 * 8 + 1, 1, 1, 256, 1, 1, 0, NULL, NULL);
+    printf("misc least=%d greatest=%d peer01=%d peer00=%d maxthreads=%d blocks=%d blocks_smem=%d "
+           "coop_ok=%d coop_big=%d\n",
+           least, greatest, peer01, peer00, regs, blocks, blocks_smem, (int)coop_ok, (int)coop_big);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -460,5 +510,7 @@ int main(int argc, char **argv)
         return cmd_rc();
     if (strcmp(verb, "fork") == 0)
         return cmd_fork();
+    if (strcmp(verb, "extras") == 0)
+        return cmd_extras();
     return 2;
 }
