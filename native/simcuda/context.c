@@ -68,6 +68,7 @@ static void sim_ctx_teardown(sim_ctx *ctx)
         sim_mem_teardown(mems);
         mems = next;
     }
+    sim_host_release_ctx(ctx);
     while (streams != NULL) {
         sim_stream *next = streams->next;
         if (streams->capture != NULL)

@@ -52,6 +52,31 @@ static sim_host *sim_host_take(uintptr_t p, int registered)
     return found;
 }
 
+/* A context that is destroyed or reset takes its pinned memory and registrations with it. */
+void sim_host_release_ctx(sim_ctx *ctx)
+{
+    sim_host *gone = NULL;
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_host **pp = &sim_hosts; *pp != NULL;) {
+        sim_host *h = *pp;
+        if (h->ctx == ctx) {
+            *pp = h->next;
+            h->next = gone;
+            gone = h;
+        } else {
+            pp = &h->next;
+        }
+    }
+    pthread_mutex_unlock(&g_sim.mu);
+    while (gone != NULL) {
+        sim_host *next = gone->next;
+        if (!gone->registered)
+            munmap((void *)gone->ptr, gone->size);
+        free(gone);
+        gone = next;
+    }
+}
+
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
     sim_ctx *ctx;

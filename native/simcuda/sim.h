@@ -136,6 +136,9 @@ int sim_linear_find(uintptr_t p, sim_mem *out);
 CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
                           size_t count);
 
+/* host.c */
+void sim_host_release_ctx(sim_ctx *ctx);
+
 /* launch.c */
 void sim_graph_free(struct sim_graph *graph);
 CUresult sim_capture_memop(sim_stream *st, int kind, CUdeviceptr dst, const void *src,

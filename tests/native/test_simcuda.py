@@ -365,6 +365,7 @@ def test_contexts_push_pop_and_destroy_frees_memory(
     assert ctx["no_ctx_rc"] == "201"  # CUDA_ERROR_INVALID_CONTEXT without a current context
     assert ctx["created_current"] == ctx["popped_created"] == ctx["primary_current"] == "1"
     assert ctx["after_destroy_primary"] == "1"
+    assert ctx["pinned_gone_rc"] == "1"  # the context's pinned memory went with it
     info = {r["tag"]: int(r["free"]) for r in records(result, "meminfo")}
     assert info["created-alloc"] == 23 * GiB
     assert info["destroyed"] == 24 * GiB

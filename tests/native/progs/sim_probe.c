@@ -337,7 +337,9 @@ static int cmd_contexts(void)
     printf("ctx no_ctx_rc=%d created_current=%d dev=%d\n", (int)before, current == created,
            (int)dev);
     CUdeviceptr p;
+    void *pinned;
     CK(cuMemAlloc_v2(&p, 1 << 30));
+    CK(cuMemAllocHost_v2(&pinned, 4096));
     print_meminfo("created-alloc");
     CK(cuCtxPopCurrent_v2(&popped));
     CK(cuCtxGetCurrent(&current));
@@ -346,7 +348,8 @@ static int cmd_contexts(void)
     CK(cuCtxSynchronize());
     CK(cuCtxDestroy_v2(created));
     CK(cuCtxGetCurrent(&current));
-    printf("ctx after_destroy_primary=%d\n", current == primary);
+    printf("ctx after_destroy_primary=%d pinned_gone_rc=%d\n", current == primary,
+           (int)cuMemFreeHost(pinned));
     print_meminfo("destroyed");
     return 0;
 }
