@@ -91,3 +91,17 @@ def test_a_program_linked_to_nvml_gets_the_share_too(nvml_dir: Path, tmp_path: P
         f"0 {2 * GiB} 0 {2 * GiB}",
         f"1 {80 * GiB} {5 * GiB} {75 * GiB}",
     ]
+
+
+def test_nvml_devices_are_matched_to_cuda_by_uuid(nvml_dir: Path, tmp_path: Path) -> None:
+    # CUDA enumerates the GPUs in another order than NVML (as CUDA_DEVICE_ORDER=FASTEST_FIRST
+    # can): CUDA ordinal 0 is NVML index 1, and only ordinal 0 has a limit
+    node = make_node(tmp_path / "node", gpus=2, uuids=UUIDS[::-1])
+    env = shim_env(node, MEMORY_LIMIT_0="4GiB")
+    env["LD_LIBRARY_PATH"] = f"{env['LD_LIBRARY_PATH']}:{nvml_dir}"
+    out = subprocess.run(
+        [sys.executable, "-c", QUERY], env=env, capture_output=True, text=True, check=True
+    )
+    rows = {int(r[0]): list(map(int, r[1:])) for r in map(str.split, out.stdout.splitlines())}
+    assert rows[1] == [4 * GiB, GiB, 3 * GiB] * 2
+    assert rows[0] == [80 * GiB, 5 * GiB, 75 * GiB, 80 * GiB, 5 * GiB, 75 * GiB - GiB // 2]
