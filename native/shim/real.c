@@ -73,9 +73,11 @@ static dlsym_fn real_dlsym_fn;
 static dlsym_fn find_real_dlsym(void) {
     dlsym_fn fn = __atomic_load_n(&real_dlsym_fn, __ATOMIC_ACQUIRE);
     if (fn != NULL) return fn;
-    /* glibc 2.34 moved dlsym into libc under a new version; older ones have only 2.2.5 */
-    fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (fn == NULL) fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    /* glibc 2.34 moved dlsym into libc under a new version; older ones have only their first
+     * version of it (2.2.5 on x86-64, 2.17 on aarch64) */
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (size_t i = 0; fn == NULL && i < sizeof versions / sizeof versions[0]; i++)
+        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
     if (fn == NULL) gp_fatal("cannot find the C library's dlsym");
     __atomic_store_n(&real_dlsym_fn, fn, __ATOMIC_RELEASE);
     return fn;
