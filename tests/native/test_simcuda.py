@@ -287,7 +287,8 @@ def test_graphs_replay_their_kernels_and_captured_work(
     probe: Path, sim_dir: Path, node: tuple[Path, SimState]
 ) -> None:
     node_dir, _ = node
-    manual, captured = records(run_probe(probe, sim_dir, node_dir, "graph"), "graph")
+    manual, captured, library = records(run_probe(probe, sim_dir, node_dir, "graph"), "graph")
+    assert float(library["event_ms"]) == pytest.approx(3 * KERNEL_NS / 1e6, abs=0.01)
     assert float(manual["event_ms"]) == pytest.approx(3 * KERNEL_NS / 1e6, abs=0.01)
     assert float(captured["event_ms"]) == pytest.approx(2 * KERNEL_NS / 1e6, abs=0.01)
     assert captured["capturing"] == "1"

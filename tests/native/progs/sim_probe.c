@@ -277,6 +277,21 @@ static int cmd_graph(void)
     CK(cuMemcpyDtoH_v2(&after, buf, 4));
     printf("graph type=captured event_ms=%.3f capturing=%d before=%u after=%u\n", ms, (int)status,
            before, after);
+    /* CUDA 12 libraries: a CUkernel launches directly or through its CUfunction */
+    CUlibrary lib;
+    CUkernel kern;
+    CUfunction kfn;
+    CK(cuLibraryLoadData(&lib, "any image", NULL, NULL, 0, NULL, NULL, 0));
+    CK(cuLibraryGetKernel(&kern, lib, "library_kernel"));
+    CK(cuKernelGetFunction(&kfn, kern));
+    CK(cuEventRecord(a, stream));
+    CK(cuLaunchKernel((CUfunction)kern, 256, 1, 1, 128, 1, 1, 0, stream, NULL, NULL));
+    CK(cuLaunchKernel(kfn, 512, 1, 1, 128, 1, 1, 0, stream, NULL, NULL));
+    CK(cuEventRecord(b, stream));
+    CK(cuEventSynchronize(b));
+    CK(cuEventElapsedTime(&ms, a, b));
+    CK(cuLibraryUnload(lib));
+    printf("graph type=library event_ms=%.3f\n", ms);
     CK(cuGraphExecDestroy(exec));
     CK(cuGraphExecDestroy(exec2));
     CK(cuGraphDestroy(graph));
