@@ -2,7 +2,9 @@
  * Times intercepted driver calls on the simulated driver (bench/isolation_overhead.py runs it with
  * and without the interception library preloaded). Linked to libcuda.so.1 directly, so with
  * LD_PRELOAD the calls bind to the library's wrappers, as they do in a workload.
- * Usage: isolation_overhead CALLS ROUNDS; prints "NAME NS_PER_CALL" lines (best round).
+ * Usage: isolation_overhead CALLS ROUNDS [LOOP_LAUNCHES]; prints "NAME NS_PER_CALL" lines (best
+ * round). CALLS allocations are alive at once; the launch-bound loop runs LOOP_LAUNCHES launches
+ * (default CALLS).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +30,12 @@ static double best(double current, double candidate) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: isolation_overhead CALLS ROUNDS\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: isolation_overhead CALLS ROUNDS [LOOP_LAUNCHES]\n");
         return 2;
     }
     int calls = atoi(argv[1]), rounds = atoi(argv[2]);
+    int loop_launches = argc == 4 ? atoi(argv[3]) : calls;
     CUdevice dev;
     CUcontext ctx;
     CUmodule module;
@@ -58,7 +61,7 @@ int main(int argc, char **argv) {
         check(cuCtxSynchronize(), "cuCtxSynchronize");
         /* a launch-bound loop: launch, and synchronise every 64 launches, as a training step */
         unsigned long long t4 = now_ns();
-        for (int i = 0; i < calls; i++) {
+        for (int i = 0; i < loop_launches; i++) {
             check(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
             if (i % 64 == 63) check(cuCtxSynchronize(), "cuCtxSynchronize");
         }
@@ -67,7 +70,7 @@ int main(int argc, char **argv) {
         alloc = best(alloc, (double)(t1 - t0) / calls);
         release = best(release, (double)(t2 - t1) / calls);
         launch = best(launch, (double)(t3 - t2) / calls);
-        loop = best(loop, (double)(t5 - t4) / calls);
+        loop = best(loop, (double)(t5 - t4) / loop_launches);
     }
     printf("alloc %.1f\nfree %.1f\nlaunch %.1f\nloop %.1f\n", alloc, release, launch, loop);
     free(ptrs);

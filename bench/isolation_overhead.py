@@ -45,6 +45,7 @@ class Case:
     driver: str
     live: int
     rounds: int
+    loop_launches: int
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def sim_node(work: Path) -> Path:
 
 def run_once(program: Path, env: dict[str, str], case: Case) -> dict[str, float]:
     out = subprocess.run(
-        [str(program), str(case.live), str(case.rounds)],
+        [str(program), str(case.live), str(case.rounds), str(case.loop_launches)],
         env=env,
         capture_output=True,
         text=True,
@@ -222,9 +223,11 @@ def main() -> None:
         node = sim_node(work)
         sim_dir = native_libraries().sim_dir
         cases = [
-            (Case("null", 1_000, 300), null_dir, None),
-            (Case("null", 100_000, 5), null_dir, None),
-            (Case("simulated", 1_000, 30), sim_dir, node),
+            (Case("null", 1_000, 300, 1_000), null_dir, None),
+            (Case("null", 100_000, 5, 100_000), null_dir, None),
+            # the simulated loop is long: its synchronisations are real sleeps, whose jitter
+            # would otherwise swamp a difference of nanoseconds
+            (Case("simulated", 1_000, 10, 64_000), sim_dir, node),
         ]
         rows: list[Row] = []
         for case, driver_dir, case_node in cases:
