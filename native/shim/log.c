@@ -70,7 +70,8 @@ uint64_t gp_coarse_now_ns(void) {
 }
 
 void gp_sleep_ns(uint64_t ns) {
-    struct timespec ts = {.tv_sec = (time_t)(ns / GP_NS_PER_S), .tv_nsec = (long)(ns % GP_NS_PER_S)};
+    struct timespec ts = {.tv_sec = (time_t)(ns / GP_NS_PER_S),
+                          .tv_nsec = (long)(ns % GP_NS_PER_S)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
 }

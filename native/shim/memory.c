@@ -39,12 +39,40 @@ uint64_t gp_memory_limit(int dev) {
     return limit;
 }
 
-/* the device of the calling thread's context, or -1 */
-static int current_device(void) {
-    __typeof__(&cuCtxGetDevice) real = GP_REAL(cuCtxGetDevice);
+/* The calling thread's context and its device, with the device cached per thread: one driver
+ * call per allocation instead of two. A context handle may be reused for another device after a
+ * context is destroyed, so teardown bumps a generation that invalidates every thread's cache. */
+static uint64_t context_generation;
+static __thread CUcontext cached_ctx;
+static __thread int cached_dev = -1;
+static __thread uint64_t cached_generation;
+
+static int current_device_and_context(uint64_t *ctx_out) {
+    __typeof__(&cuCtxGetCurrent) get_current = GP_REAL(cuCtxGetCurrent);
+    __typeof__(&cuCtxGetDevice) get_device = GP_REAL(cuCtxGetDevice);
+    CUcontext ctx = NULL;
+    *ctx_out = 0;
+    if (get_current == NULL || get_device == NULL) return -1;
+    if (get_current(&ctx) != CUDA_SUCCESS || ctx == NULL) return -1;
+    *ctx_out = (uint64_t)(uintptr_t)ctx;
+    uint64_t generation = __atomic_load_n(&context_generation, __ATOMIC_ACQUIRE);
+    if (ctx == cached_ctx && generation == cached_generation) return cached_dev;
     CUdevice dev = -1;
-    if (real == NULL || real(&dev) != CUDA_SUCCESS) return -1;
-    return dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
+    if (get_device(&dev) != CUDA_SUCCESS) return -1;
+    cached_ctx = ctx;
+    cached_generation = generation;
+    cached_dev = dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
+    return cached_dev;
+}
+
+static int current_device(void) {
+    uint64_t ctx;
+    return current_device_and_context(&ctx);
+}
+
+static void forget_context(uint64_t ctx) {
+    __atomic_add_fetch(&context_generation, 1, __ATOMIC_RELEASE);
+    gp_ptrmap_drop_context(ctx, gp_region_release);
 }
 
 /* 0: reserved (or nothing to account); -1: over the limit, the caller returns out of memory */
@@ -61,10 +89,13 @@ static int reserve(int dev, uint64_t bytes) {
     return -1;
 }
 
-static void settle(CUresult rc, uint64_t key, gp_alloc_kind kind, int dev, uint64_t bytes) {
+/* after the driver call: remember the allocation (with the context it dies with; VMM handles
+ * outlive contexts), or give the reservation back */
+static void settle(CUresult rc, uint64_t key, gp_alloc_kind kind, int dev, uint64_t bytes,
+                   uint64_t ctx) {
     if (dev < 0) return;
     if (rc == CUDA_SUCCESS) {
-        gp_ptrmap_put(key, kind, dev, bytes);
+        gp_ptrmap_put(key, kind, dev, bytes, kind == GP_KIND_MEMHANDLE ? 0 : ctx);
     } else {
         gp_region_release(dev, bytes);
     }
@@ -75,14 +106,14 @@ static void settle(CUresult rc, uint64_t key, gp_alloc_kind kind, int dev, uint6
 static CUresult credit_free(uint64_t key, gp_alloc_kind kind, CUresult (*do_free)(void *),
                             void *arg) {
     int dev = -1;
-    uint64_t bytes = 0;
-    int known = gp_ptrmap_take(key, kind, &dev, &bytes) == 0;
+    uint64_t bytes = 0, ctx = 0;
+    int known = gp_ptrmap_take(key, kind, &dev, &bytes, &ctx) == 0;
     CUresult rc = do_free(arg);
     if (!known) return rc;
     if (rc == CUDA_SUCCESS) {
         gp_region_release(dev, bytes);
     } else {
-        gp_ptrmap_put(key, kind, dev, bytes);
+        gp_ptrmap_put(key, kind, dev, bytes, ctx);
     }
     return rc;
 }
@@ -92,20 +123,22 @@ static CUresult credit_free(uint64_t key, gp_alloc_kind kind, CUresult (*do_free
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     __typeof__(&cuMemAlloc_v2) real = GP_REAL(cuMemAlloc_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize);
-    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize);
+    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
     return rc;
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     __typeof__(&cuMemAllocManaged) real = GP_REAL(cuMemAllocManaged);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, flags);
-    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize);
+    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
     return rc;
 }
 
@@ -116,13 +149,15 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
                             unsigned int ElementSizeBytes) {
     __typeof__(&cuMemAllocPitch_v2) real = GP_REAL(cuMemAllocPitch_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
-    size_t padded = (WidthInBytes + GP_MAX_PITCH_ALIGN - 1) / GP_MAX_PITCH_ALIGN * GP_MAX_PITCH_ALIGN;
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
+    size_t padded =
+        (WidthInBytes + GP_MAX_PITCH_ALIGN - 1) / GP_MAX_PITCH_ALIGN * GP_MAX_PITCH_ALIGN;
     uint64_t bound = (uint64_t)padded * Height;
     if (reserve(dev, bound) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (rc != CUDA_SUCCESS || dev < 0) {
-        settle(rc, 0, GP_KIND_DEVPTR, dev, bound);
+        settle(rc, 0, GP_KIND_DEVPTR, dev, bound, ctx);
         return rc;
     }
     uint64_t actual = (uint64_t)*pPitch * Height;
@@ -132,17 +167,18 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
         uint64_t used = 0;
         gp_region_reserve(dev, actual - bound, 0, &used);
     }
-    gp_ptrmap_put(*dptr, GP_KIND_DEVPTR, dev, actual);
+    gp_ptrmap_put(*dptr, GP_KIND_DEVPTR, dev, actual, ctx);
     return rc;
 }
 
 static CUresult alloc_async(CUresult (*real)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr,
                             size_t bytesize, CUstream stream) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, stream);
-    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize);
+    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
     return rc;
 }
 
@@ -158,10 +194,11 @@ static CUresult alloc_from_pool(CUresult (*real)(CUdeviceptr *, size_t, CUmemory
                                 CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                 CUstream stream) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, pool, stream);
-    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize);
+    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
     return rc;
 }
 
@@ -186,7 +223,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         dev = prop->location.id;
     if (reserve(dev, size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(handle, size, prop, flags);
-    settle(rc, rc == CUDA_SUCCESS ? *handle : 0, GP_KIND_MEMHANDLE, dev, size);
+    uint64_t ctx = 0; /* a VMM handle belongs to no context */
+    settle(rc, rc == CUDA_SUCCESS ? *handle : 0, GP_KIND_MEMHANDLE, dev, size, ctx);
     return rc;
 }
 
@@ -225,10 +263,12 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
                                   .Format = pAllocateArray->Format,
                                   .NumChannels = pAllocateArray->NumChannels};
     uint64_t bytes = array3d_bytes(&d3, 1);
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pAllocateArray);
-    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes);
+    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes,
+           ctx);
     return rc;
 }
 
@@ -237,10 +277,12 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (pAllocateArray == NULL) return real(pHandle, pAllocateArray);
     uint64_t bytes = array3d_bytes(pAllocateArray, 1);
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pAllocateArray);
-    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes);
+    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes,
+           ctx);
     return rc;
 }
 
@@ -251,11 +293,12 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (pMipmappedArrayDesc == NULL) return real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     uint64_t bytes = array3d_bytes(pMipmappedArrayDesc, numMipmapLevels);
-    int dev = current_device();
+    uint64_t ctx = 0;
+    int dev = current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_MIPMAP, dev,
-           bytes);
+           bytes, ctx);
     return rc;
 }
 
@@ -356,5 +399,58 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (device_total[dev] == 0) __atomic_store_n(&device_total[dev], *bytes, __ATOMIC_RELAXED);
     uint64_t limit = gp_memory_limit(dev);
     if (limit != 0 && limit < *bytes) *bytes = limit;
+    return rc;
+}
+
+/* ---- context teardown: the driver frees a context's allocations with it ---------------------- */
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    __typeof__(&cuCtxDestroy_v2) real = GP_REAL(cuCtxDestroy_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real(ctx);
+    if (rc == CUDA_SUCCESS) forget_context((uint64_t)(uintptr_t)ctx);
+    return rc;
+}
+
+/* the primary context of `dev` if it is active (retain + release leaves its count as it was) */
+static uint64_t active_primary(CUdevice dev) {
+    __typeof__(&cuDevicePrimaryCtxGetState) state = GP_REAL(cuDevicePrimaryCtxGetState);
+    __typeof__(&cuDevicePrimaryCtxRetain) retain = GP_REAL(cuDevicePrimaryCtxRetain);
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) release = GP_REAL(cuDevicePrimaryCtxRelease_v2);
+    unsigned int flags = 0;
+    int active = 0;
+    CUcontext ctx = NULL;
+    if (state == NULL || retain == NULL || release == NULL) return 0;
+    if (state(dev, &flags, &active) != CUDA_SUCCESS || !active) return 0;
+    if (retain(&ctx, dev) != CUDA_SUCCESS) return 0;
+    release(dev);
+    return (uint64_t)(uintptr_t)ctx;
+}
+
+static int primary_active(CUdevice dev) {
+    __typeof__(&cuDevicePrimaryCtxGetState) state = GP_REAL(cuDevicePrimaryCtxGetState);
+    unsigned int flags = 0;
+    int active = 1;
+    if (state == NULL || state(dev, &flags, &active) != CUDA_SUCCESS) return 1;
+    return active;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    __typeof__(&cuDevicePrimaryCtxReset_v2) real = GP_REAL(cuDevicePrimaryCtxReset_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t ctx = active_primary(dev);
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS && ctx != 0) forget_context(ctx);
+    return rc;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) real = GP_REAL(cuDevicePrimaryCtxRelease_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t ctx = active_primary(dev);
+    CUresult rc = real(dev);
+    /* the last release destroys the primary context, and its allocations with it */
+    if (rc == CUDA_SUCCESS && ctx != 0 && !primary_active(dev))
+        forget_context(ctx);
     return rc;
 }

@@ -10,9 +10,10 @@
 
 #include "shim.h"
 
-/* 16 bytes, so that a large table stays as cache-friendly as it can */
+/* 24 bytes, packed so that a large table stays as cache-friendly as it can */
 typedef struct {
-    uint64_t key;  /* 0 = empty: no allocation has pointer or handle 0 */
+    uint64_t key; /* 0 = empty: no allocation has pointer or handle 0 */
+    uint64_t ctx; /* the context that owns it (freed with it), 0 for none */
     uint64_t size : 56;
     uint64_t dev : 5;
     uint64_t kind : 3;
@@ -57,7 +58,7 @@ static int grow(void) {
     return 0;
 }
 
-void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size) {
+void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size, uint64_t ctx) {
     pthread_mutex_lock(&map_lock);
     if ((count + 1) * 2 > capacity && grow() != 0) {
         /* out of host memory: this allocation's free will not be credited; say so */
@@ -65,11 +66,11 @@ void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size) {
         gp_log(GP_LOG_WARN, "out of host memory tracking an allocation; its free goes uncounted");
         return;
     }
-    insert((gp_entry){.key = key, .size = size, .dev = dev, .kind = (uint32_t)kind});
+    insert((gp_entry){.key = key, .ctx = ctx, .size = size, .dev = (uint64_t)dev, .kind = kind});
     pthread_mutex_unlock(&map_lock);
 }
 
-int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size) {
+int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size, uint64_t *ctx) {
     int found = -1;
     pthread_mutex_lock(&map_lock);
     if (capacity == 0) goto out;
@@ -77,8 +78,9 @@ int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size) {
     while (table[i].key != 0 && !(table[i].key == key && table[i].kind == (uint32_t)kind))
         i = (i + 1) & (capacity - 1);
     if (table[i].key == 0) goto out;
-    *dev = table[i].dev;
+    *dev = (int)table[i].dev;
     *size = table[i].size;
+    *ctx = table[i].ctx;
     found = 0;
     count--;
     /* backward-shift: pull later entries of the probe run into the hole when allowed */
@@ -95,6 +97,29 @@ int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size) {
 out:
     pthread_mutex_unlock(&map_lock);
     return found;
+}
+
+void gp_ptrmap_drop_context(uint64_t ctx, void (*release)(int dev, uint64_t bytes)) {
+    pthread_mutex_lock(&map_lock);
+    if (capacity == 0) goto out;
+    /* rebuild without the context's entries: simpler than deleting while probing, and a context
+     * is destroyed rarely */
+    gp_entry *old = table;
+    gp_entry *fresh = calloc(capacity, sizeof *fresh);
+    if (fresh == NULL) goto out; /* no memory: its bytes stay counted until the process ends */
+    table = fresh;
+    count = 0;
+    for (size_t i = 0; i < capacity; i++) {
+        if (old[i].key == 0) continue;
+        if (old[i].ctx == ctx) {
+            release((int)old[i].dev, old[i].size);
+        } else {
+            insert(old[i]);
+        }
+    }
+    free(old);
+out:
+    pthread_mutex_unlock(&map_lock);
 }
 
 /* in a forked child: the parent's allocations are not the child's to free */

@@ -185,7 +185,8 @@ static gp_region *map_shared(const gp_config *cfg) {
             gp_fatal("cannot lock the shared region %s: %s", path, strerror(errno));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) gp_fatal("cannot stat the shared region %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0)
+        gp_fatal("cannot stat the shared region %s: %s", path, strerror(errno));
     if (st.st_size != 0 && st.st_size != (off_t)sizeof(gp_region))
         gp_fatal("%s is not a gpupool shared region (size %lld, expected %zu)", path,
                  (long long)st.st_size, sizeof(gp_region));

@@ -100,9 +100,11 @@ typedef enum {
     GP_KIND_MEMHANDLE = 4
 } gp_alloc_kind;
 
-void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size);
-/* removes the entry; 0 and its device and size if there was one, -1 if not */
-int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size);
+void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size, uint64_t ctx);
+/* removes the entry; 0 and its device, size and context if there was one, -1 if not */
+int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size, uint64_t *ctx);
+/* forgets every allocation of a destroyed context, calling `release` for each */
+void gp_ptrmap_drop_context(uint64_t ctx, void (*release)(int dev, uint64_t bytes));
 void gp_ptrmap_reset(void);
 
 /* ---- real.c: the real driver and NVML, dlsym and cuGetProcAddress hooks --------------------- */
@@ -124,7 +126,7 @@ void *gp_real_dlsym(void *handle, const char *name);
         (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 1);                         \
     })
 
-/* ---- memory.c --------------------------------------------------------------------------------- */
+/* ---- memory.c ------------------------------------------------------------------------------ */
 
 /* the share's effective limit on `dev` (clamped to the GPU's memory; 0 = none) */
 uint64_t gp_memory_limit(int dev);

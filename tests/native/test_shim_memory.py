@@ -226,6 +226,17 @@ def test_processes_killed_at_any_moment_leave_the_accounting_whole(
     assert codes(result, "alloc") == [0]
 
 
+@pytest.mark.parametrize("teardown", ["ctxdestroy", "reset"])
+def test_a_destroyed_context_gives_its_allocations_back(
+    client: Path, node: Path, teardown: str
+) -> None:
+    env = shim_env(node, MEMORY_LIMIT="1GiB")
+    result = run_client(client, env, teardown, 768 * MiB, "meminfo", "alloc", 768 * MiB)
+    assert codes(result, teardown) == [0]
+    assert result.step("meminfo") == [[str(GiB), str(GiB)]]
+    assert codes(result, "alloc") == [0]
+
+
 def test_a_process_that_execs_starts_afresh(client: Path, node: Path, tmp_path: Path) -> None:
     # same pid, same start time, new image: the old image's allocations are gone with it
     env = shim_env(node, MEMORY_LIMIT="4GiB", SHARED_REGION=str(tmp_path / "region"))

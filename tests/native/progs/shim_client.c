@@ -26,6 +26,10 @@
  *   ready                prints "ready" and waits for a line on stdin
  *   hold                 prints "holding" and sleeps until killed
  *   exec STEPS...        replaces itself (same pid) with a new client running STEPS
+ *   ctxdestroy BYTES     allocates BYTES in a new context, destroys it without freeing, and makes
+ *                        the primary context current again -> "ctxdestroy RC"
+ *   reset BYTES          allocates BYTES in the primary context, resets it without freeing, and
+ *                        retains it again -> "reset RC"
  *   churn BYTES          prints "churning", then allocates and frees BYTES forever
  *   tfill THREADS BYTES  THREADS threads allocate BYTES until it fails, then (all full) free
  *                        -> "tfill COUNT FREE_RC_NONZERO"
@@ -46,6 +50,9 @@ FN(cuDeviceGet);
 FN(cuDevicePrimaryCtxRetain);
 FN(cuCtxSetCurrent);
 FN(cuCtxSynchronize);
+FN(cuCtxCreate_v2);
+FN(cuCtxDestroy_v2);
+FN(cuDevicePrimaryCtxReset_v2);
 FN(cuGetProcAddress_v2);
 FN(cuMemAlloc_v2);
 FN(cuMemAllocManaged);
@@ -97,6 +104,9 @@ static void load_driver(void) {
     LOAD(cuDevicePrimaryCtxRetain);
     LOAD(cuCtxSetCurrent);
     LOAD(cuCtxSynchronize);
+    LOAD(cuCtxCreate_v2);
+    LOAD(cuCtxDestroy_v2);
+    LOAD(cuDevicePrimaryCtxReset_v2);
     LOAD(cuGetProcAddress_v2);
     LOAD(cuMemAlloc_v2);
     LOAD(cuMemAllocManaged);
@@ -144,7 +154,8 @@ static alloc_t allocs[1 << 16];
 static int nallocs;
 
 static void remember(kind_t kind, unsigned long long handle) {
-    if (nallocs < (int)(sizeof allocs / sizeof allocs[0])) allocs[nallocs++] = (alloc_t){kind, handle};
+    if (nallocs < (int)(sizeof allocs / sizeof allocs[0]))
+        allocs[nallocs++] = (alloc_t){kind, handle};
 }
 
 static uint64_t now_ns(void) {
@@ -413,6 +424,21 @@ int main(int argc, char **argv) {
             printf("ready\n");
             char line[16];
             if (fgets(line, sizeof line, stdin) == NULL) return 0;
+        } else if (strcmp(step, "ctxdestroy") == 0) {
+            CUcontext other = NULL;
+            check(p_cuCtxCreate_v2(&other, 0, dev), "cuCtxCreate_v2");
+            check(p_cuMemAlloc_v2(&ptr, n), "cuMemAlloc_v2");
+            rc = p_cuCtxDestroy_v2(other);
+            check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+            printf("ctxdestroy %d\n", (int)rc);
+            i++;
+        } else if (strcmp(step, "reset") == 0) {
+            check(p_cuMemAlloc_v2(&ptr, n), "cuMemAlloc_v2");
+            rc = p_cuDevicePrimaryCtxReset_v2(dev);
+            check(p_cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+            check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+            printf("reset %d\n", (int)rc);
+            i++;
         } else if (strcmp(step, "churn") == 0) {
             printf("churning\n");
             for (;;) {
