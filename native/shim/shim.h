@@ -134,9 +134,7 @@ uint64_t gp_memory_limit(int dev);
 /* ---- throttle.c and activity.c: compute shares -------------------------------------------- */
 
 typedef struct {
-    int dev;      /* -1: not throttled, the launch passes straight through */
-    int is_ptsz;  /* the launch used the per-thread default stream entry point */
-    CUstream stream;
+    int dev; /* -1: not throttled, the launch passes straight through */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);

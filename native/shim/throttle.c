@@ -291,8 +291,6 @@ void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
         t->launches = 0;
     }
     launch->dev = dev; /* the lock stays held until gp_throttle_after */
-    launch->stream = stream;
-    launch->is_ptsz = is_ptsz;
 }
 
 void gp_throttle_after(gp_launch *launch, CUresult rc) {
