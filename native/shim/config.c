@@ -195,4 +195,9 @@ void gp_config_load(gp_config *cfg) {
     }
     text = get("GPUPOOL_SHARED_REGION");
     cfg->region_path = (text && *text) ? text : NULL;
+    text = get("GPUPOOL_ACTIVITY_FILE");
+    if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
+        gp_fatal("invalid GPUPOOL_ACTIVITY_FILE=%s: expected an absolute path under 512 bytes",
+                 text);
+    cfg->activity_path = (text && *text) ? text : NULL;
 }

@@ -132,10 +132,13 @@ static void init_mutex(pthread_mutex_t *mutex) {
     pthread_mutexattr_destroy(&attr);
 }
 
-static void default_activity_path(char *out, size_t size) {
-    /* node-wide: a simulated node's directory, else /dev/shm (per user: the file is 0600) */
+static void activity_path(const gp_config *cfg, char *out, size_t size) {
+    /* node-wide: as configured (a directory that every container of the node mounts), a
+     * simulated node's directory, else /dev/shm (per user: the file is 0600) */
     const char *node = getenv("GPUPOOL_SIM_NODE");
-    if (node != NULL && *node != '\0') {
+    if (cfg->activity_path != NULL) {
+        snprintf(out, size, "%s", cfg->activity_path);
+    } else if (node != NULL && *node != '\0') {
         snprintf(out, size, "%s/activity-%u.bin", node, (unsigned)getuid());
     } else {
         snprintf(out, size, "/dev/shm/gpupool-activity-%u", (unsigned)getuid());
@@ -151,7 +154,7 @@ static void init_region(gp_region *r, const gp_config *cfg) {
     r->policy = (uint32_t)cfg->policy;
     memcpy(r->memory_limit, cfg->memory_limit, sizeof r->memory_limit);
     memcpy(r->compute_limit, cfg->compute_limit, sizeof r->compute_limit);
-    default_activity_path(r->activity_path, sizeof r->activity_path);
+    activity_path(cfg, r->activity_path, sizeof r->activity_path);
     init_mutex(&r->lock.mutex);
     __atomic_store_n(&r->magic, GP_REGION_MAGIC, __ATOMIC_RELEASE);
 }

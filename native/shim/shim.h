@@ -61,7 +61,8 @@ typedef struct {
     uint64_t memory_limit[GP_MAX_DEVICES];  /* bytes, 0 = none */
     uint32_t compute_limit[GP_MAX_DEVICES]; /* percent 1..100, 100 = none */
     gp_policy policy;
-    const char *region_path; /* NULL: this process alone */
+    const char *region_path;   /* NULL: this process alone */
+    const char *activity_path; /* NULL: the default node-wide file */
 } gp_config;
 
 void gp_config_load(gp_config *cfg);

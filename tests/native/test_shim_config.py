@@ -71,6 +71,7 @@ def test_a_per_device_limit_overrides_the_all_device_one(client: Path, node: Pat
         ("COMPUTE_LIMIT_1", "2.5", "invalid GPUPOOL_COMPUTE_LIMIT_1=2.5"),
         ("COMPUTE_POLICY", "greedy", "invalid GPUPOOL_COMPUTE_POLICY=greedy"),
         ("LOG_LEVEL", "loud", "invalid GPUPOOL_LOG_LEVEL=loud"),
+        ("ACTIVITY_FILE", "relative/file", "invalid GPUPOOL_ACTIVITY_FILE=relative/file"),
     ],
 )
 def test_a_malformed_value_stops_the_workload_with_one_line(
