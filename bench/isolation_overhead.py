@@ -264,8 +264,8 @@ several rounds, and the script takes the median of 5 runs per side, the sides al
 the library, and with it preloaded as `gpupool exec` sets up a share (a memory limit and a shared
 accounting region). "null" is a driver whose calls return at once
 (`bench/isolation_null_driver.c`), so the difference is the library's own cost; "simulated" is the
-simulated driver, whose allocations are real mmap calls (its allocation and free times vary by
-more than the library costs). "live allocations" is how many allocations are alive while the
+simulated driver, whose allocations and frees map and unmap host memory (their times vary run to
+run by more than the library costs). "live allocations" is how many allocations are alive while the
 calls are timed: it sizes the library's pointer table. The launch-bound loop launches one-thread
 kernels and synchronises every 64 launches; no compute share is set, so a launch only pays the
 pass-through (the activity stamp of the `share` policy and a clock read).
