@@ -54,6 +54,7 @@ class Row:
     call: str
     without_ns: float
     with_ns: float
+    pair_differences: tuple[float, ...]  # with - without, run pair by run pair
 
     @property
     def overhead_ns(self) -> float:
@@ -126,7 +127,14 @@ def measure(program: Path, envs: dict[str, dict[str, str]], case: Case, repeat: 
     def median(side: str, call: str) -> float:
         return statistics.median(sample[call] for sample in samples[side])
 
-    return [Row(case, call, median("without", call), median("with", call)) for call in CALLS]
+    def differences(call: str) -> tuple[float, ...]:
+        pairs = zip(samples["without"], samples["with"], strict=True)
+        return tuple(sorted(with_[call] - without[call] for without, with_ in pairs))
+
+    return [
+        Row(case, call, median("without", call), median("with", call), differences(call))
+        for call in CALLS
+    ]
 
 
 def environments(driver_dir: Path, work: Path, node: Path | None) -> dict[str, dict[str, str]]:
@@ -156,11 +164,19 @@ def table(rows: list[Row]) -> str:
 
 
 def loop_overheads(rows: list[Row]) -> str:
-    lines = ["| driver | launch-bound loop overhead |", "|---|---:|"]
+    lines = [
+        "| driver | runs per side | launch-bound loop overhead (medians) "
+        "| run-pair differences, lowest to highest |",
+        "|---|---:|---:|---|",
+    ]
     for row in rows:
         if row.call == "loop" and row.case.driver == "simulated":
             percent = 100 * row.overhead_ns / row.without_ns
-            lines.append(f"| {row.case.driver} | {percent:+.1f} % |")
+            spread = ", ".join(f"{100 * d / row.without_ns:+.1f}" for d in row.pair_differences)
+            lines.append(
+                f"| {row.case.driver} | {len(row.pair_differences)} | {percent:+.1f} % "
+                f"| {spread} (%) |"
+            )
     return "\n".join(lines)
 
 
@@ -231,7 +247,10 @@ def main() -> None:
         ]
         rows: list[Row] = []
         for case, driver_dir, case_node in cases:
-            rows += measure(program, environments(driver_dir, work, case_node), case, args.repeat)
+            # the simulated driver's synchronisations sleep, and their jitter is larger than
+            # the difference measured: more runs there
+            runs = args.repeat * 3 if case.driver == "simulated" else args.repeat
+            rows += measure(program, environments(driver_dir, work, case_node), case, runs)
         compute = compute_accuracy(work, node, args.seconds)
     command = " ".join(["python bench/isolation_overhead.py", *sys.argv[1:]])
     result = f"{table(rows)}\n\n{loop_overheads(rows)}\n"
@@ -260,15 +279,18 @@ Command (from the repository root, after `make native`): `{command}`
 Machine: {machine}
 
 A C program (`bench/isolation_overhead.c`) times N calls of each intercepted entry point, best of
-several rounds, and the script takes the median of 5 runs per side, the sides alternating: without
+several rounds, and the script takes the median of 5 runs per side (15 on the simulated driver),
+the sides alternating: without
 the library, and with it preloaded as `gpupool exec` sets up a share (a memory limit and a shared
 accounting region). "null" is a driver whose calls return at once
 (`bench/isolation_null_driver.c`), so the difference is the library's own cost; "simulated" is the
 simulated driver, whose allocations and frees map and unmap host memory (their times vary run to
 run by more than the library costs). "live allocations" is how many allocations are alive while the
 calls are timed: it sizes the library's pointer table. The launch-bound loop launches one-thread
-kernels and synchronises every 64 launches; no compute share is set, so a launch only pays the
-pass-through (the activity stamp of the `share` policy and a clock read).
+kernels and synchronises every 64 launches (64,000 launches a round on the simulated driver,
+where each synchronisation is a sleep of tens of microseconds whose jitter is larger than the
+library's cost: hence the spread of run pairs below); no compute share is set, so a launch only
+pays the pass-through (the activity stamp of the `share` policy and a clock read).
 
 {result}
 
