@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean
+.PHONY: test demo lint typecheck venv clean native
 
 venv: $(STAMP)
 
@@ -14,11 +14,15 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) native
 	$(BIN)/python -m pytest -q
 
-demo: $(STAMP)
+demo: $(STAMP) native
 	$(BIN)/gpupool demo
+
+# the C libraries under native/ (incremental; pip install runs the same build)
+native:
+	$(MAKE) -C native
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

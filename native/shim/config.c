@@ -1,0 +1,203 @@
+/*
+ * The GPUPOOL_* configuration, read once when the library loads; a malformed value is fatal.
+ *
+ * The values come from the environment, or, when /etc/gpupool/shim.conf exists, from that file
+ * alone (NAME=VALUE lines): a container mounts it read-only next to /etc/ld.so.preload, so a
+ * workload can neither drop the library nor change or unset its share.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define GP_SYSTEM_CONFIG "/etc/gpupool/shim.conf"
+#define GP_CONFIG_LINES 128
+
+extern char **environ;
+
+/* NAME=VALUE entries the configuration is read from: the environment or the file's lines */
+static char **source;
+
+static const char *get(const char *name) {
+    size_t len = strlen(name);
+    for (char **entry = source; entry != NULL && *entry != NULL; entry++) {
+        if (strncmp(*entry, name, len) == 0 && (*entry)[len] == '=') return *entry + len + 1;
+    }
+    return NULL;
+}
+
+static void trim_line(char *line) {
+    size_t len = strlen(line);
+    while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = '\0';
+}
+
+static char **read_file(const char *path) {
+    FILE *file = fopen(path, "re");
+    if (file == NULL) gp_fatal("cannot read the share configuration %s: %s", path, strerror(errno));
+    static char *lines[GP_CONFIG_LINES + 1];
+    char buf[1024];
+    int count = 0, number = 0;
+    while (fgets(buf, sizeof buf, file) != NULL) {
+        number++;
+        trim_line(buf);
+        const char *text = buf;
+        while (isspace((unsigned char)*text)) text++;
+        if (*text == '\0' || *text == '#') continue;
+        if (strncmp(text, "GPUPOOL_", 8) != 0 || strchr(text, '=') == NULL)
+            gp_fatal("invalid line %d of %s: expected GPUPOOL_NAME=VALUE", number, path);
+        if (count == GP_CONFIG_LINES) gp_fatal("%s has more than %d settings", path, count);
+        lines[count++] = strdup(text);
+    }
+    fclose(file);
+    lines[count] = NULL;
+    return lines;
+}
+
+/* the system file if present; else a file named by GPUPOOL_CONFIG_FILE (only where the system
+ * file is absent, so it opens no way around it); else the environment */
+static char **config_source(void) {
+    if (access(GP_SYSTEM_CONFIG, F_OK) == 0) return read_file(GP_SYSTEM_CONFIG);
+    const char *named = getenv("GPUPOOL_CONFIG_FILE");
+    if (named != NULL && *named != '\0') return read_file(named);
+    return environ;
+}
+
+int gp_parse_bytes(const char *text, uint64_t *out) {
+    const char *p = text;
+    if (!isdigit((unsigned char)*p)) return -1;
+    uint64_t value = 0;
+    for (; isdigit((unsigned char)*p); p++) {
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (value > (UINT64_MAX - digit) / 10) return -1;
+        value = value * 10 + digit;
+    }
+    while (*p == ' ') p++;
+    unsigned shift = 0;
+    if (*p != '\0') {
+        switch (toupper((unsigned char)*p)) {
+        case 'K': shift = 10; break;
+        case 'M': shift = 20; break;
+        case 'G': shift = 30; break;
+        case 'T': shift = 40; break;
+        case 'B': shift = 0; break;
+        default: return -1;
+        }
+        const char *suffix = p + 1;
+        /* accepted after the unit letter: "", "i", "iB", "B" (binary multiples in every case) */
+        if (toupper((unsigned char)*p) == 'B') {
+            if (*suffix != '\0') return -1;
+        } else if (*suffix != '\0' && strcasecmp(suffix, "i") != 0 &&
+                   strcasecmp(suffix, "ib") != 0 && strcasecmp(suffix, "b") != 0) {
+            return -1;
+        }
+    }
+    if (shift && value > (UINT64_MAX >> shift)) return -1;
+    *out = value << shift;
+    return 0;
+}
+
+static uint32_t parse_percent(const char *name, const char *text) {
+    char *end = NULL;
+    if (!isdigit((unsigned char)*text)) goto bad;
+    long value = strtol(text, &end, 10);
+    if (*end == '%') end++;
+    if (*end != '\0' || value < 1 || value > 100) goto bad;
+    return (uint32_t)value;
+bad:
+    gp_fatal("invalid %s=%s: expected a whole percent from 1 to 100", name, text);
+}
+
+static uint64_t parse_memory(const char *name, const char *text) {
+    uint64_t bytes = 0;
+    if (gp_parse_bytes(text, &bytes) != 0)
+        gp_fatal("invalid %s=%s: expected bytes, like 4294967296, 4GiB or 512MiB", name, text);
+    return bytes;
+}
+
+/* the <n> of GPUPOOL_X_<n>: a device ordinal below GP_MAX_DEVICES */
+static int parse_ordinal(const char *name, const char *digits) {
+    char *end = NULL;
+    if (!isdigit((unsigned char)*digits)) return -1;
+    long n = strtol(digits, &end, 10);
+    if (*end != '\0') return -1;
+    if (n >= GP_MAX_DEVICES)
+        gp_fatal("invalid %s: per-device settings cover device ordinals 0 to %d", name,
+                 GP_MAX_DEVICES - 1);
+    return (int)n;
+}
+
+static void load_log_level(void) {
+    const char *text = get("GPUPOOL_LOG_LEVEL");
+    if (text == NULL || *text == '\0') return;
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(text, names[i]) == 0) {
+            gp_log_threshold = (gp_log_level)i;
+            return;
+        }
+    }
+    gp_fatal("invalid GPUPOOL_LOG_LEVEL=%s: expected error, warn, info or debug", text);
+}
+
+/* GPUPOOL_MEMORY_LIMIT_<n> and GPUPOOL_COMPUTE_LIMIT_<n> override the all-device values */
+static void load_per_device(gp_config *cfg) {
+    static const char mem[] = "GPUPOOL_MEMORY_LIMIT_";
+    static const char cmp[] = "GPUPOOL_COMPUTE_LIMIT_";
+    for (char **env = source; env != NULL && *env != NULL; env++) {
+        const char *entry = *env;
+        int is_mem = strncmp(entry, mem, sizeof mem - 1) == 0;
+        int is_cmp = strncmp(entry, cmp, sizeof cmp - 1) == 0;
+        if (!is_mem && !is_cmp) continue;
+        const char *eq = strchr(entry, '=');
+        if (eq == NULL) continue;
+        char name[128];
+        size_t name_len = (size_t)(eq - entry);
+        if (name_len >= sizeof name) name_len = sizeof name - 1;
+        memcpy(name, entry, name_len);
+        name[name_len] = '\0';
+        int dev = parse_ordinal(name, name + (is_mem ? sizeof mem : sizeof cmp) - 1);
+        if (dev < 0)
+            gp_fatal("invalid variable %s: the suffix must be a device ordinal, like %s0", name,
+                     is_mem ? mem : cmp);
+        if (is_mem) {
+            cfg->memory_limit[dev] = parse_memory(name, eq + 1);
+        } else {
+            cfg->compute_limit[dev] = parse_percent(name, eq + 1);
+        }
+    }
+}
+
+void gp_config_load(gp_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    source = config_source();
+    load_log_level();
+    const char *text = get("GPUPOOL_MEMORY_LIMIT");
+    uint64_t memory = (text && *text) ? parse_memory("GPUPOOL_MEMORY_LIMIT", text) : 0;
+    text = get("GPUPOOL_COMPUTE_LIMIT");
+    uint32_t compute = (text && *text) ? parse_percent("GPUPOOL_COMPUTE_LIMIT", text) : 100;
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+        cfg->memory_limit[dev] = memory;
+        cfg->compute_limit[dev] = compute;
+    }
+    load_per_device(cfg);
+    text = get("GPUPOOL_COMPUTE_POLICY");
+    if (text == NULL || *text == '\0' || strcmp(text, "cap") == 0) {
+        cfg->policy = GP_POLICY_CAP;
+    } else if (strcmp(text, "share") == 0) {
+        cfg->policy = GP_POLICY_SHARE;
+    } else {
+        gp_fatal("invalid GPUPOOL_COMPUTE_POLICY=%s: expected cap or share", text);
+    }
+    text = get("GPUPOOL_SHARED_REGION");
+    cfg->region_path = (text && *text) ? text : NULL;
+    text = get("GPUPOOL_ACTIVITY_FILE");
+    if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
+        gp_fatal("invalid GPUPOOL_ACTIVITY_FILE=%s: expected an absolute path under 512 bytes",
+                 text);
+    cfg->activity_path = (text && *text) ? text : NULL;
+}

@@ -1,0 +1,153 @@
+/*
+ * Internal declarations of libgpupool-cuda.so, the interception library of mode `shim`.
+ *
+ * The library is preloaded into a workload. It exports the CUDA driver and NVML entry points it
+ * wraps under their own names (so direct calls bind to it), hooks dlsym and cuGetProcAddress (so
+ * lookups by name get the wrappers too), and calls the real driver through pointers it resolves
+ * itself. Everything declared between the visibility pragmas stays private to the library.
+ */
+#ifndef GPUPOOL_SHIM_H
+#define GPUPOOL_SHIM_H
+
+#include <stdint.h>
+
+#include "gpupool_cuda.h"
+#include "gpupool_nvml.h"
+
+/* per-thread default stream variants: cuda.h declares them only under a build flag */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+
+#pragma GCC visibility push(hidden)
+
+#define GP_MAX_DEVICES 16
+#define GP_NS_PER_S 1000000000ULL
+#define GP_NS_PER_MS 1000000ULL
+
+/* ---- log.c ---------------------------------------------------------------------------------- */
+
+typedef enum { GP_LOG_ERROR = 0, GP_LOG_WARN = 1, GP_LOG_INFO = 2, GP_LOG_DEBUG = 3 } gp_log_level;
+
+extern gp_log_level gp_log_threshold;
+void gp_log(gp_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* one line on stderr, then exit status 2: the workload never runs without its limits */
+void gp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* "3.9 GiB", "512 MiB", "17 B" */
+void gp_format_bytes(uint64_t bytes, char *out, unsigned long size);
+uint64_t gp_now_ns(void);        /* CLOCK_MONOTONIC */
+uint64_t gp_coarse_now_ns(void); /* CLOCK_MONOTONIC_COARSE: cheaper, millisecond resolution */
+void gp_sleep_ns(uint64_t ns);
+
+/* ---- config.c: GPUPOOL_* variables, read once at load -------------------------------------- */
+
+typedef enum { GP_POLICY_CAP = 0, GP_POLICY_SHARE = 1 } gp_policy;
+
+typedef struct {
+    uint64_t memory_limit[GP_MAX_DEVICES];  /* bytes, 0 = none */
+    uint32_t compute_limit[GP_MAX_DEVICES]; /* percent 1..100, 100 = none */
+    gp_policy policy;
+    const char *region_path;   /* NULL: this process alone */
+    const char *activity_path; /* NULL: the default node-wide file */
+} gp_config;
+
+void gp_config_load(gp_config *cfg);
+/* "4GiB", "512M", "1073741824" -> bytes; 0 on success, -1 if malformed */
+int gp_parse_bytes(const char *text, uint64_t *out);
+
+/* ---- region.c: the share's accounting, shared by all its processes -------------------------- */
+
+void gp_region_open(const gp_config *cfg);
+void gp_region_close(void);
+void gp_region_after_fork(void);
+uint64_t gp_region_memory_limit(int dev);
+uint32_t gp_region_compute_limit(int dev);
+int gp_region_any_compute_limit(void);
+gp_policy gp_region_policy(void);
+uint64_t gp_region_share_id(void);
+const char *gp_region_activity_path(void);
+/* reserve `bytes` on `dev` under `limit` (0 = none); 0 if granted, -1 if it would pass it
+ * (then *used_out holds the share's usage for the message) */
+int gp_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
+void gp_region_release(int dev, uint64_t bytes);
+uint64_t gp_region_used(int dev);
+/* the share's compute bucket on `dev`: refill X % of the time since the last call (up to cap_ns),
+ * pay for the GPU busy from busy_start to busy_end (what the share has not paid yet), return
+ * what is left (negative: in debt) */
+int64_t gp_region_credit(int dev, uint32_t percent, uint64_t now, int64_t cap_ns,
+                         uint64_t busy_start, uint64_t busy_end);
+uint64_t gp_proc_start_time(int pid); /* /proc/PID/stat field 22; 0 when gone */
+
+/* ---- ptrmap.c: what each live allocation holds, to credit its free -------------------------- */
+
+typedef enum {
+    GP_KIND_DEVPTR = 1,
+    GP_KIND_ARRAY = 2,
+    GP_KIND_MIPMAP = 3,
+    GP_KIND_MEMHANDLE = 4
+} gp_alloc_kind;
+
+void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size, uint64_t ctx);
+/* removes the entry; 0 and its device, size and context if there was one, -1 if not */
+int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size, uint64_t *ctx);
+/* forgets every allocation of a destroyed context, calling `release` for each */
+void gp_ptrmap_drop_context(uint64_t ctx, void (*release)(int dev, uint64_t bytes));
+void gp_ptrmap_reset(void);
+
+/* ---- real.c: the real driver and NVML, dlsym and cuGetProcAddress hooks --------------------- */
+
+/* the real entry point `name` of libcuda (or NULL) */
+void *gp_real_cuda(const char *name);
+void *gp_real_nvml(const char *name);
+void *gp_real_cached(void *volatile *slot, const char *name, int nvml);
+void *gp_real_dlsym(void *handle, const char *name);
+
+#define GP_REAL(name)                                                                         \
+    ({                                                                                        \
+        static void *volatile gp_slot_##name;                                                 \
+        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 0);                         \
+    })
+#define GP_REAL_NVML(name)                                                                    \
+    ({                                                                                        \
+        static void *volatile gp_slot_##name;                                                 \
+        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 1);                         \
+    })
+
+/* ---- memory.c ------------------------------------------------------------------------------ */
+
+/* the share's effective limit on `dev` (clamped to the GPU's memory; 0 = none) */
+uint64_t gp_memory_limit(int dev);
+
+/* ---- throttle.c and activity.c: compute shares -------------------------------------------- */
+
+typedef struct {
+    int dev; /* -1: not throttled, the launch passes straight through */
+} gp_launch;
+
+void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
+void gp_throttle_after(gp_launch *launch, CUresult rc);
+void gp_throttle_after_fork(void);
+
+/* publish that this share used GPU `dev` at `now` (rate-limited inside) */
+void gp_activity_touch(int dev, uint64_t now);
+/* another share used GPU `dev` within the contention window */
+int gp_activity_contended(int dev, uint64_t now);
+void gp_activity_after_fork(void);
+
+#pragma GCC visibility pop
+
+#endif /* GPUPOOL_SHIM_H */

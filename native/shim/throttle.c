@@ -1,0 +1,307 @@
+/*
+ * The compute share: a duty cycle of X % of the GPU, measured from the workload's own GPU time.
+ *
+ * Launches on a device are grouped in batches (one, or as many as take about GP_BATCH_NS of GPU
+ * time); after a batch we record an event. When an event has completed, the batch's busy time is
+ * its end (the previous end plus cuEventElapsedTime between the two events, anchored once to the
+ * host clock by waiting for the first event) less the later of the previous end and the batch's
+ * submission: GPU time the workload really used, whatever the launch kind (kernels, cooperative
+ * kernels, graphs). A token bucket, one per device for the whole share (it lives in the shared
+ * region, so a share's processes together hold X %), earns X % of wall time, at most X % of
+ * GP_BURST_NS ahead, and pays for busy time; while it is in debt, the next batch waits (the
+ * launch call sleeps). At most
+ * GP_MAX_PENDING batches are in flight, so work cannot be queued far ahead of the accounting.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define GP_MAX_PENDING 2
+#define GP_EVENT_POOL 8
+#define GP_BATCH_NS (500 * 1000ULL)
+#define GP_MAX_BATCH 64u
+#define GP_BURST_NS (20 * GP_NS_PER_MS)
+#define GP_GAP_NS GP_NS_PER_MS
+#define GP_MAX_SLEEP_NS (100 * GP_NS_PER_MS)
+#define GP_TOUCH_EVERY_NS (5 * GP_NS_PER_MS)
+
+typedef struct {
+    CUevent end;
+    uint64_t submit_ns;
+    uint32_t launches;
+    int after_gap; /* closed late: its end may include idle time, bound it by the estimate */
+} gp_batch;
+
+typedef struct {
+    pthread_mutex_t lock;
+    int active;
+    CUcontext ctx; /* the context our events belong to */
+    CUevent pool[GP_EVENT_POOL];
+    int pool_count;
+    gp_batch pending[GP_MAX_PENDING];
+    int head, count;
+    int open; /* a batch is being filled */
+    CUstream stream;
+    int ptsz;
+    uint64_t submit_ns, last_launch_ns;
+    uint32_t launches, batch_target;
+    CUevent last_end; /* end event of the latest accounted batch, NULL before the anchor */
+    uint64_t last_end_ns, frontier_ns;
+    uint64_t avg_launch_ns;
+    int dev;
+    uint32_t percent;
+    int64_t credit_ns; /* the share's bucket as last seen */
+} gp_throttle;
+
+static gp_throttle throttles[GP_MAX_DEVICES];
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int any_limit;
+static uint64_t last_touch_ns;
+
+static void init_throttles(void) {
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+        pthread_mutex_init(&throttles[dev].lock, NULL);
+        throttles[dev].batch_target = 1;
+    }
+    any_limit = gp_region_any_compute_limit();
+}
+
+void gp_throttle_after_fork(void) {
+    /* the child has no GPU context of its parent's: start over */
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+        memset(&throttles[dev], 0, sizeof throttles[dev]);
+        pthread_mutex_init(&throttles[dev].lock, NULL);
+        throttles[dev].batch_target = 1;
+    }
+}
+
+static CUevent take_event(gp_throttle *t) {
+    if (t->pool_count > 0) return t->pool[--t->pool_count];
+    __typeof__(&cuEventCreate) create = GP_REAL(cuEventCreate);
+    CUevent event = NULL;
+    if (create == NULL || create(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return NULL;
+    return event;
+}
+
+static void give_event(gp_throttle *t, CUevent event) {
+    if (event == NULL) return;
+    if (t->pool_count < GP_EVENT_POOL) {
+        t->pool[t->pool_count++] = event;
+        return;
+    }
+    __typeof__(&cuEventDestroy_v2) destroy = GP_REAL(cuEventDestroy_v2);
+    if (destroy != NULL) destroy(event);
+}
+
+static CUstream effective_stream(CUstream stream, int ptsz) {
+    return ptsz && stream == NULL ? CU_STREAM_PER_THREAD : stream;
+}
+
+/* work launched into a capturing stream is recorded into a graph, not run: leave it alone */
+static int capturing(CUstream stream, int ptsz) {
+    __typeof__(&cuStreamIsCapturing) is_capturing = GP_REAL(cuStreamIsCapturing);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (is_capturing == NULL) return 0;
+    if (is_capturing(effective_stream(stream, ptsz), &status) != CUDA_SUCCESS) return 0;
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static CUresult record(CUevent event, CUstream stream, int ptsz) {
+    if (ptsz) {
+        __typeof__(&cuEventRecord_ptsz) record_ptsz = GP_REAL(cuEventRecord_ptsz);
+        if (record_ptsz != NULL) return record_ptsz(event, stream);
+    }
+    __typeof__(&cuEventRecord) rec = GP_REAL(cuEventRecord);
+    return rec ? rec(event, effective_stream(stream, ptsz)) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static void reset(gp_throttle *t) {
+    while (t->count > 0) {
+        give_event(t, t->pending[t->head].end);
+        t->head = (t->head + 1) % GP_MAX_PENDING;
+        t->count--;
+    }
+    give_event(t, t->last_end);
+    t->last_end = NULL;
+    t->head = 0;
+    t->open = 0;
+    t->active = 0;
+}
+
+/* pay GPU time from start to end into the share's bucket (shared by all its processes, in the
+ * region), refill it, and see what is left */
+static void settle(gp_throttle *t, uint64_t now, uint64_t start, uint64_t end) {
+    int64_t cap = (int64_t)(GP_BURST_NS * t->percent / 100);
+    t->credit_ns = gp_region_credit(t->dev, t->percent, now, cap, start, end);
+}
+
+static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
+    uint64_t start = b->submit_ns > t->frontier_ns ? b->submit_ns : t->frontier_ns;
+    uint64_t busy = end_ns > start ? end_ns - start : 0;
+    if (b->after_gap) {
+        uint64_t estimate = (uint64_t)b->launches * t->avg_launch_ns;
+        if (t->avg_launch_ns != 0 && busy > estimate) {
+            busy = estimate;
+            start = end_ns - busy;
+        }
+    } else if (b->launches > 0 && busy > 0) {
+        uint64_t per_launch = busy / b->launches;
+        t->avg_launch_ns = t->avg_launch_ns ? (3 * t->avg_launch_ns + per_launch) / 4 : per_launch;
+        uint64_t target = t->avg_launch_ns ? GP_BATCH_NS / t->avg_launch_ns : 1;
+        t->batch_target = target < 1 ? 1 : target > GP_MAX_BATCH ? GP_MAX_BATCH : (uint32_t)target;
+    }
+    if (busy > 0) settle(t, gp_now_ns(), start, end_ns);
+    if (end_ns > t->frontier_ns) t->frontier_ns = end_ns;
+}
+
+/* account every completed batch, oldest first; with `wait`, wait for the oldest one */
+static void account(gp_throttle *t, int wait) {
+    __typeof__(&cuEventQuery) query = GP_REAL(cuEventQuery);
+    __typeof__(&cuEventSynchronize) sync = GP_REAL(cuEventSynchronize);
+    __typeof__(&cuEventElapsedTime) elapsed = GP_REAL(cuEventElapsedTime);
+    while (t->count > 0) {
+        gp_batch *b = &t->pending[t->head];
+        CUresult rc = wait ? sync(b->end) : query(b->end);
+        wait = 0;
+        if (rc == CUDA_ERROR_NOT_READY) break;
+        uint64_t now = gp_now_ns();
+        t->head = (t->head + 1) % GP_MAX_PENDING;
+        t->count--;
+        if (rc != CUDA_SUCCESS) {
+            give_event(t, b->end);
+            continue;
+        }
+        float ms = 0.0f;
+        uint64_t end_ns = now; /* the anchor: the host clock when the first event completed */
+        if (t->last_end != NULL && elapsed(&ms, t->last_end, b->end) == CUDA_SUCCESS) {
+            int64_t delta = (int64_t)((double)ms * 1e6);
+            end_ns = (uint64_t)((int64_t)t->last_end_ns + delta);
+            if (end_ns > now) end_ns = now;
+        }
+        charge(t, b, end_ns);
+        give_event(t, t->last_end);
+        t->last_end = b->end;
+        t->last_end_ns = end_ns;
+    }
+}
+
+static void close_batch(gp_throttle *t, int after_gap) {
+    t->open = 0;
+    if (t->launches == 0 || capturing(t->stream, t->ptsz)) return;
+    CUevent event = take_event(t);
+    if (event == NULL) return;
+    if (record(event, t->stream, t->ptsz) != CUDA_SUCCESS) {
+        give_event(t, event);
+        return;
+    }
+    int slot = (t->head + t->count) % GP_MAX_PENDING;
+    t->pending[slot] = (gp_batch){.end = event,
+                                  .submit_ns = t->submit_ns,
+                                  .launches = t->launches,
+                                  .after_gap = after_gap};
+    t->count++;
+    /* the first batch anchors event time to the host clock: wait for it */
+    if (t->last_end == NULL) account(t, 1);
+}
+
+static void wait_for_credit(gp_throttle *t) {
+    account(t, 0);
+    while (t->count >= GP_MAX_PENDING) account(t, 1);
+    settle(t, gp_now_ns(), 0, 0);
+    while (t->credit_ns < 0) {
+        uint64_t need = (uint64_t)(-t->credit_ns) * 100 / t->percent;
+        gp_sleep_ns(need < GP_MAX_SLEEP_NS ? need : GP_MAX_SLEEP_NS);
+        account(t, 0);
+        settle(t, gp_now_ns(), 0, 0);
+    }
+}
+
+static int events_available(void) {
+    return GP_REAL(cuEventCreate) && GP_REAL(cuEventRecord) && GP_REAL(cuEventQuery) &&
+           GP_REAL(cuEventSynchronize) && GP_REAL(cuEventElapsedTime);
+}
+
+static int current_context_device(CUcontext *ctx) {
+    __typeof__(&cuCtxGetDevice) get_device = GP_REAL(cuCtxGetDevice);
+    __typeof__(&cuCtxGetCurrent) get_current = GP_REAL(cuCtxGetCurrent);
+    CUdevice dev = -1;
+    if (get_device == NULL || get_device(&dev) != CUDA_SUCCESS) return -1;
+    if (ctx != NULL && (get_current == NULL || get_current(ctx) != CUDA_SUCCESS)) return -1;
+    return dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
+}
+
+void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
+    pthread_once(&init_once, init_throttles);
+    launch->dev = -1;
+    if (!any_limit) {
+        /* no compute share: only tell the node we are here, now and then (the coarse clock
+         * costs a few nanoseconds, and its few milliseconds of resolution are plenty here) */
+        uint64_t coarse = gp_coarse_now_ns();
+        if (coarse - __atomic_load_n(&last_touch_ns, __ATOMIC_RELAXED) < GP_TOUCH_EVERY_NS) return;
+        __atomic_store_n(&last_touch_ns, coarse, __ATOMIC_RELAXED);
+        gp_activity_touch(current_context_device(NULL), gp_now_ns());
+        return;
+    }
+    uint64_t now = gp_now_ns();
+    CUcontext ctx = NULL;
+    int dev = current_context_device(&ctx);
+    if (dev < 0 || !events_available()) return;
+    gp_activity_touch(dev, now);
+    uint32_t percent = gp_region_compute_limit(dev);
+    gp_throttle *t = &throttles[dev];
+    if (percent >= 100) return;
+    if (gp_region_policy() == GP_POLICY_SHARE && !gp_activity_contended(dev, now)) {
+        /* an idle GPU: use it all, and start the budget afresh when contention comes */
+        if (__atomic_load_n(&t->active, __ATOMIC_RELAXED)) {
+            pthread_mutex_lock(&t->lock);
+            reset(t);
+            pthread_mutex_unlock(&t->lock);
+        }
+        return;
+    }
+    if (capturing(stream, is_ptsz)) return;
+    pthread_mutex_lock(&t->lock);
+    if (t->ctx != ctx) {
+        /* another context: our events belong to the old one; forget them */
+        memset(t->pool, 0, sizeof t->pool);
+        t->pool_count = 0;
+        t->count = 0;
+        t->last_end = NULL;
+        t->open = 0;
+        t->ctx = ctx;
+    }
+    if (!t->active) {
+        t->active = 1;
+        t->frontier_ns = 0;
+    }
+    t->dev = dev;
+    t->percent = percent;
+    if (t->open && (t->stream != stream || t->ptsz != is_ptsz)) {
+        close_batch(t, 0);
+    } else if (t->open && now - t->last_launch_ns > GP_GAP_NS) {
+        close_batch(t, 1);
+    }
+    if (!t->open) {
+        wait_for_credit(t);
+        t->open = 1;
+        t->stream = stream;
+        t->ptsz = is_ptsz;
+        t->submit_ns = gp_now_ns();
+        t->launches = 0;
+    }
+    launch->dev = dev; /* the lock stays held until gp_throttle_after */
+}
+
+void gp_throttle_after(gp_launch *launch, CUresult rc) {
+    if (launch->dev < 0) return;
+    gp_throttle *t = &throttles[launch->dev];
+    if (rc == CUDA_SUCCESS) {
+        t->launches++;
+        t->last_launch_ns = gp_now_ns();
+        if (t->launches >= t->batch_target) close_batch(t, 0);
+    } else if (t->launches == 0) {
+        t->open = 0;
+    }
+    pthread_mutex_unlock(&t->lock);
+}

@@ -1,0 +1,149 @@
+/*
+ * Internal declarations of the simulated CUDA driver (libgpupool-simcuda.so, installed as
+ * libcuda.so.1). The driver serves the CUDA driver API over host memory; the shared node state
+ * (gpupool_simstate.h) holds what all processes on the simulated node must agree on: each GPU's
+ * memory in use and its kernel timeline.
+ */
+#ifndef GPUPOOL_SIMCUDA_SIM_H
+#define GPUPOOL_SIMCUDA_SIM_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpupool_cuda.h"
+#include "gpupool_simstate.h"
+
+#define SIM_DRIVER_VERSION 12040
+/* a stream holding more queued work than this blocks the next launch (a full hardware queue) */
+#define SIM_QUEUE_LIMIT_NS 1000000000ull
+/* the error a call on a GPU that fell off the bus gets */
+#define SIM_LOST_ERROR CUDA_ERROR_DEVICE_UNAVAILABLE
+#define SIM_VMM_GRANULARITY (2ull << 20)
+
+#define SIM_MAGIC_CTX 0x47504331u
+#define SIM_MAGIC_STREAM 0x47505331u
+#define SIM_MAGIC_EVENT 0x47504531u
+#define SIM_MAGIC_MODULE 0x47504d31u
+#define SIM_MAGIC_FUNC 0x47504631u
+#define SIM_MAGIC_MEM 0x47504131u
+#define SIM_MAGIC_GRAPH 0x47504731u
+#define SIM_MAGIC_EXEC 0x47505831u
+#define SIM_MAGIC_POOL 0x47505031u
+
+struct sim_ctx;
+struct sim_graph;
+
+typedef struct sim_stream {
+    uint32_t magic;
+    struct sim_ctx *ctx;
+    unsigned int flags;
+    int priority;
+    uint64_t last_end_ns; /* end of the last work queued here (guarded by the driver lock) */
+    struct sim_graph *capture; /* the graph being captured, or NULL */
+    struct sim_stream *next;
+} sim_stream;
+
+typedef enum { SIM_MEM_LINEAR, SIM_MEM_ARRAY, SIM_MEM_VMM } sim_mem_kind;
+
+/* one counted piece of simulated device memory */
+typedef struct sim_mem {
+    uint32_t magic;
+    sim_mem_kind kind;
+    uintptr_t ptr;   /* LINEAR: the host mapping */
+    size_t size;     /* bytes counted against the GPU */
+    int gpu;         /* physical index in state.bin */
+    int fd;          /* VMM: the memfd backing it */
+    int maps;        /* VMM: live cuMemMap mappings */
+    int released;    /* VMM: cuMemRelease called */
+    int managed;     /* LINEAR: from cuMemAllocManaged */
+    struct sim_ctx *ctx;
+    struct sim_mem *hnext;       /* LINEAR: hash chain */
+    struct sim_mem *prev, *next; /* the owning context's list */
+} sim_mem;
+
+typedef struct sim_ctx {
+    uint32_t magic;
+    int ordinal;   /* visible device ordinal (the CUdevice) */
+    int gpu;       /* physical index in state.bin */
+    int primary;
+    int refcount;  /* primary: retain count */
+    int active;    /* primary: retained at least once and not released to zero */
+    unsigned int flags;
+    sim_stream null_stream;
+    sim_stream *streams;
+    sim_mem *mems;
+} sim_ctx;
+
+typedef struct sim_event {
+    uint32_t magic;
+    sim_ctx *ctx;
+    unsigned int flags;
+    int recorded;
+    int captured;
+    uint64_t time_ns;
+} sim_event;
+
+/* the process-wide driver state */
+typedef struct sim_globals {
+    pthread_mutex_t mu; /* guards handle lists and tables of this process */
+    int initialized;
+    CUresult init_result;
+    uint8_t *map;
+    int count;                       /* visible devices */
+    int phys[GPUPOOL_SIM_MAX_GPUS];  /* ordinal -> index in state.bin */
+    uint64_t dur_num, dur_den;       /* kernel ns = threads * dur_num / dur_den */
+    int slot[GPUPOOL_SIM_MAX_GPUS];  /* this process's slot per physical GPU, -1 none */
+    int pid;
+    uint64_t start_time;
+    sim_ctx *primary[GPUPOOL_SIM_MAX_GPUS];
+} sim_globals;
+
+extern sim_globals g_sim;
+
+/* state.c */
+CUresult sim_require_init(void);
+uint64_t sim_now_ns(void);
+void sim_sleep_until(uint64_t deadline_ns);
+gpupool_sim_header *sim_header(void);
+gpupool_sim_gpu *sim_gpu(int phys);
+int sim_gpu_lost(int phys);
+void sim_driver_lock(void);
+void sim_driver_unlock(void);
+gpupool_sim_proc *sim_slot_locked(int phys);
+int sim_reclaim_dead_locked(void);
+CUresult sim_memory_reserve(int phys, size_t size);
+void sim_memory_release(int phys, size_t size);
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
+uint64_t sim_kernel_duration_ns(uint64_t threads);
+
+/* device.c: per-SM limits of a GPU's architecture */
+int sim_shared_per_sm(const gpupool_sim_gpu *rec);
+int sim_threads_per_sm(const gpupool_sim_gpu *rec);
+
+/* context.c */
+sim_ctx *sim_current_ctx(void);
+CUresult sim_current_ctx_checked(sim_ctx **out);
+CUresult sim_resolve_stream(CUstream h, sim_stream **out);
+CUresult sim_check_ctx(sim_ctx *ctx);
+void sim_ctx_wait_blocking(sim_ctx *ctx);
+void sim_ctx_link_mem(sim_ctx *ctx, sim_mem *m);
+
+/* memory.c */
+void sim_mem_teardown(sim_mem *m);
+void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
+int sim_linear_find(uintptr_t p, sim_mem *out);
+CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
+                          size_t count);
+
+/* host.c */
+void sim_host_release_ctx(sim_ctx *ctx);
+
+/* launch.c */
+void sim_graph_free(struct sim_graph *graph);
+CUresult sim_capture_memop(sim_stream *st, int kind, CUdeviceptr dst, const void *src,
+                           uint32_t value, size_t count);
+
+#define SIM_UNUSED(x) ((void)(x))
+
+#endif /* GPUPOOL_SIMCUDA_SIM_H */

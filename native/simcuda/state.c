@@ -1,0 +1,466 @@
+/*
+ * The simulated node: mapping state.bin, the driver lock shared by all processes, process slots,
+ * device visibility and each GPU's kernel timeline.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+sim_globals g_sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* driver_lock area of the header: an init word, then a robust process-shared mutex */
+enum { LOCK_UNINIT = 0, LOCK_INITIALISING = 1, LOCK_READY = 2 };
+typedef struct {
+    _Atomic uint32_t state;
+    uint32_t pad;
+    pthread_mutex_t mutex;
+} sim_driver_lock_area;
+
+_Static_assert(sizeof(sim_driver_lock_area) <= 128, "driver lock must fit driver_lock[128]");
+_Static_assert(sizeof(gpupool_sim_header) <= GPUPOOL_SIM_HEADER_SIZE, "header size");
+_Static_assert(sizeof(gpupool_sim_gpu) == GPUPOOL_SIM_GPU_RECORD_SIZE, "gpu record size");
+_Static_assert(sizeof(gpupool_sim_proc) == GPUPOOL_SIM_PROC_RECORD_SIZE, "proc record size");
+
+static void sim_complain(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "gpupool simulated driver: ");
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+}
+
+uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void sim_sleep_until(uint64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                          .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+gpupool_sim_header *sim_header(void) { return (gpupool_sim_header *)g_sim.map; }
+
+gpupool_sim_gpu *sim_gpu(int phys)
+{
+    return (gpupool_sim_gpu *)(g_sim.map + GPUPOOL_SIM_GPUS_OFFSET +
+                               (size_t)phys * GPUPOOL_SIM_GPU_RECORD_SIZE);
+}
+
+static gpupool_sim_proc *sim_proc(int slot)
+{
+    return (gpupool_sim_proc *)(g_sim.map + GPUPOOL_SIM_PROCS_OFFSET +
+                                (size_t)slot * GPUPOOL_SIM_PROC_RECORD_SIZE);
+}
+
+int sim_gpu_lost(int phys)
+{
+    return (__atomic_load_n(&sim_gpu(phys)->flags, __ATOMIC_RELAXED) & GPUPOOL_SIM_GPU_LOST) != 0;
+}
+
+CUresult sim_require_init(void) { return g_sim.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
+
+/* field 22 of /proc/PID/stat, 0 when the process is gone */
+static uint64_t sim_start_time_of(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (p == NULL)
+        return 0;
+    p += 2;
+    for (int field = 3; field < 22 && p != NULL; field++) {
+        p = strchr(p, ' ');
+        if (p != NULL)
+            p++;
+    }
+    return p == NULL ? 0 : strtoull(p, NULL, 10);
+}
+
+/* ---- the driver lock ------------------------------------------------------------------- */
+
+static sim_driver_lock_area *sim_lock_area(void)
+{
+    return (sim_driver_lock_area *)sim_header()->driver_lock;
+}
+
+static void sim_lock_initialise(sim_driver_lock_area *area)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&area->mutex, &attr);
+    pthread_mutexattr_destroy(&attr);
+    atomic_store_explicit(&area->state, LOCK_READY, memory_order_release);
+}
+
+/* The first process to map a fresh file initialises the lock; the others wait for it. A process
+ * that died half-way through initialising (the word stays INITIALISING for long) is replaced. */
+static void sim_lock_prepare(void)
+{
+    sim_driver_lock_area *area = sim_lock_area();
+    uint32_t expected = LOCK_UNINIT;
+    if (atomic_compare_exchange_strong(&area->state, &expected, LOCK_INITIALISING)) {
+        sim_lock_initialise(area);
+        return;
+    }
+    uint64_t give_up = sim_now_ns() + 2000000000ull;
+    while (atomic_load_explicit(&area->state, memory_order_acquire) != LOCK_READY) {
+        if (sim_now_ns() > give_up) {
+            expected = LOCK_INITIALISING;
+            if (atomic_compare_exchange_strong(&area->state, &expected, LOCK_INITIALISING))
+                sim_lock_initialise(area);
+            return;
+        }
+        sim_sleep_until(sim_now_ns() + 100000);
+    }
+}
+
+/* After a process died holding the lock, counters may be half-updated: recompute each GPU's
+ * memory in use from the live slots. */
+static void sim_repair_locked(void)
+{
+    sim_reclaim_dead_locked();
+    uint64_t used[GPUPOOL_SIM_MAX_GPUS] = {0};
+    for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
+        gpupool_sim_proc *p = sim_proc((int)s);
+        if (p->pid != 0 && p->gpu >= 0 && (uint32_t)p->gpu < GPUPOOL_SIM_MAX_GPUS)
+            used[p->gpu] += p->memory_used;
+    }
+    for (uint32_t i = 0; i < sim_header()->gpu_count; i++)
+        sim_gpu((int)i)->memory_used = used[i];
+}
+
+void sim_driver_lock(void)
+{
+    int rc = pthread_mutex_lock(&sim_lock_area()->mutex);
+    if (rc == EOWNERDEAD) {
+        pthread_mutex_consistent(&sim_lock_area()->mutex);
+        sim_repair_locked();
+    }
+}
+
+void sim_driver_unlock(void) { pthread_mutex_unlock(&sim_lock_area()->mutex); }
+
+/* ---- process slots (driver lock held) ---------------------------------------------------- */
+
+static void sim_free_slot_locked(gpupool_sim_proc *p)
+{
+    if (p->gpu >= 0 && (uint32_t)p->gpu < sim_header()->gpu_count) {
+        gpupool_sim_gpu *rec = sim_gpu(p->gpu);
+        rec->memory_used = rec->memory_used > p->memory_used ? rec->memory_used - p->memory_used : 0;
+    }
+    memset(p, 0, sizeof *p);
+}
+
+/* Gives back the memory of processes that are gone (or whose pid now names another process). */
+int sim_reclaim_dead_locked(void)
+{
+    int reclaimed = 0;
+    for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
+        gpupool_sim_proc *p = sim_proc((int)s);
+        if (p->pid == 0 || (p->pid == g_sim.pid && p->start_time == g_sim.start_time))
+            continue; /* free, or this process's own */
+        if (sim_start_time_of(p->pid) != p->start_time) {
+            sim_free_slot_locked(p);
+            reclaimed++;
+        }
+    }
+    return reclaimed;
+}
+
+gpupool_sim_proc *sim_slot_locked(int phys)
+{
+    int cached = g_sim.slot[phys];
+    if (cached >= 0)
+        return sim_proc(cached);
+    sim_reclaim_dead_locked();
+    int free_slot = -1;
+    for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
+        gpupool_sim_proc *p = sim_proc((int)s);
+        if (p->pid == g_sim.pid && p->gpu == phys && p->start_time == g_sim.start_time) {
+            g_sim.slot[phys] = (int)s;
+            return p;
+        }
+        if (p->pid == 0 && free_slot < 0)
+            free_slot = (int)s;
+    }
+    if (free_slot < 0) {
+        static int warned;
+        if (!warned++)
+            sim_complain("all %s process slots of the simulated node are taken", "256");
+        return NULL;
+    }
+    gpupool_sim_proc *p = sim_proc(free_slot);
+    memset(p, 0, sizeof *p);
+    p->gpu = phys;
+    p->start_time = g_sim.start_time;
+    p->pid = g_sim.pid;
+    g_sim.slot[phys] = free_slot;
+    return p;
+}
+
+static int sim_fits(const gpupool_sim_gpu *rec, uint64_t size)
+{
+    return rec->memory_used <= rec->memory_total && size <= rec->memory_total - rec->memory_used;
+}
+
+CUresult sim_memory_reserve(int phys, size_t size)
+{
+    CUresult rc = CUDA_SUCCESS;
+    sim_driver_lock();
+    gpupool_sim_gpu *rec = sim_gpu(phys);
+    gpupool_sim_proc *slot = sim_slot_locked(phys);
+    if (slot == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (!sim_fits(rec, size) && (sim_reclaim_dead_locked() == 0 || !sim_fits(rec, size))) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        rec->memory_used += size;
+        slot->memory_used += size;
+    }
+    sim_driver_unlock();
+    return rc;
+}
+
+void sim_memory_release(int phys, size_t size)
+{
+    sim_driver_lock();
+    gpupool_sim_gpu *rec = sim_gpu(phys);
+    gpupool_sim_proc *slot = sim_slot_locked(phys);
+    rec->memory_used = rec->memory_used > size ? rec->memory_used - size : 0;
+    if (slot != NULL)
+        slot->memory_used = slot->memory_used > size ? slot->memory_used - size : 0;
+    sim_driver_unlock();
+}
+
+/* ---- the kernel timeline ------------------------------------------------------------------- */
+
+uint64_t sim_kernel_duration_ns(uint64_t threads)
+{
+    return (uint64_t)((unsigned __int128)threads * g_sim.dur_num / g_sim.dur_den);
+}
+
+/* Queues `duration_ns` of work on the GPU after both the GPU's and the stream's last work; one
+ * kernel at a time per GPU across all processes. Returns the work's end time. */
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
+{
+    sim_driver_lock();
+    gpupool_sim_gpu *rec = sim_gpu(phys);
+    uint64_t now = sim_now_ns();
+    uint64_t start = now;
+    if (rec->busy_until_ns > start)
+        start = rec->busy_until_ns;
+    uint64_t stream_last = __atomic_load_n(stream_end, __ATOMIC_ACQUIRE);
+    if (stream_last > start)
+        start = stream_last;
+    uint64_t end = start + duration_ns;
+    rec->busy_until_ns = end;
+    rec->busy_ns_total += duration_ns;
+    __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);
+    gpupool_sim_proc *slot = sim_slot_locked(phys);
+    if (slot != NULL) {
+        slot->busy_ns += duration_ns;
+        slot->last_launch_ns = now;
+    }
+    sim_driver_unlock();
+    return end;
+}
+
+/* ---- cuInit's work ------------------------------------------------------------------------- */
+
+static CUresult sim_map_node(void)
+{
+    const char *node = getenv("GPUPOOL_SIM_NODE");
+    if (node == NULL || node[0] == '\0') {
+        sim_complain("%s", "GPUPOOL_SIM_NODE is not set: set it to a simulated node directory "
+                           "(`gpupool exec --simulate 1xH100 -- CMD` does it for you)");
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/state.bin", node) >= (int)sizeof path) {
+        sim_complain("GPUPOOL_SIM_NODE is too long: %s", node);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        sim_complain("cannot open %s: is GPUPOOL_SIM_NODE a simulated node directory?", path);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    struct stat st;
+    void *map = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size == (off_t)GPUPOOL_SIM_STATE_SIZE)
+        map = mmap(NULL, GPUPOOL_SIM_STATE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        sim_complain("%s is not a gpupool simulated node state (wrong size)", path);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    const gpupool_sim_header *hdr = map;
+    if (hdr->magic != GPUPOOL_SIMSTATE_MAGIC || hdr->version != GPUPOOL_SIMSTATE_VERSION ||
+        hdr->gpu_count == 0 || hdr->gpu_count > GPUPOOL_SIM_MAX_GPUS) {
+        munmap(map, GPUPOOL_SIM_STATE_SIZE);
+        sim_complain("%s is not a gpupool simulated node state of this version", path);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    g_sim.map = map;
+    return CUDA_SUCCESS;
+}
+
+static int sim_find_uuid(const char *prefix, size_t len)
+{
+    int found = -1;
+    for (uint32_t i = 0; i < sim_header()->gpu_count; i++) {
+        if (strncmp(sim_gpu((int)i)->uuid, prefix, len) == 0) {
+            if (found >= 0)
+                return -1; /* ambiguous prefix */
+            found = (int)i;
+        }
+    }
+    return found;
+}
+
+/* CUDA_VISIBLE_DEVICES as the real driver reads it: indices or GPU-UUID (prefixes), comma
+ * separated; the list ends at the first entry that is invalid, unknown or repeated. */
+static void sim_apply_visible_devices(void)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    int total = (int)sim_header()->gpu_count;
+    g_sim.count = 0;
+    if (env == NULL) {
+        for (int i = 0; i < total; i++)
+            g_sim.phys[g_sim.count++] = i;
+        return;
+    }
+    const char *p = env;
+    while (*p != '\0' && g_sim.count < total) {
+        while (*p == ' ')
+            p++;
+        size_t len = strcspn(p, ",");
+        size_t trimmed = len;
+        while (trimmed > 0 && p[trimmed - 1] == ' ')
+            trimmed--;
+        int index = -1;
+        if (trimmed > 4 && strncmp(p, "GPU-", 4) == 0) {
+            index = sim_find_uuid(p, trimmed);
+        } else if (trimmed > 0 && strspn(p, "0123456789") == trimmed) {
+            long v = strtol(p, NULL, 10);
+            index = v < total ? (int)v : -1;
+        }
+        if (index < 0)
+            break;
+        for (int k = 0; k < g_sim.count; k++)
+            if (g_sim.phys[k] == index)
+                return;
+        g_sim.phys[g_sim.count++] = index;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+}
+
+static CUresult sim_read_kernel_time(void)
+{
+    const char *env = getenv("GPUPOOL_SIM_KERNEL_NS");
+    if (env == NULL || env[0] == '\0') {
+        g_sim.dur_num = sim_header()->kernel_ps_per_thread;
+        g_sim.dur_den = 1000;
+        return CUDA_SUCCESS;
+    }
+    char *end = NULL;
+    errno = 0;
+    unsigned long long ns = strtoull(env, &end, 10);
+    if (errno != 0 || *end != '\0' || ns == 0 || env[0] == '-') {
+        sim_complain("GPUPOOL_SIM_KERNEL_NS=%s is not a positive whole number of nanoseconds", env);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    g_sim.dur_num = ns; /* the time of 256 blocks x 128 threads */
+    g_sim.dur_den = 256 * 128;
+    return CUDA_SUCCESS;
+}
+
+static void sim_identify_process(void)
+{
+    g_sim.pid = (int)getpid();
+    g_sim.start_time = sim_start_time_of(g_sim.pid);
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_GPUS; i++)
+        g_sim.slot[i] = -1;
+}
+
+/* As with the real driver, a child forked after cuInit cannot use CUDA: its copies of the
+ * parent's contexts and allocations are not its own, and they must not touch the parent's
+ * accounting. */
+static void sim_after_fork_child(void)
+{
+    sim_identify_process();
+    g_sim.initialized = 0;
+    g_sim.init_result = CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static CUresult sim_initialise(void)
+{
+    CUresult rc = sim_map_node();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = sim_read_kernel_time();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_lock_prepare();
+    sim_identify_process();
+    pthread_atfork(NULL, NULL, sim_after_fork_child);
+    sim_apply_visible_devices();
+    return g_sim.count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
+static void sim_initialise_once(void)
+{
+    g_sim.init_result = sim_initialise();
+    g_sim.initialized = g_sim.init_result == CUDA_SUCCESS;
+}
+
+CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&sim_once, sim_initialise_once);
+    return g_sim.init_result;
+}
+
+/* At exit the process's memory goes back, as it does when a real process's contexts die. */
+__attribute__((destructor)) static void sim_release_slots_at_exit(void)
+{
+    if (!g_sim.initialized || g_sim.pid != (int)getpid())
+        return;
+    sim_driver_lock();
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_GPUS; i++) {
+        if (g_sim.slot[i] >= 0) {
+            sim_free_slot_locked(sim_proc(g_sim.slot[i]));
+            g_sim.slot[i] = -1;
+        }
+    }
+    sim_driver_unlock();
+}
