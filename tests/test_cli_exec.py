@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.units import GiB
+from gpupool.devices.simspec import parse_spec
+from gpupool.mig import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_SOURCE = ROOT / "tests" / "native" / "progs" / "sim_smoke.c"
@@ -30,6 +31,11 @@ def env(tmp_path: Path) -> dict[str, str]:
     return clean
 
 
+def default_node(tmp_path: Path, spec: str) -> Path:
+    """Where the devices layer puts the node of `spec` under XDG_RUNTIME_DIR=tmp_path."""
+    return tmp_path / "gpupool-sim" / parse_spec(spec).key
+
+
 def gpupool(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpupool", *args],
@@ -44,11 +50,11 @@ def gpupool(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 def test_exit_code_and_announcement(env: dict[str, str], tmp_path: Path) -> None:
     result = gpupool(env, "exec", "--simulate", "1xH100", "--", "sh", "-c", "exit 7")
     assert result.returncode == 7
-    node = tmp_path / f"gpupool-sim-{os.getuid()}" / "1xH100"
+    node = default_node(tmp_path, "1xH100")
     assert result.stderr == (
         f"gpupool: simulated node 1xH100 (H100-80GB) at {node}: no real GPU is used\n"
     )
-    assert (node / "state.bin").is_file()
+    assert (node / "state.bin").is_file() and (node / "node.json").is_file()
 
 
 def test_a_signal_becomes_128_plus_n(env: dict[str, str]) -> None:
@@ -75,9 +81,9 @@ def test_the_child_sees_the_share(env: dict[str, str], tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     seen = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert seen["CUDA_VISIBLE_DEVICES"] == "1"
-    assert seen["GPUPOOL_MEMORY_LIMIT_0"] == str(10 * GiB)
+    assert seen["GPUPOOL_MEMORY_LIMIT_0"] == str(catalog.get_model("A100-40GB").memory_bytes // 4)
     assert (seen["GPUPOOL_COMPUTE_LIMIT"], seen["GPUPOOL_COMPUTE_POLICY"]) == ("30", "share")
-    assert seen["GPUPOOL_SIM_NODE"] == str(tmp_path / f"gpupool-sim-{os.getuid()}" / "2xA100-40GB")
+    assert seen["GPUPOOL_SIM_NODE"] == str(default_node(tmp_path, "2xA100-40GB"))
     assert seen["LD_PRELOAD"].endswith("_native/libgpupool-cuda.so")
     assert seen["LD_LIBRARY_PATH"].endswith("_native/sim")
     region = Path(seen["GPUPOOL_SHARED_REGION"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import signal
 import subprocess
@@ -11,45 +10,16 @@ from pathlib import Path
 
 import typer
 
-from gpupool.core.errors import DeviceError, DriverNotFound, InvalidRequest
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MemoryShare, parse_compute_milli, parse_int_range, parse_memory_share
 from gpupool.isolation.launch import ComputePolicy, LaunchSpec, ShareLimits, build_launch_spec
-from gpupool.isolation.simnode import default_node_dir, open_or_create_sim_node
+from gpupool.isolation.node import LaunchNode, open_launch_node
 
 #: exit statuses of a command that could not be started, as POSIX shells use them
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def _check_nvidia_driver() -> None:
-    """One clear line when this machine has no NVIDIA driver: its device node and its library."""
-    fix = "install the NVIDIA driver, or run on a simulated node with --simulate 1xH100"
-    # /dev/dxg is how the driver appears under WSL
-    if not any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg")):
-        raise DriverNotFound(f"NVIDIA driver not found (no /dev/nvidiactl): {fix}")
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError as err:
-        raise DriverNotFound(f"NVIDIA driver not found (cannot load libcuda.so.1): {fix}") from err
-
-
-def _real_gpu_totals(gpus: tuple[int, ...]) -> list[int | None]:
-    """Total memory of each GPU, from NVML (needed to resolve a memory share given in %)."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-        try:
-            return [
-                int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                for i in gpus
-            ]
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as err:
-        raise DeviceError(f"cannot read the GPUs' memory through NVML: {err}") from err
 
 
 def _run(spec: LaunchSpec) -> int:
@@ -78,15 +48,8 @@ def _run(spec: LaunchSpec) -> int:
     return 128 - status if status < 0 else status
 
 
-def _limits(
-    gpu: str, memory: str | None, compute: str | None, policy: str, gpu_count: int | None
-) -> ShareLimits:
+def _limits(gpu: str, memory: str | None, compute: str | None, policy: str) -> ShareLimits:
     gpus = tuple(parse_int_range(gpu, "GPU index"))
-    if gpu_count is not None:
-        bad = [g for g in gpus if not 0 <= g < gpu_count]
-        if bad:
-            last = gpu_count - 1
-            raise InvalidRequest(f"invalid GPU index {bad[0]}: this node has GPUs 0..{last}")
     share: MemoryShare | None = parse_memory_share(memory) if memory is not None else None
     milli = parse_compute_milli(compute) if compute is not None else 1000
     try:
@@ -94,6 +57,18 @@ def _limits(
     except ValueError as err:
         raise InvalidRequest(f"invalid compute policy {policy!r}: use cap or share") from err
     return ShareLimits(gpus, share, milli, chosen)
+
+
+def _announce(node: LaunchNode, simulate: str | None) -> None:
+    """A simulated node is never silent: say which one, on stderr (stdout is the command's)."""
+    if node.sim_node is None:
+        return
+    spec = simulate if simulate is not None else node.sim_spec
+    models = ", ".join(node.models)
+    typer.echo(
+        f"gpupool: simulated node {spec} ({models}) at {node.sim_node}: no real GPU is used",
+        err=True,
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -110,6 +85,9 @@ def register(app: typer.Typer) -> None:
         simulate: str | None = typer.Option(
             None, "--simulate", metavar="SPEC", help="Run on a simulated node, e.g. 2xH100."
         ),
+        node_dir: Path | None = typer.Option(
+            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
+        ),
         gpu: str = typer.Option("0", "--gpu", metavar="INDEX", help="GPU index (or 0,1)."),
         memory: str | None = typer.Option(
             None, "--memory", metavar="SIZE", help="GPU memory per GPU: 4GiB or 50%."
@@ -125,28 +103,12 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
-        sim_node: Path | None = None
-        if simulate is not None:
-            node_dir = default_node_dir(simulate)
-            state = open_or_create_sim_node(simulate, node_dir)
-            try:
-                totals_all = [g.memory_total for g in state.gpus()]
-                models = ", ".join(g.model for g in state.gpus())
-            finally:
-                state.close()
-            limits = _limits(gpu, memory, compute, compute_policy, len(totals_all))
-            totals: list[int | None] = [totals_all[i] for i in limits.gpus]
-            sim_node = node_dir
-            typer.echo(
-                f"gpupool: simulated node {simulate} ({models}) at {node_dir}: no real GPU is used",
-                err=True,
-            )
-        else:
-            limits = _limits(gpu, memory, compute, compute_policy, None)
-            _check_nvidia_driver()
-            needs_totals = isinstance(limits.memory, MemoryShare) and limits.memory.bytes is None
-            totals = _real_gpu_totals(limits.gpus) if needs_totals else [None] * len(limits.gpus)
-        spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=sim_node)
+        # every value is checked before anything runs: syntax first, then against the node
+        limits = _limits(gpu, memory, compute, compute_policy)
+        node = open_launch_node(simulate, node_dir)
+        totals = node.totals_of(limits.gpus)
+        _announce(node, simulate)
+        spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
         try:
             code = _run(spec)
         finally:

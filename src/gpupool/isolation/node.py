@@ -1,0 +1,58 @@
+"""The node a share is launched on, read through the devices layer: real GPUs or a simulated node.
+
+`gpupool exec` and `gpupool gpus` open a node the same way (`devices.backend.open_backend`), so
+for one spec, `--node-dir` or $GPUPOOL_SIM_NODE both commands see the same simulated GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.core.errors import InvalidRequest
+from gpupool.devices.backend import GpuBackend, open_backend
+from gpupool.devices.simulated import SimulatedBackend
+
+
+@dataclass(frozen=True)
+class LaunchNode:
+    """What a launch needs of a node: each GPU's model and memory, and where a simulated one is."""
+
+    models: tuple[str, ...]
+    #: None where the GPU did not say (a lost GPU): a memory share in % cannot resolve there
+    memory_totals: tuple[int | None, ...]
+    sim_node: Path | None = None
+    #: the simulated node's spec as it was created (`2xH100`), None on real GPUs
+    sim_spec: str | None = None
+
+    def totals_of(self, gpus: Sequence[int]) -> list[int | None]:
+        """The memory of each GPU in `gpus`; an index the node lacks is one line naming it."""
+        count = len(self.memory_totals)
+        for index in gpus:
+            if not 0 <= index < count:
+                have = f"GPUs 0..{count - 1}" if count else "no GPU"
+                raise InvalidRequest(f"invalid GPU index {index}: this node has {have}")
+        return [self.memory_totals[i] for i in gpus]
+
+
+def launch_node(backend: GpuBackend) -> LaunchNode:
+    """The GPUs of `backend` now, from one snapshot."""
+    snapshot = backend.snapshot()
+    models = tuple(g.model for g in snapshot.gpus)
+    # a broken GPU reports what it gave before failing, possibly 0: unknown, never a 0-byte limit
+    totals = tuple(
+        g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
+    )
+    if isinstance(backend, SimulatedBackend):
+        return LaunchNode(models, totals, backend.node_dir, backend.node.spec_text)
+    return LaunchNode(models, totals)
+
+
+def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:
+    """The node `gpupool gpus` would show for the same arguments (NVML when none is simulated).
+
+    No NVIDIA driver and no simulated node: DriverNotFound, whose line says how to fix it.
+    """
+    with open_backend(simulate, node_dir) as backend:
+        return launch_node(backend)
