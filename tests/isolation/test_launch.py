@@ -90,11 +90,14 @@ def test_inherited_limits_do_not_leak_into_a_share(native: Path) -> None:
         "GPUPOOL_MEMORY_LIMIT_3": "1GiB",
         "GPUPOOL_COMPUTE_LIMIT_0": "10",
         "GPUPOOL_SIM_KERNEL_NS": "5000000",
+        "GPUPOOL_CONFIG_FILE": "/elsewhere/shim.conf",
+        "GPUPOOL_ACTIVITY_FILE": "/elsewhere/activity.bin",
     }
     spec = build_launch_spec(["prog"], ShareLimits((0,)), base_env=inherited, native_dir=native)
     assert not any(
         k.startswith(("GPUPOOL_MEMORY_LIMIT", "GPUPOOL_COMPUTE_LIMIT")) for k in spec.env
     )
+    assert "GPUPOOL_CONFIG_FILE" not in spec.env and "GPUPOOL_ACTIVITY_FILE" not in spec.env
     assert spec.env["GPUPOOL_SIM_KERNEL_NS"] == "5000000"
 
 

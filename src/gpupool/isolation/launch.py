@@ -58,11 +58,18 @@ class LaunchSpec:
     shared_region: Path | None = None
 
 
+#: what the interception library reads as a share's settings; only the launch may set them
 _SHARE_VARIABLES = (
     "GPUPOOL_MEMORY_LIMIT",
     "GPUPOOL_COMPUTE_LIMIT",
     "GPUPOOL_COMPUTE_POLICY",
     "GPUPOOL_SHARED_REGION",
+    # a settings file replaces the environment wholesale: an inherited one would override the
+    # share built here
+    "GPUPOOL_CONFIG_FILE",
+    # the node-wide file of the `share` policy: a stray one would hide this share's launches
+    # from the other shares of the node (and theirs from it)
+    "GPUPOOL_ACTIVITY_FILE",
 )
 
 
@@ -131,7 +138,8 @@ def build_launch_spec(
     if len(totals) != len(limits.gpus):
         raise InvalidRequest("one GPU total per GPU of the share is needed")
     env = dict(os.environ if base_env is None else base_env)
-    # a share's limits come only from here: inherited ones would apply to the wrong ordinals
+    # a share's settings come only from here: inherited limits would apply to the wrong
+    # ordinals, an inherited settings or activity file to another share
     for name in [n for n in env if n.startswith(_SHARE_VARIABLES)]:
         del env[name]
     region = shared_region if shared_region is not None else new_shared_region()
