@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
 from gpupool.devices.backend import open_backend
-from gpupool.devices.simstate import FLAG_NOT_SUPPORTED
+from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot, process_start_time
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.mig import catalog
 
@@ -92,6 +94,25 @@ def test_vanished_pids_are_skipped_and_their_memory_not_counted(
     gpu = sim_node.snapshot().gpus[0]
     assert gpu.processes == ()
     assert gpu.memory_used == 0
+
+
+def test_gpu_memory_is_what_live_processes_hold(
+    sim_node: SimulatedBackend, sim_live_process: Any
+) -> None:
+    killed = subprocess.Popen(["sleep", "300"])
+    start = process_start_time(killed.pid)
+    assert start is not None
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    state = sim_node.node.state
+    state.write_proc(1, SimProcSlot(1, killed.pid, 0, start, 1 * GiB, 0, 0))
+    # the driver's counter still holds the killed process's GiB, and 2 GiB more left by an
+    # update a reader caught half-way: neither is memory in use
+    state.set_gpu_usage(0, sim_live_process.memory_used + 3 * GiB, 0)
+    gpu = sim_node.snapshot().gpus[0]
+    assert [p.pid for p in gpu.processes] == [sim_live_process.pid]
+    assert gpu.memory_used == sim_live_process.memory_used == 2 * GiB
+    assert gpu.memory_free == gpu.memory_total - 2 * GiB
 
 
 def test_gpu_lost(sim_gpu_lost: SimulatedBackend) -> None:

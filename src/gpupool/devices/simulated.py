@@ -138,7 +138,7 @@ class SimulatedBackend(GpuBackend):
         wall_ns = now.at_ns - previous.at_ns
         utilization = self._gpu_utilization(counters, previous, now)
         supported = not counters.flags & FLAG_NOT_SUPPORTED
-        used = self._memory_used(counters, now)
+        used = self._memory_used(counters.index, now)
         return GpuSnapshot(
             index=gpu.index,
             uuid=counters.uuid,
@@ -164,10 +164,11 @@ class SimulatedBackend(GpuBackend):
         return _percent(busy, now.at_ns - previous.at_ns)
 
     @staticmethod
-    def _memory_used(counters: SimGpuCounters, now: _Sample) -> int:
-        # the driver reclaims a dead process's memory lazily; report what live processes hold
-        stale = sum(s.memory_used for s in now.dead if s.gpu == counters.index)
-        return max(0, counters.memory_used - stale)
+    def _memory_used(index: int, now: _Sample) -> int:
+        # What live processes hold, not the driver's GPU counter: the counter keeps a SIGKILLed
+        # process's memory until a driver call reclaims its slot, and it is read without the
+        # driver's lock, so it may be caught mid-update (or left so by a process killed there).
+        return sum(s.memory_used for s in now.live if s.gpu == index)
 
     @staticmethod
     def _processes(
