@@ -420,6 +420,21 @@ static void sim_after_fork_child(void)
     g_sim.init_result = CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/* A process that calls exec keeps its pid and start time, so its slots look like its own, but
+ * the old image's allocations went with the old image and its exit handler never ran. On the
+ * first cuInit of an image, before it claims a slot, whatever this pid holds is the old image's:
+ * give it back. */
+static void sim_release_previous_image(void)
+{
+    sim_driver_lock();
+    for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
+        gpupool_sim_proc *p = sim_proc((int)s);
+        if (p->pid == g_sim.pid && p->start_time == g_sim.start_time)
+            sim_free_slot_locked(p);
+    }
+    sim_driver_unlock();
+}
+
 static CUresult sim_initialise(void)
 {
     CUresult rc = sim_map_node();
@@ -430,6 +445,7 @@ static CUresult sim_initialise(void)
         return rc;
     sim_lock_prepare();
     sim_identify_process();
+    sim_release_previous_image();
     pthread_atfork(NULL, NULL, sim_after_fork_child);
     sim_apply_visible_devices();
     return g_sim.count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;

@@ -408,6 +408,33 @@ def test_a_killed_process_s_memory_is_reclaimed(
     assert state.gpu(0).memory_used == 0
 
 
+def test_after_exec_the_slot_holds_only_the_new_image_s_memory(
+    probe: Path, sim_dir: Path, node: tuple[Path, SimState]
+) -> None:
+    node_dir, state = node
+    # exec keeps the pid and its start time, so the new image finds the old image's slot
+    proc = subprocess.Popen(
+        [str(probe), "exec", str(10 * GiB), str(GiB)],
+        env=sim_env(sim_dir, node_dir),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    try:
+        assert lines[2].startswith("ready"), lines
+        info = {r["tag"]: int(r["free"]) for r in parse("".join(lines)) if r["kind"] == "meminfo"}
+        assert info == {"new-image": 24 * GiB, "new-image-alloc": 23 * GiB}
+        (slot,) = state.procs()
+        assert (slot.pid, slot.memory_used, slot.busy_ns) == (proc.pid, GiB, 0)
+        assert state.gpu(0).memory_used == GiB
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert list(state.procs(live_only=False)) == [] and state.gpu(0).memory_used == 0
+
+
 def test_a_slot_whose_pid_was_reused_is_reclaimed(
     probe: Path, sim_dir: Path, node: tuple[Path, SimState]
 ) -> None:

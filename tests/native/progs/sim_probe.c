@@ -411,6 +411,34 @@ static int cmd_hold(int argc, char **argv)
     return 0;
 }
 
+/* exec SIZE1 SIZE2: allocate SIZE1 and launch, then exec this program as `exec-image SIZE2`,
+ * which keeps the pid (and its start time) but none of the old image's allocations */
+static int cmd_exec(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    use_device(0);
+    CUdeviceptr p;
+    CK(cuMemAlloc_v2(&p, strtoull(argv[0], NULL, 10)));
+    CK(cuLaunchKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL));
+    CK(cuCtxSynchronize());
+    char *next[] = {"sim_probe", "exec-image", argv[1], NULL};
+    execv("/proc/self/exe", next);
+    perror("execv");
+    return 3;
+}
+
+static int cmd_exec_image(int argc, char **argv)
+{
+    use_device(0);
+    print_meminfo("new-image");
+    CUdeviceptr p;
+    CK(cuMemAlloc_v2(&p, argc > 0 ? strtoull(argv[0], NULL, 10) : (1u << 20)));
+    print_meminfo("new-image-alloc");
+    wait_for_stdin();
+    return 0;
+}
+
 /* rc: the results of a few calls, for scenarios (lost GPU, no node) */
 static int cmd_rc(void)
 {
@@ -530,5 +558,9 @@ int main(int argc, char **argv)
         return cmd_fork();
     if (strcmp(verb, "extras") == 0)
         return cmd_extras();
+    if (strcmp(verb, "exec") == 0)
+        return cmd_exec(argc - 2, argv + 2);
+    if (strcmp(verb, "exec-image") == 0)
+        return cmd_exec_image(argc - 2, argv + 2);
     return 2;
 }
