@@ -10,3 +10,6 @@ def all_commands(app: typer.Typer) -> None:
     from gpupool.cli import version_cmd
 
     version_cmd.register(app)
+    from gpupool.cli import sim_cmd
+
+    sim_cmd.register(app)

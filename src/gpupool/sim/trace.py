@@ -25,13 +25,20 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def default_trace_dir(cwd: Path | None = None) -> Path | None:
-    """The trace beside the current directory, else beside the repository; None if neither."""
+def find_beside(relpath: Path, cwd: Path | None = None) -> Path | None:
+    """`relpath` resolved against the current directory, else against the checkout; None if
+    neither exists (shared data such as the trace sits beside the repository, never in it)."""
     for base in (cwd or Path.cwd(), _repo_root()):
-        candidate = (base / DEFAULT_TRACE_RELPATH).resolve()
-        if candidate.is_dir():
+        candidate = (base / relpath).resolve()
+        if candidate.exists():
             return candidate
     return None
+
+
+def default_trace_dir(cwd: Path | None = None) -> Path | None:
+    """The trace beside the current directory, else beside the repository; None if neither."""
+    found = find_beside(DEFAULT_TRACE_RELPATH, cwd)
+    return found if found is not None and found.is_dir() else None
 
 
 def _missing(what: str) -> TraceFormatError:
