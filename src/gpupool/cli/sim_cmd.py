@@ -169,7 +169,8 @@ def _print_comparison(console: Console, rows: Sequence[ComparisonRow], source: P
     published = [row for row in rows if not math.isnan(row.published_mean)]
     if published:
         console.print(_comparison_table(published, source))
-    missing = list(dict.fromkeys(row.policy for row in rows if math.isnan(row.published_mean)))
+    have = {row.policy for row in published}
+    missing = list(dict.fromkeys(row.policy for row in rows if row.policy not in have))
     if missing:
         console.print(f"no published values in {source.name} for: {', '.join(missing)}")
 
@@ -181,8 +182,8 @@ def _title(job: SimJob) -> str:
 def execute(job: SimJob, *, as_json: bool) -> None:
     """Run the job, write its outputs, print the JSON object or the tables."""
     err = Console(stderr=True)
-    # A live bar is noise in a pipe that reads JSON; in a terminal it helps.
-    results = _run(job, err, show_progress=err.is_terminal or not as_json)
+    # A live bar helps in a terminal; in a log or a pipe it is noise.
+    results = _run(job, err, show_progress=err.is_terminal)
     comparison = _comparison(job, results)
     written = report.write_outputs(job.out, results, _title(job), comparison) if job.out else []
     if as_json:
@@ -247,27 +248,40 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(DEMO_OUT, "--out", help="Where the plot and CSVs go."),
         seeds: str = typer.Option(DEMO_SEEDS, "--seeds", help="Seeds: N, N-M or a comma list."),
         jobs: int = typer.Option(0, "--jobs", help="Parallel processes (0: one per core)."),
+        trace_dir: Path | None = typer.Option(
+            None,
+            "--trace-dir",
+            help="Trace folder; default: ../shared/traces/alibaba-gpu-v2023. Without a trace "
+            "the demo runs on a synthetic cluster.",
+        ),
     ) -> None:
         """Compare random, bestfit, fgd and gpupool on the trace (or a synthetic cluster)."""
-        found = trace.default_trace_dir()
-        err = Console(stderr=True)
-        if found is None:
-            err.print(
-                f"trace not found at {trace.DEFAULT_TRACE_RELPATH}: running on a synthetic "
-                "cluster (the published comparison needs the trace)"
-            )
-            scenario, workload = Scenario(trace_dir=None), synthetic.SYNTHETIC_WORKLOAD
-        else:
-            err.print(f"running on the Alibaba GPU trace at {found} (workload default)")
-            scenario, workload = Scenario(trace_dir=found), "default"
-        published = trace.find_beside(report.DEFAULT_PUBLISHED_RELPATH)
-        job = SimJob(
-            scenario=scenario,
-            workload=workload,
-            policies=list(DEMO_POLICIES),
-            seeds=parse_seeds(seeds),
-            jobs=jobs,
-            out=out,
-            compare=published if found is not None else None,
-        )
+        job = _demo_job(out, parse_seeds(seeds), jobs, trace_dir)
         execute(job, as_json=False)
+
+
+def _demo_job(out: Path, seeds: list[int], jobs: int, trace_dir: Path | None) -> SimJob:
+    """The trace's `default` workload when the trace is there, else the synthetic cluster;
+    either way the choice is announced on stderr."""
+    found = trace_dir if trace_dir is not None else trace.default_trace_dir()
+    looked_at = trace_dir if trace_dir is not None else trace.DEFAULT_TRACE_RELPATH
+    if (
+        found is None
+        or not found.is_dir()
+        or not (trace.csv_dir(found) / trace.NODE_FILE).is_file()
+    ):
+        typer.echo(f"trace not found at {looked_at}: running on a synthetic cluster", err=True)
+        scenario, workload, compare = Scenario(trace_dir=None), synthetic.SYNTHETIC_WORKLOAD, None
+    else:
+        typer.echo(f"running on the Alibaba GPU trace at {found} (workload default)", err=True)
+        scenario, workload = Scenario(trace_dir=found), "default"
+        compare = trace.find_beside(report.DEFAULT_PUBLISHED_RELPATH)
+    return SimJob(
+        scenario=scenario,
+        workload=workload,
+        policies=list(DEMO_POLICIES),
+        seeds=seeds,
+        jobs=jobs,
+        out=out,
+        compare=compare,
+    )
