@@ -161,7 +161,7 @@ def _add_zoom(axes: Any, results: Sequence[RunResult], x: npt.NDArray[np.int64])
     for policy in _policies_in_order(results):
         inset.plot(x[90:], _mean_curve(results, policy)[90:], linewidth=1.4)
     inset.set_xlim(90, 130)
-    inset.set_title("90-130 %", fontsize=8)
+    inset.set_title("zoom: 90-130 % arrived", fontsize=8)
     inset.tick_params(labelsize=7)
     inset.grid(True, alpha=0.3)
 
