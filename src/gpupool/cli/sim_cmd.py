@@ -106,8 +106,12 @@ def _progress(console: Console, enabled: bool, total: int) -> Iterator[ProgressC
 def _run(job: SimJob, console: Console, show_progress: bool) -> list[RunResult]:
     job.scenario.check_workload(job.workload)
     specs = plan([job.workload], job.policies, job.seeds)
-    with _progress(console, show_progress, len(specs)) as progress:
-        return run_many(job.scenario, specs, jobs=job.jobs, progress=progress)
+    try:
+        with _progress(console, show_progress, len(specs)) as progress:
+            return run_many(job.scenario, specs, jobs=job.jobs, progress=progress)
+    except KeyboardInterrupt:
+        typer.echo("gpupool: interrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 def _comparison(job: SimJob, results: Sequence[RunResult]) -> list[ComparisonRow]:

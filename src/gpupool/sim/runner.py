@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -190,6 +191,11 @@ def _run_inline(
     return results
 
 
+def _ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle: a worker would print a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_pool(
     scenario: Scenario, specs: Sequence[RunSpec], workers: int, progress: Progress | None
 ) -> list[RunResult]:
@@ -197,7 +203,7 @@ def _run_pool(
     # process can leave a lock held forever in the child.
     context = multiprocessing.get_context("spawn")
     results: list[RunResult | None] = [None] * len(specs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(workers, context, initializer=_ignore_interrupts) as pool:
         futures: dict[Future[RunResult], int] = {
             pool.submit(run_one, scenario, spec): index for index, spec in enumerate(specs)
         }
