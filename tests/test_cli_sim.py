@@ -137,6 +137,11 @@ def test_malformed_trace_row_names_file_line_and_column(small_trace: Path) -> No
     assert result.stdout == ""
 
 
+def test_synthetic_and_a_trace_dir_exclude_each_other(small_trace: Path) -> None:
+    result = gpupool("sim", "--synthetic", "--trace-dir", str(small_trace))
+    assert_one_line_error(result, "--synthetic and --trace-dir exclude each other")
+
+
 def test_missing_trace_says_where_to_download(tmp_path: Path) -> None:
     result = gpupool("sim", "--trace-dir", str(tmp_path / "none"))
     assert_one_line_error(result, "not found", "github.com/alibaba/clusterdata")

@@ -67,6 +67,8 @@ class SimJob:
 
 def _resolve_scenario(trace_dir: Path | None, use_synthetic: bool) -> Scenario:
     if use_synthetic:
+        if trace_dir is not None:
+            raise InvalidRequest("--synthetic and --trace-dir exclude each other: give one")
         return Scenario(trace_dir=None)
     if trace_dir is not None:
         return Scenario(trace_dir=trace_dir)
