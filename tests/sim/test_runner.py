@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,3 +91,47 @@ def test_a_process_reads_the_trace_once(
     results = run_many(scenario, plan(["default"], ["fgd", "random"], [1, 2]), jobs=1)
     assert [r.spec.seed for r in results] == [1, 2, 1, 2]
     assert calls == ["default"]
+
+
+def _processes_with(marker: str, besides: int) -> list[int]:
+    """Pids whose environment holds `marker` (spawned workers inherit the environment)."""
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == besides:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_workers_end_when_their_parent_is_killed() -> None:
+    marker = f"GPUPOOL_RUNNER_TEST_{os.getpid()}_{time.monotonic_ns()}"
+    code = (
+        "from gpupool.sim.runner import Scenario, plan, run_many\n"
+        "run_many(Scenario(None), plan(['synthetic'], ['fgd'], list(range(1000))), jobs=2)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, marker: "1"},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert _wait_for(lambda: len(_processes_with(marker, parent.pid)) >= 2, 30), "no workers"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_for(lambda: not _processes_with(marker, parent.pid), 10), "orphaned workers"

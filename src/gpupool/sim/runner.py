@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -191,9 +192,17 @@ def _run_inline(
     return results
 
 
-def _ignore_interrupts() -> None:
-    """Ctrl-C is the parent's to handle: a worker would print a traceback of its own."""
+def _init_worker(parent: int) -> None:
+    """Ctrl-C is the parent's to handle (a worker would print a traceback of its own); and a
+    worker ends when its parent is gone, killed say, rather than replay on for nobody."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, name="gpupool-parent-watch", daemon=True).start()
 
 
 def _run_pool(
@@ -203,7 +212,8 @@ def _run_pool(
     # process can leave a lock held forever in the child.
     context = multiprocessing.get_context("spawn")
     results: list[RunResult | None] = [None] * len(specs)
-    with ProcessPoolExecutor(workers, context, initializer=_ignore_interrupts) as pool:
+    pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(os.getpid(),))
+    with pool:
         futures: dict[Future[RunResult], int] = {
             pool.submit(run_one, scenario, spec): index for index, spec in enumerate(specs)
         }
