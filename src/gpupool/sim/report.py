@@ -127,10 +127,10 @@ def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> No
     axes = figure.add_subplot()
     x = np.arange(MAX_ARRIVED_PCT + 1, dtype=np.int64)
     axes.plot(x, ideal_unalloc_pct(x), color="black", linestyle="--", linewidth=1, label="ideal")
-    for policy in _policies_in_order(results):
+    for index, policy in enumerate(_policies_in_order(results)):
         seeds = sum(1 for r in results if r.spec.policy == policy)
         label = f"{policy} ({seeds} seed{'s' * (seeds > 1)})"
-        axes.plot(x, _mean_curve(results, policy), linewidth=1.6, label=label)
+        axes.plot(x, _mean_curve(results, policy), color=_color(index), linewidth=1.6, label=label)
     axes.set_xlim(0, 130)
     axes.set_ylim(bottom=0)
     axes.set_xlabel("arrived workload (% of cluster GPU capacity)")
@@ -142,6 +142,11 @@ def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> No
     _add_zoom(axes, results, x)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def _color(index: int) -> str:
+    """The same colour for a policy in the plot and in its inset (matplotlib's cycle)."""
+    return f"C{index % 10}"
 
 
 def _mean_curve(results: Sequence[RunResult], policy: str) -> FloatArray:
@@ -158,8 +163,8 @@ def _add_zoom(axes: Any, results: Sequence[RunResult], x: npt.NDArray[np.int64])
         return
     # Upper right: every curve lies below 100 - X there, so the inset hides no data.
     inset = axes.inset_axes((0.56, 0.5, 0.41, 0.42))
-    for policy in _policies_in_order(results):
-        inset.plot(x[90:], _mean_curve(results, policy)[90:], linewidth=1.4)
+    for index, policy in enumerate(_policies_in_order(results)):
+        inset.plot(x[90:], _mean_curve(results, policy)[90:], color=_color(index), linewidth=1.4)
     inset.set_xlim(90, 130)
     inset.set_title("zoom: 90-130 % arrived", fontsize=8)
     inset.tick_params(labelsize=7)
