@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload_seeds = parse_int_range(args.workload_seeds or args.seeds, "seed range")
     workers = min(os.cpu_count() or 1, args.jobs or os.cpu_count() or 1)
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
 
     default_runs = run_many(
         scenario,
@@ -233,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=progress_printer("workloads"),
         )
     elapsed = time.perf_counter() - started
+    load_after = os.getloadavg()[0]
 
     fidelity, failed = fidelity_table(rows)
     workloads, worse = workloads_table(workload_runs) if workload_runs else ([], [])
@@ -249,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"), Python {platform.python_version()}, numpy {np.__version__}; {len(default_runs)} runs "
         f"on `default` and {len(workload_runs)} on all workloads in {elapsed / 60:.1f} minutes, "
         f"{workers} processes at a time. The trace is read from "
-        f"`{trace.DEFAULT_TRACE_RELPATH}` (Alibaba cluster-trace-gpu-v2023, {trace.TRACE_URL}).",
+        f"`{trace.DEFAULT_TRACE_RELPATH}` (Alibaba cluster-trace-gpu-v2023, {trace.TRACE_URL}). "
+        f"Load average (1 min) {load_before:.1f} at the start, {load_after:.1f} at the end: "
+        "other work on the machine slows the timings below, not the placement numbers.",
         "",
         "Procedure: the FGD paper's (1213 GPU nodes, 6212 GPUs; pods sorted by name, shuffled by "
         "seed, inflated with clones to 130 % of the cluster's GPU milli, placed once in arrival "
