@@ -29,15 +29,22 @@ def spec_of(request: Request) -> PodSpec:
     if request.gpus == 0:
         return PodSpec(request.cpu, 0, 0, request.gpu_models)
     milli = request.compute if request.is_fractional else MILLI_PER_GPU
-    return PodSpec(request.cpu, milli, request.gpus, tuple(sorted(request.gpu_models)))
+    return PodSpec(request.cpu, milli, request.gpus, request.gpu_models)
 
 
 @dataclass(frozen=True, eq=False)
 class TargetWorkload:
-    """Specs and their probabilities p_m (summing to 1); hashed by identity, as a cache key."""
+    """Specs and their probabilities p_m (summing to 1); hashed by identity, as a cache key.
+
+    `cpu_per_gpu_milli` and `memory_per_gpu_milli` are the whole workload's CPU (milli) and host
+    memory (bytes) asked per GPU milli asked, CPU-only pods included; the `gpupool` policy uses
+    them to see GPUs that a node's CPU or memory can no longer feed (0: not known).
+    """
 
     specs: tuple[PodSpec, ...]
     probabilities: tuple[float, ...]
+    cpu_per_gpu_milli: float = 0.0
+    memory_per_gpu_milli: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.specs) != len(self.probabilities):
@@ -61,9 +68,14 @@ class TargetWorkload:
             kept.append((spec, count))
             covered += count
         total = sum(count for _, count in kept)
+        gpu_milli = sum(r.total_gpu_milli for r in requests)
         return cls(
             specs=tuple(spec for spec, _ in kept),
             probabilities=tuple(count / total for _, count in kept),
+            cpu_per_gpu_milli=sum(r.cpu for r in requests) / gpu_milli if gpu_milli else 0.0,
+            memory_per_gpu_milli=(
+                sum(r.host_memory for r in requests) / gpu_milli if gpu_milli else 0.0
+            ),
         )
 
 
