@@ -41,17 +41,32 @@ def distinct_fitting(free: IntArray, milli: int) -> tuple[IntArray, IntArray]:
 
 def fragment_options(index: FragmentIndex, request: Request, nodes: IntArray) -> FragmentOptions:
     """F after placing `request` on each node of `nodes` (the best GPU per node for a share:
-    lowest F after, lowest index on ties)."""
+    lowest F after, lowest index on ties).
+
+    Pods repeat a few shapes, and a placement changes one node, so the answer per (shape, node)
+    is cached and only nodes changed since the shape was last asked about are recomputed.
+    """
+    milli = request.compute if request.gpus else 0
+    cache = index.after_cache((request.cpu, milli, request.gpus))
+    stale = nodes[cache.seen[nodes] != index.version[nodes]]
+    if stale.size:
+        after, gpus = _after(index, request, stale)
+        cache.after[stale] = after
+        cache.gpus[stale] = gpus
+        cache.seen[stale] = index.version[stale]
+    return FragmentOptions(nodes, cache.gpus[nodes], index.frag[nodes], cache.after[nodes])
+
+
+def _after(index: FragmentIndex, request: Request, nodes: IntArray) -> tuple[FloatArray, IntArray]:
     state = index.state
-    before = index.frag[nodes]
+    no_gpu = np.full(nodes.size, -1, np.int64)
     if request.gpus == 0:
         after = index.fragment(
             nodes, index.cnt[nodes], index.less[nodes], state.gpu_free_total[nodes], request.cpu
         )
-        return FragmentOptions(nodes, np.full(nodes.size, -1), before, after)
+        return after, no_gpu
     if not request.is_fractional:
-        after = index.after_whole(nodes, request.gpus, request.cpu)
-        return FragmentOptions(nodes, np.full(nodes.size, -1), before, after)
+        return index.after_whole(nodes, request.gpus, request.cpu), no_gpu
     rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
     cand_after = index.after_share(nodes[rows], cols, request.compute, request.cpu)
     # per row (nonzero is row-major, so each row's candidates are contiguous, by column)
@@ -60,7 +75,7 @@ def fragment_options(index: FragmentIndex, request: Request, nodes: IntArray) ->
     is_best = cand_after == np.repeat(best_after, np.diff(np.r_[starts, rows.size]))
     first_best = np.flatnonzero(is_best)
     _, pick = np.unique(rows[first_best], return_index=True)
-    return FragmentOptions(nodes, cols[first_best[pick]], before, best_after)
+    return best_after, cols[first_best[pick]]
 
 
 def placement_for(

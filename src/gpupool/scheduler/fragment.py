@@ -13,6 +13,7 @@ candidate (node, GPU) pairs is a few (K, M) array operations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +24,20 @@ from gpupool.scheduler.state import FloatArray, IntArray
 if TYPE_CHECKING:
     from gpupool.scheduler.state import ClusterState
     from gpupool.scheduler.workload import TargetWorkload
+
+
+#: request shapes whose per-node answers are kept (oldest dropped first); the trace has ~150
+MAX_CACHED_SHAPES = 512
+
+
+@dataclass
+class AfterCache:
+    """Per node, for one request shape: F after placing it, the GPU it would use, and the node
+    version this was computed at (-1: never)."""
+
+    after: FloatArray
+    gpus: IntArray
+    seen: IntArray
 
 
 class FragmentIndex:
@@ -46,6 +61,9 @@ class FragmentIndex:
         self.cnt: IntArray = np.zeros((n, m), np.int64)
         self.less: IntArray = np.zeros((n, m), np.int64)
         self.frag: FloatArray = np.zeros(n, np.float64)
+        #: bumped whenever a node's free resources change; invalidates cached answers for it
+        self.version: IntArray = np.zeros(n, np.int64)
+        self._after: dict[tuple[int, int, int], AfterCache] = {}
         self._refresh_rows(np.arange(n))
 
     @property
@@ -55,7 +73,19 @@ class FragmentIndex:
 
     def refresh_node(self, node: int) -> None:
         """Recompute node `node` after its free resources changed."""
+        self.version[node] += 1
         self._refresh_rows(np.array([node]))
+
+    def after_cache(self, shape: tuple[int, int, int]) -> AfterCache:
+        """The cache of per-node answers for a request shape (cpu, per-GPU milli, GPUs)."""
+        cache = self._after.get(shape)
+        if cache is None:
+            if len(self._after) >= MAX_CACHED_SHAPES:
+                del self._after[next(iter(self._after))]
+            n = self.state.n_nodes
+            cache = AfterCache(np.zeros(n), np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+            self._after[shape] = cache
+        return cache
 
     def _refresh_rows(self, rows: IntArray) -> None:
         free = self.state.gpu_free[rows][:, :, None]  # (R, G, 1)
