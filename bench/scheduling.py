@@ -304,6 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "",
             *workloads,
             "",
+            *(
+                [
+                    f"The other workloads ran with {len(workload_seeds)} seeds, not the "
+                    f"{len(seeds)} of `default`: the whole benchmark had to fit the time there "
+                    "was, with other work sharing the machine's cores.",
+                    "",
+                ]
+                if others and len(workload_seeds) < len(seeds)
+                else []
+            ),
             (
                 "`gpupool` leaves no more GPUs unallocated than `fgd` at 100 % arrived on every "
                 "workload."
