@@ -219,3 +219,25 @@ def test_gpupool_does_not_reward_breaking_an_idle_node_of_the_largest_size() -> 
         # with a larger node kind in the cluster, big is rewarded: 250 + 0.5 * 1000 wins
         placed = ClusterState([big, small, huge_elsewhere]).place(request, policy)
         assert placed == Placement(0, (0,), 1000)
+
+
+def test_gpupool_scores_as_fgd_when_the_target_has_model_bound_specs() -> None:
+    bound = TargetWorkload(
+        (*small_target().specs, PodSpec(cpu=1000, gpu_milli=1000, gpus=1, gpu_models=("B",))),
+        (0.4, 0.2, 0.2, 0.2),
+        cpu_per_gpu_milli=12.0,
+    )
+    pods = [share(300), whole(2), cpu_only(cpu=9000), share(700), whole(1, models=("B",))] * 5
+
+    def decisions(name: str) -> list[Placement | None]:
+        state = ClusterState(three_nodes())
+        policy = make_policy(name, seed=9, target_workload=bound)
+        out = []
+        for pod in pods:
+            placement = state.place(pod, policy)
+            if placement is not None:
+                state.allocate(pod, placement)
+            out.append(placement)
+        return out
+
+    assert decisions("gpupool") == decisions("fgd")

@@ -99,5 +99,12 @@ class FgdPolicy(Policy):
 
     def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
         options = fragment_options(state.fragment_index(self.target), request, feasible)
-        scores = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)
-        return placement_for(state, request, options, self.best_index(state, feasible, scores))
+        return placement_for(
+            state, request, options, self.best_index(state, feasible, fgd_scores(options))
+        )
+
+
+def fgd_scores(options: FragmentOptions) -> IntArray:
+    """FGD's integer score, int(100 * sigmoid(delta / 1000))."""
+    scores: IntArray = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)
+    return scores

@@ -13,6 +13,11 @@ sigmoid); ties go to node order. One exception: on an idle node of the cluster's
 the term may only penalise, never reward. Such a node is often CPU-short for a full load (an idle
 96-core, 8-GPU node already "strands" GPU milli at the trace's 14 CPU milli per GPU milli), so
 the reward would break up exactly the nodes that the largest multi-GPU pods need.
+
+The stranding term assumes a pod may use any node. When the target workload has specs bound to
+GPU models, it pulls unconstrained pods that are heavy on CPU onto the CPU-rich nodes, which in
+the trace are the scarce models the bound pods need (measured: worse than FGD at 100 % arrived
+on gpuspec10-33). With such specs `gpupool` therefore scores exactly as FGD does.
 docs/benchmarks/gpupool-policy-notes.md has the measurements.
 """
 
@@ -21,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpupool.core.resources import Request
-from gpupool.scheduler.fgd import fragment_options, placement_for
+from gpupool.scheduler.fgd import fgd_scores, fragment_options, placement_for
 from gpupool.scheduler.policy import Policy
 from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
 from gpupool.scheduler.workload import TargetWorkload
@@ -56,9 +61,13 @@ class GpupoolPolicy(Policy):
     def __init__(self, *, seed: int, target: TargetWorkload) -> None:
         super().__init__(seed=seed)
         self.target = target
+        self.model_bound = any(spec.gpu_models for spec in target.specs)
 
     def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
         options = fragment_options(state.fragment_index(self.target), request, feasible)
+        if self.model_bound:
+            scores = fgd_scores(options)
+            return placement_for(state, request, options, self.best_index(state, feasible, scores))
         gpu = state.gpu_free_total[feasible]
         cpu = state.cpu_free[feasible]
         memory = state.mem_free[feasible]
