@@ -9,10 +9,7 @@ milli, c free CPU and r free memory can feed at most min(c / rho_cpu, r / rho_me
     stranded(n) = max(0, G - c / rho_cpu, G - r / rho_mem).
 
 The score is delta_F - STRANDING_WEIGHT * (stranded after - stranded before), used raw (no integer
-sigmoid); ties go to node order. One exception: on an idle node of the cluster's largest size
-the term may only penalise, never reward. Such a node is often CPU-short for a full load (an idle
-96-core, 8-GPU node already "strands" GPU milli at the trace's 14 CPU milli per GPU milli), so
-the reward would break up exactly the nodes that the largest multi-GPU pods need.
+sigmoid); ties go to node order.
 
 The stranding term assumes a pod may use any node. When the target workload has specs bound to
 GPU models, it pulls unconstrained pods that are heavy on CPU onto the CPU-rich nodes, which in
@@ -78,11 +75,6 @@ class GpupoolPolicy(Policy):
             memory - request.host_memory,
             self.target,
         )
-        change = after - before
-        idle_largest = (state.full_free[feasible] == state.gpu_count[feasible]) & (
-            state.gpu_count[feasible] == state.max_gpus
-        )
-        change = np.where(idle_largest, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
-        scores = np.round(options.delta - STRANDING_WEIGHT * change, 6)
+        scores = np.round(options.delta - STRANDING_WEIGHT * (after - before), 6)
         return placement_for(state, request, options, self.best_index(state, feasible, scores))
