@@ -10,6 +10,8 @@ import pytest
 from tests.scheduler.helpers import cpu_only, share, small_target, three_nodes, whole
 
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import NodeSpec
+from gpupool.core.units import GiB
 from gpupool.scheduler import (
     DEFAULT_POLICY,
     POLICY_NAMES,
@@ -220,3 +222,23 @@ def test_gpupool_scores_as_fgd_when_the_target_has_model_bound_specs() -> None:
         return out
 
     assert decisions("gpupool") == decisions("fgd")
+
+
+def test_gpupool_keeps_idle_big_nodes_when_the_target_has_multi_gpu_specs() -> None:
+    base = small_target()
+    # an 8-GPU spec whose CPU fits nowhere: it adds the same fragment change on every node
+    eight = PodSpec(cpu=10**9, gpu_milli=1000, gpus=8, gpu_models=())
+    with_multi = TargetWorkload((*base.specs, eight), (0.4, 0.2, 0.2, 0.2), cpu_per_gpu_milli=10.0)
+    single_only = TargetWorkload(base.specs, base.probabilities, cpu_per_gpu_milli=10.0)
+    big = NodeSpec("big", cpu=40_000, host_memory=GiB, gpu_count=8, gpu_model="A")
+    small = NodeSpec("small", cpu=15_000, host_memory=GiB, gpu_count=2, gpu_model="A")
+    request = whole(1, cpu=0)
+    # FGD's decrease is equal on both nodes (400 with the 8-GPU spec, 250 without).
+    # Stranded milli before/after: big 4000 -> 3000 (its CPU feeds 4000), small 500 -> 0.
+    for seed in range(4):
+        keep = make_policy("gpupool", seed=seed, target_workload=with_multi)
+        # big is idle and fits the 8-GPU spec: no reward there, 400 vs 400 + 0.5 * 500
+        assert ClusterState([big, small]).place(request, keep) == Placement(1, (0,), 1000)
+        reward = make_policy("gpupool", seed=seed, target_workload=single_only)
+        # no multi-GPU spec: big earns 250 + 0.5 * 1000 against 250 + 0.5 * 500
+        assert ClusterState([big, small]).place(request, reward) == Placement(0, (0,), 1000)

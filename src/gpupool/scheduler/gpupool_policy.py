@@ -9,7 +9,10 @@ milli, c free CPU and r free memory can feed at most min(c / rho_cpu, r / rho_me
     stranded(n) = max(0, G - c / rho_cpu, G - r / rho_mem).
 
 The score is delta_F - STRANDING_WEIGHT * (stranded after - stranded before), used raw (no integer
-sigmoid); ties go to node order.
+sigmoid); ties go to node order. When the target workload has multi-GPU specs, an idle node big
+enough for the largest of them gets the term as a penalty only, never a reward: such nodes are
+often CPU-short for a full load (an idle 96-core, 8-GPU node "strands" GPU milli at the trace's
+14 CPU milli per GPU milli), and rewarding small pods there breaks up what multi-GPU pods need.
 
 The stranding term assumes a pod may use any node. When the target workload has specs bound to
 GPU models, it pulls unconstrained pods that are heavy on CPU onto the CPU-rich nodes, which in
@@ -59,6 +62,9 @@ class GpupoolPolicy(Policy):
         super().__init__(seed=seed)
         self.target = target
         self.model_bound = any(spec.gpu_models for spec in target.specs)
+        largest = max((spec.gpus for spec in target.specs), default=0)
+        #: idle nodes with at least this many GPUs are kept for multi-GPU pods (0: none)
+        self.keep_idle_gpus = largest if largest > 1 else 0
 
     def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
         options = fragment_options(state.fragment_index(self.target), request, feasible)
@@ -75,6 +81,11 @@ class GpupoolPolicy(Policy):
             memory - request.host_memory,
             self.target,
         )
+        change = after - before
+        if self.keep_idle_gpus:
+            count = state.gpu_count[feasible]
+            kept = (state.full_free[feasible] == count) & (count >= self.keep_idle_gpus)
+            change = np.where(kept, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
-        scores = np.round(options.delta - STRANDING_WEIGHT * (after - before), 6)
+        scores = np.round(options.delta - STRANDING_WEIGHT * change, 6)
         return placement_for(state, request, options, self.best_index(state, feasible, scores))
