@@ -143,6 +143,16 @@ def main() -> int:
     return 0
 
 
+def _priority_note() -> str:
+    niceness = os.nice(0)
+    if niceness >= 0:
+        return ""
+    return (
+        f" The run had scheduling priority nice {niceness}, to keep other jobs on the machine"
+        " from preempting it inside the timed tail."
+    )
+
+
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
@@ -187,8 +197,9 @@ own incremental updates through allocate.
 fragment the node would have after the placement; a placement changes one node, so a decision
 recomputes only the nodes changed since that shape was last seen, plus O(nodes) vector work
 (feasibility, gathering, the pick). The first decision for a shape never seen before computes
-every feasible node: that is the "warm-up max" column, measured over the untimed warm-up
-decisions that precede the timed ones (a running scheduler pays it once per shape).
+every feasible node: that is the "warm-up max" column, the slowest of the warm-up decisions
+(1000 by default) that precede the measured ones and are left out of the percentiles; a running
+scheduler pays it once per shape.{_priority_note()}
 {replay_part}
 ## What the profile showed, and what was done
 
