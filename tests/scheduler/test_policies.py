@@ -1,0 +1,244 @@
+"""Each policy's scores on hand-built clusters, the expected values worked out by hand from the
+published procedure (FGD_PROCEDURE.md in the benchmark's sources)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from tests.scheduler.helpers import cpu_only, share, small_target, three_nodes, whole
+
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import NodeSpec
+from gpupool.core.units import GiB
+from gpupool.scheduler import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    ClusterState,
+    Placement,
+    TargetWorkload,
+    make_policy,
+)
+from gpupool.scheduler.fgd import fragment_options
+from gpupool.scheduler.gpupool_policy import stranded_milli
+from gpupool.scheduler.paper import (
+    BestFitPolicy,
+    ClusteringPolicy,
+    DotProdPolicy,
+    PackingPolicy,
+)
+from gpupool.scheduler.workload import PodSpec
+
+ALL = np.arange(3)
+
+
+def test_dotprod_scores_floor_of_one_minus_half_dot() -> None:
+    state = ClusterState(three_nodes())
+    request = share(500, cpu=8000)
+    # n0: (8000/128000)(32000/128000) + (500/8000)(2000/8000) = 0.03125 -> floor(98.4375)
+    # n1: 0.0625 -> floor(96.875); n2: 0.0078125 + 0.0625 -> floor(96.484375)
+    assert DotProdPolicy(seed=0).scores(state, request, ALL).tolist() == [98, 96, 96]
+
+
+def test_bestfit_min_max_normalises_the_integer_scores() -> None:
+    state = ClusterState(three_nodes())
+    request = share(500, cpu=8000)
+    # raw: n0 floor(100 (1 - 0.09375 - 0.09375)) = 81; n1 floor(56.25) = 56; n2 floor(50.0) = 50
+    # normalised: (81-50)*100//31 = 100, (56-50)*100//31 = 19, 0
+    assert BestFitPolicy(seed=0).scores(state, request, ALL).tolist() == [100, 19, 0]
+    assert BestFitPolicy(seed=0).scores(state, request, np.array([1])).tolist() == [0]
+
+
+def test_packing_idle_nodes_then_shared_gpus_then_free_gpus_on_used_nodes() -> None:
+    state = ClusterState(three_nodes())
+    policy = PackingPolicy(seed=0)
+    # idle nodes: max(33 - GPUs, GPUs)
+    assert policy.scores(state, share(500), ALL).tolist() == [31, 29, 25]
+    state.allocate(share(300), Placement(1, (0,), 300))
+    # n1 uses its 700-free GPU: 100 - (700 * 100 // 1000) // 10 = 93
+    assert policy.scores(state, share(500), ALL).tolist() == [31, 93, 25]
+    # too big for the shared GPU: one free GPU on a used node, 50 - 1
+    assert policy.scores(state, share(800), ALL).tolist() == [31, 49, 25]
+    assert policy.scores(state, whole(2), ALL).tolist() == [31, 48, 25]
+    assert policy.scores(state, cpu_only(), ALL).tolist() == [0, 0, 0]
+
+
+def test_clustering_tiers_and_within_tier_order() -> None:
+    state = ClusterState(three_nodes())
+    policy = ClusteringPolicy(seed=0)
+    state.allocate(share(300), Placement(1, (0,), 300))
+    # n1 holds only shares: 75 + 25 * (8000 - 3700) // 8000 = 75 + 13
+    # empty nodes: 25 + 25 * (8000 - 2000) // 8000 = 43 and 25 + 0
+    assert policy.scores(state, share(200), ALL).tolist() == [43, 88, 25]
+    # a 1-GPU pod: n1 holds other classes only, tier 0
+    assert policy.scores(state, whole(1), ALL).tolist() == [43, 13, 25]
+    state.allocate(whole(1), Placement(1, (1,), 1000))
+    # mixed classes including shares: 50 + 25 * (8000 - 2700) // 8000 = 50 + 16
+    assert policy.scores(state, share(200), ALL).tolist() == [43, 66, 25]
+    assert policy.scores(state, cpu_only(), ALL).tolist() == [0, 0, 0]
+
+
+def test_fgd_fragment_and_score_by_hand() -> None:
+    state = ClusterState(three_nodes())
+    target = small_target()
+    index = state.fragment_index(target)
+    # n0 idle: m1 and m2 fit with nothing below their need; m3 (CPU-only) counts all 2000
+    assert index.frag[0] == pytest.approx(0.25 * 2000)
+    policy = make_policy("fgd", seed=0, target_workload=target)
+    first = state.place(share(300), policy)
+    assert first is not None and first.gpus == (0,)
+    # n0 after [700, 1000]: m1 0, m2 700, m3 1700 -> 600; delta -100 -> int(100 sigmoid(-0.1))
+    options = fragment_options(index, share(300), np.array([0]))
+    assert options.after[0] == pytest.approx(600.0)
+    assert int(100 / (1 + math.exp(0.1))) == 47
+    state.allocate(share(300), Placement(0, (0,), 300))
+    assert index.frag[0] == pytest.approx(600.0)
+    # next 300: GPU 0 -> [400, 1000] F 650; GPU 1 -> [700, 700] F 700; GPU 0 wins
+    options = fragment_options(index, share(300), np.array([0]))
+    assert options.gpus.tolist() == [0]
+    assert options.after[0] == pytest.approx(650.0)
+
+
+def test_fgd_prefers_the_node_whose_fragment_grows_least() -> None:
+    state = ClusterState(three_nodes())
+    target = small_target()
+    state.allocate(share(500), Placement(2, (4,), 500))
+    # a 500 share completes n2's half-used GPU: F drops by 0.5 * 500 + 0.25 * 500 + 0.25 * 500
+    placement = state.place(share(500), make_policy("fgd", seed=1, target_workload=target))
+    assert placement == Placement(2, (4,), 500)
+
+
+def test_stranded_milli_is_gpu_that_cpu_or_memory_cannot_feed() -> None:
+    target = TargetWorkload(
+        specs=(PodSpec(cpu=1000, gpu_milli=1000, gpus=1, gpu_models=()),),
+        probabilities=(1.0,),
+        cpu_per_gpu_milli=10.0,
+        memory_per_gpu_milli=100.0,
+    )
+    gpu = np.array([2000, 2000, 2000])
+    cpu = np.array([10_000, 30_000, 30_000])
+    memory = np.array([1_000_000, 1_000_000, 50_000])
+    # CPU feeds 1000, 3000, 3000 milli; memory 10000, 10000, 500
+    assert stranded_milli(gpu, cpu, memory, target).tolist() == [1000.0, 0.0, 1500.0]
+
+
+def test_gpupool_avoids_stranding_a_nodes_gpus_for_cpu() -> None:
+    state = ClusterState(three_nodes())
+    target = TargetWorkload(
+        small_target().specs, small_target().probabilities, cpu_per_gpu_milli=12.0
+    )
+    # FGD sees no change anywhere (every spec still fits); CPU after 10000 taken feeds:
+    # n0 22000 / 12 = 1833 of 2000 GPU milli (167 stranded, none before); n1 4500 of 4000;
+    # n2 500 of 8000 (7500 stranded, 6667 before). Only n1 strands nothing.
+    for seed in range(5):
+        policy = make_policy("gpupool", seed=seed, target_workload=target)
+        assert state.place(cpu_only(cpu=10_000), policy) == Placement(1, (), 0)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_places_feasibly_and_is_deterministic(name: str) -> None:
+    target = small_target()
+    requests = [share(300), whole(2), cpu_only(), share(700, models=("A",)), whole(1)] * 4
+
+    def run() -> list[Placement | None]:
+        state = ClusterState(three_nodes())
+        policy = make_policy(name, seed=7, target_workload=target)
+        out = []
+        for request in requests:
+            placement = state.place(request, policy)
+            if placement is not None:
+                state.allocate(request, placement)
+            out.append(placement)
+        return out
+
+    first = run()
+    assert first == run()
+    assert sum(p is not None for p in first) >= 10
+
+
+def test_node_order_breaks_ties_and_depends_on_the_seed() -> None:
+    # eight identical nodes: every score ties, so the winner is the seed's first node
+    nodes = [three_nodes()[0].__class__(f"n{i}", 8000, 0, 1, "A") for i in range(8)]
+    winners = set()
+    for seed in range(6):
+        policy = make_policy("bestfit", seed=seed)
+        placement = ClusterState(nodes).place(cpu_only(), policy)
+        assert placement is not None
+        assert placement.node == int(np.argmin(policy.node_rank(8)))
+        winners.add(placement.node)
+    assert len(winners) > 1
+
+
+def test_unknown_policy_lists_the_valid_names() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        make_policy("tetris", seed=0)
+    message = str(caught.value)
+    assert "'tetris'" in message
+    assert all(name in message for name in POLICY_NAMES)
+    assert DEFAULT_POLICY == "gpupool" and DEFAULT_POLICY in POLICY_NAMES
+
+
+def test_target_workload_keeps_popular_specs_up_to_coverage() -> None:
+    requests = [share(500)] * 6 + [whole(1)] * 3 + [cpu_only()]
+    target = TargetWorkload.from_requests(requests, coverage=0.9)
+    assert [s.gpu_milli for s in target.specs] == [500, 1000]
+    assert target.probabilities == pytest.approx((6 / 9, 3 / 9))
+    # 10 pods ask 6 * 500 + 3 * 1000 GPU milli and 10 * 1000 CPU milli
+    assert target.cpu_per_gpu_milli == pytest.approx(10_000 / 6000)
+    with pytest.raises(InvalidRequest, match="coverage"):
+        TargetWorkload.from_requests(requests, coverage=1.5)
+
+
+def test_binpack_and_spread_pick_opposite_nodes_and_gpus() -> None:
+    state = ClusterState(three_nodes())
+    state.allocate(share(600), Placement(1, (2,), 600))
+    state.allocate(share(200), Placement(1, (0,), 200))
+    # usage: n0 0 %, n1 20 %, n2 0 %
+    binpack = state.place(share(300), make_policy("binpack", seed=0))
+    spread = state.place(share(300), make_policy("spread", seed=0))
+    assert binpack == Placement(1, (2,), 300)  # fullest node, fullest GPU that fits (400 free)
+    assert spread is not None and spread.node in (0, 2)
+    assert spread.gpus == (0,)
+
+
+def test_gpupool_scores_as_fgd_when_the_target_has_model_bound_specs() -> None:
+    bound = TargetWorkload(
+        (*small_target().specs, PodSpec(cpu=1000, gpu_milli=1000, gpus=1, gpu_models=("B",))),
+        (0.4, 0.2, 0.2, 0.2),
+        cpu_per_gpu_milli=12.0,
+    )
+    pods = [share(300), whole(2), cpu_only(cpu=9000), share(700), whole(1, models=("B",))] * 5
+
+    def decisions(name: str) -> list[Placement | None]:
+        state = ClusterState(three_nodes())
+        policy = make_policy(name, seed=9, target_workload=bound)
+        out = []
+        for pod in pods:
+            placement = state.place(pod, policy)
+            if placement is not None:
+                state.allocate(pod, placement)
+            out.append(placement)
+        return out
+
+    assert decisions("gpupool") == decisions("fgd")
+
+
+def test_gpupool_keeps_idle_big_nodes_when_the_target_has_multi_gpu_specs() -> None:
+    base = small_target()
+    # an 8-GPU spec whose CPU fits nowhere: it adds the same fragment change on every node
+    eight = PodSpec(cpu=10**9, gpu_milli=1000, gpus=8, gpu_models=())
+    with_multi = TargetWorkload((*base.specs, eight), (0.4, 0.2, 0.2, 0.2), cpu_per_gpu_milli=10.0)
+    single_only = TargetWorkload(base.specs, base.probabilities, cpu_per_gpu_milli=10.0)
+    big = NodeSpec("big", cpu=40_000, host_memory=GiB, gpu_count=8, gpu_model="A")
+    small = NodeSpec("small", cpu=15_000, host_memory=GiB, gpu_count=2, gpu_model="A")
+    request = whole(1, cpu=0)
+    # FGD's decrease is equal on both nodes (400 with the 8-GPU spec, 250 without).
+    # Stranded milli before/after: big 4000 -> 3000 (its CPU feeds 4000), small 500 -> 0.
+    for seed in range(4):
+        keep = make_policy("gpupool", seed=seed, target_workload=with_multi)
+        # big is idle and fits the 8-GPU spec: no reward there, 400 vs 400 + 0.5 * 500
+        assert ClusterState([big, small]).place(request, keep) == Placement(1, (0,), 1000)
+        reward = make_policy("gpupool", seed=seed, target_workload=single_only)
+        # no multi-GPU spec: big earns 250 + 0.5 * 1000 against 250 + 0.5 * 500
+        assert ClusterState([big, small]).place(request, reward) == Placement(0, (0,), 1000)
