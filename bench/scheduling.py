@@ -164,14 +164,14 @@ def solo_fgd_run(scenario: Scenario, seed: int) -> RunResult:
 
 def tried_section() -> list[str]:
     """The gpupool policy notes, included as they stand when the doc is made (their headings
-    moved down two levels to sit under this doc's section)."""
+    moved down a level to sit under this doc's section)."""
     link = f"[{NOTES.name}]({NOTES.name})"
     if not NOTES.is_file():
         return [f"The notes on the gpupool policy ({link}) were not written when this ran."]
     lines = NOTES.read_text(encoding="utf-8").strip().splitlines()
     if lines and lines[0].startswith("# "):
         lines = lines[1:]  # the notes' title: this section's heading says the same
-    body = [f"##{line}" if line.startswith("#") else line for line in lines]
+    body = [f"#{line}" if line.startswith("#") else line for line in lines]
     return [f"From {link}, included as it stood when this benchmark ran:", "", *body]
 
 
