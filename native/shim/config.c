@@ -62,7 +62,7 @@ static char **read_file(const char *path) {
  * file is absent, so it opens no way around it); else the environment */
 static char **config_source(void) {
     if (access(GP_SYSTEM_CONFIG, F_OK) == 0) return read_file(GP_SYSTEM_CONFIG);
-    const char *named = getenv("GPUPOOL_CONFIG_FILE");
+    const char *named = getenv(GP_ENV_CONFIG_FILE);
     if (named != NULL && *named != '\0') return read_file(named);
     return environ;
 }
@@ -132,7 +132,7 @@ static int parse_ordinal(const char *name, const char *digits) {
 }
 
 static void load_log_level(void) {
-    const char *text = get("GPUPOOL_LOG_LEVEL");
+    const char *text = get(GP_ENV_LOG_LEVEL);
     if (text == NULL || *text == '\0') return;
     static const char *const names[] = {"error", "warn", "info", "debug"};
     for (int i = 0; i < 4; i++) {
@@ -146,8 +146,8 @@ static void load_log_level(void) {
 
 /* GPUPOOL_MEMORY_LIMIT_<n> and GPUPOOL_COMPUTE_LIMIT_<n> override the all-device values */
 static void load_per_device(gp_config *cfg) {
-    static const char mem[] = "GPUPOOL_MEMORY_LIMIT_";
-    static const char cmp[] = "GPUPOOL_COMPUTE_LIMIT_";
+    static const char mem[] = GP_ENV_MEMORY_LIMIT "_";
+    static const char cmp[] = GP_ENV_COMPUTE_LIMIT "_";
     for (char **env = source; env != NULL && *env != NULL; env++) {
         const char *entry = *env;
         int is_mem = strncmp(entry, mem, sizeof mem - 1) == 0;
@@ -176,16 +176,16 @@ void gp_config_load(gp_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     source = config_source();
     load_log_level();
-    const char *text = get("GPUPOOL_MEMORY_LIMIT");
-    uint64_t memory = (text && *text) ? parse_memory("GPUPOOL_MEMORY_LIMIT", text) : 0;
-    text = get("GPUPOOL_COMPUTE_LIMIT");
-    uint32_t compute = (text && *text) ? parse_percent("GPUPOOL_COMPUTE_LIMIT", text) : 100;
+    const char *text = get(GP_ENV_MEMORY_LIMIT);
+    uint64_t memory = (text && *text) ? parse_memory(GP_ENV_MEMORY_LIMIT, text) : 0;
+    text = get(GP_ENV_COMPUTE_LIMIT);
+    uint32_t compute = (text && *text) ? parse_percent(GP_ENV_COMPUTE_LIMIT, text) : 100;
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
         cfg->memory_limit[dev] = memory;
         cfg->compute_limit[dev] = compute;
     }
     load_per_device(cfg);
-    text = get("GPUPOOL_COMPUTE_POLICY");
+    text = get(GP_ENV_COMPUTE_POLICY);
     if (text == NULL || *text == '\0' || strcmp(text, "cap") == 0) {
         cfg->policy = GP_POLICY_CAP;
     } else if (strcmp(text, "share") == 0) {
@@ -193,9 +193,9 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_POLICY=%s: expected cap or share", text);
     }
-    text = get("GPUPOOL_SHARED_REGION");
+    text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
-    text = get("GPUPOOL_ACTIVITY_FILE");
+    text = get(GP_ENV_ACTIVITY_FILE);
     if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
         gp_fatal("invalid GPUPOOL_ACTIVITY_FILE=%s: expected an absolute path under 512 bytes",
                  text);

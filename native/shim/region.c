@@ -135,7 +135,7 @@ static void init_mutex(pthread_mutex_t *mutex) {
 static void activity_path(const gp_config *cfg, char *out, size_t size) {
     /* node-wide: as configured (a directory that every container of the node mounts), a
      * simulated node's directory, else /dev/shm (per user: the file is 0600) */
-    const char *node = getenv("GPUPOOL_SIM_NODE");
+    const char *node = getenv(GP_ENV_SIM_NODE);
     if (cfg->activity_path != NULL) {
         snprintf(out, size, "%s", cfg->activity_path);
     } else if (node != NULL && *node != '\0') {

@@ -13,6 +13,7 @@
 
 #include "gpupool_cuda.h"
 #include "gpupool_nvml.h"
+#include "gpupool_settings.h"
 
 /* per-thread default stream variants: cuda.h declares them only under a build flag */
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "gpupool_cuda.h"
+#include "gpupool_settings.h"
 #include "gpupool_simstate.h"
 
 #define SIM_DRIVER_VERSION 12040

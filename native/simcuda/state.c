@@ -294,7 +294,7 @@ uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns
 
 static CUresult sim_map_node(void)
 {
-    const char *node = getenv("GPUPOOL_SIM_NODE");
+    const char *node = getenv(GP_ENV_SIM_NODE);
     if (node == NULL || node[0] == '\0') {
         sim_complain("%s", "GPUPOOL_SIM_NODE is not set: set it to a simulated node directory "
                            "(`gpupool exec --simulate 1xH100 -- CMD` does it for you)");
@@ -384,7 +384,7 @@ static void sim_apply_visible_devices(void)
 
 static CUresult sim_read_kernel_time(void)
 {
-    const char *env = getenv("GPUPOOL_SIM_KERNEL_NS");
+    const char *env = getenv(GP_ENV_SIM_KERNEL_NS);
     if (env == NULL || env[0] == '\0') {
         g_sim.dur_num = sim_header()->kernel_ps_per_thread;
         g_sim.dur_den = 1000;

@@ -8,6 +8,7 @@ import sys
 import typer
 
 from gpupool import __version__
+from gpupool.core import settings
 from gpupool.core.errors import GpupoolError
 
 app = typer.Typer(
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"gpupool: error: {err}", err=True)
         sys.exit(err.exit_code)
     except Exception as err:  # the last line of defence
-        if os.environ.get("GPUPOOL_DEBUG"):
+        if settings.DEBUG.read(os.environ):
             raise
         typer.echo(
             f"gpupool: internal error: {type(err).__name__}: {err} "

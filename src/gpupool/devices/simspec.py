@@ -23,11 +23,12 @@ from typing import Any
 
 import yaml
 
+from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
 from gpupool.devices.simstate import MAX_GPUS
 from gpupool.mig import catalog
 
-ENV_NODE_DIR = "GPUPOOL_SIM_NODE"
+ENV_NODE_DIR = settings.SIM_NODE.name
 _ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
 

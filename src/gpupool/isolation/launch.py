@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from gpupool.core import settings
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
@@ -58,19 +59,10 @@ class LaunchSpec:
     shared_region: Path | None = None
 
 
-#: what the interception library reads as a share's settings; only the launch may set them
-_SHARE_VARIABLES = (
-    "GPUPOOL_MEMORY_LIMIT",
-    "GPUPOOL_COMPUTE_LIMIT",
-    "GPUPOOL_COMPUTE_POLICY",
-    "GPUPOOL_SHARED_REGION",
-    # a settings file replaces the environment wholesale: an inherited one would override the
-    # share built here
-    "GPUPOOL_CONFIG_FILE",
-    # the node-wide file of the `share` policy: a stray one would hide this share's launches
-    # from the other shares of the node (and theirs from it)
-    "GPUPOOL_ACTIVITY_FILE",
-)
+#: a share's settings come only from its launch: inherited limits would apply to the wrong
+#: ordinals, an inherited settings file would override the share wholesale, and a stray activity
+#: file would hide this share's launches from the other shares of the node
+_SHARE_VARIABLES = tuple(s.name for s in settings.SHARE_SETTINGS)
 
 
 def memory_bytes(memory: int | MemoryShare | None, gpu_total: int | None) -> int | None:

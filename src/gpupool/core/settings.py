@@ -1,0 +1,144 @@
+"""Every GPUPOOL_* environment variable gpupool reads or sets, in one list.
+
+The C libraries name the ones they read in `native/include/gpupool_settings.h`; a test keeps that
+header and this list equal, and another one checks that no GPUPOOL_* name appears in the code
+without being declared here. Reading goes through `Setting.read`, which takes the environment as
+a mapping, so this module stays pure (no I/O).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Flag, auto
+
+
+class Reader(Flag):
+    """Who reads a variable: the Python package, the C libraries, or both."""
+
+    PYTHON = auto()
+    NATIVE = auto()
+    BOTH = PYTHON | NATIVE
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One GPUPOOL_* variable: its name, its default (None: unset means "none"), and what it does.
+
+    `per_device` variables also come as NAME_<n> for visible device ordinal n, overriding NAME.
+    """
+
+    name: str
+    default: str | None
+    doc: str
+    reader: Reader
+    per_device: bool = False
+
+    def read(self, environ: Mapping[str, str], ordinal: int | None = None) -> str | None:
+        """The value in `environ` (the per-device form first when `ordinal` is given); an empty
+        value counts as unset."""
+        if ordinal is not None and self.per_device:
+            value = environ.get(f"{self.name}_{ordinal}")
+            if value:
+                return value
+        return environ.get(self.name) or self.default
+
+
+MEMORY_LIMIT = Setting(
+    "GPUPOOL_MEMORY_LIMIT",
+    None,
+    "A share's memory per GPU: a Kubernetes quantity (4Gi, 4G) or bytes.",
+    Reader.NATIVE,
+    per_device=True,
+)
+COMPUTE_LIMIT = Setting(
+    "GPUPOOL_COMPUTE_LIMIT",
+    "100",
+    "A share's compute per GPU, a whole percent from 1 to 100 (100: no limit).",
+    Reader.NATIVE,
+    per_device=True,
+)
+COMPUTE_POLICY = Setting(
+    "GPUPOOL_COMPUTE_POLICY",
+    "cap",
+    "`cap`: never above the compute share; `share`: use an idle GPU, back to the share under load.",
+    Reader.NATIVE,
+)
+SHARED_REGION = Setting(
+    "GPUPOOL_SHARED_REGION",
+    None,
+    "The accounting file shared by every process of one share (made by the launch).",
+    Reader.NATIVE,
+)
+ACTIVITY_FILE = Setting(
+    "GPUPOOL_ACTIVITY_FILE",
+    None,
+    "The node-wide file where shares stamp their GPU use (default: one per user in /dev/shm).",
+    Reader.NATIVE,
+)
+CONFIG_FILE = Setting(
+    "GPUPOOL_CONFIG_FILE",
+    None,
+    "A share's settings file, read instead of the environment where /etc/gpupool/shim.conf "
+    "is absent.",
+    Reader.NATIVE,
+)
+LOG_LEVEL = Setting(
+    "GPUPOOL_LOG_LEVEL",
+    "warn",
+    "What the C libraries print on stderr: error, warn, info or debug.",
+    Reader.NATIVE,
+)
+SIM_NODE = Setting(
+    "GPUPOOL_SIM_NODE",
+    None,
+    "The directory of the simulated node that `gpupool` commands and the simulated driver use.",
+    Reader.BOTH,
+)
+SIM_KERNEL_NS = Setting(
+    "GPUPOOL_SIM_KERNEL_NS",
+    None,
+    "Simulated driver: nanoseconds a 256x128-thread kernel takes (default: the node's own).",
+    Reader.NATIVE,
+)
+DEBUG = Setting(
+    "GPUPOOL_DEBUG",
+    None,
+    "Any value: the CLI shows the traceback of an internal error instead of one line.",
+    Reader.PYTHON,
+)
+
+#: every setting, in the order the docs list them
+ALL: tuple[Setting, ...] = (
+    MEMORY_LIMIT,
+    COMPUTE_LIMIT,
+    COMPUTE_POLICY,
+    SHARED_REGION,
+    ACTIVITY_FILE,
+    CONFIG_FILE,
+    LOG_LEVEL,
+    SIM_NODE,
+    SIM_KERNEL_NS,
+    DEBUG,
+)
+
+#: the settings that make up a share; only a launch may set them
+SHARE_SETTINGS: tuple[Setting, ...] = (
+    MEMORY_LIMIT,
+    COMPUTE_LIMIT,
+    COMPUTE_POLICY,
+    SHARED_REGION,
+    CONFIG_FILE,
+    ACTIVITY_FILE,
+)
+
+
+def by_name(name: str) -> Setting | None:
+    """The setting `name` declares, per-device forms (`GPUPOOL_MEMORY_LIMIT_3`) included."""
+    for setting in ALL:
+        if name == setting.name:
+            return setting
+        suffix = name.removeprefix(setting.name + "_")
+        if setting.per_device and suffix != name and suffix.isdigit():
+            return setting
+    return None
