@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 test: $(STAMP) native
 	$(BIN)/python -m pytest -q
 
+# the pool first (a daemon on a simulated node), then the placement replay
 demo: $(STAMP) native
+	sh examples/pool-demo.sh $(BIN)
+	@printf '\n\033[1m== Placement: the trace replayed through four policies ==\033[0m\n'
 	$(BIN)/gpupool demo
 
 # the C libraries under native/ (incremental; pip install runs the same build)

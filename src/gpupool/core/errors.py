@@ -56,3 +56,19 @@ class MigLayoutError(InvalidRequest):
     """A MIG layout does not fit a GPU (overlap, invalid start, too many instances)."""
 
     exit_code = 1
+
+
+class NotFound(InvalidRequest):
+    """The named thing (a job id) does not exist."""
+
+
+class PermissionDenied(GpupoolError):
+    """The caller may not do this (cancel another user's job, a request without its token)."""
+
+    exit_code = 6
+
+
+class DaemonError(GpupoolError):
+    """The node daemon cannot be reached, refused to start, or answered with a failure."""
+
+    exit_code = 7
