@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.agent.jobs import JobSpec, State
 from gpupool.agent.store import SCHEMA_VERSION, Store
-from gpupool.core.errors import ConfigError, NotFound
+from gpupool.core.errors import ConfigError, DaemonError, NotFound
 
 
 def test_a_job_and_its_events_round_trip(tmp_path: Path) -> None:
@@ -45,3 +45,18 @@ def test_a_failed_transaction_changes_nothing(tmp_path: Path) -> None:
         db.execute("INSERT INTO settings (key, value) VALUES ('draining', '1')")
         raise RuntimeError("disk full")
     assert store.setting("draining") is None
+
+
+def test_a_store_that_cannot_be_written_is_one_error_and_unchanged(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.add(JobSpec(("true",)), 0, "root")
+    # the disk is full: SQLite may not grow the database by a single page
+    store._db.execute("PRAGMA max_page_count = 1")
+    with pytest.raises(DaemonError, match="cannot write its state"):
+        for _ in range(200):
+            store.add(JobSpec(("true",), name="x" * 1000), 0, "root")
+    assert len(store.jobs()) >= 1
+    before = len(store.jobs())
+    with pytest.raises(DaemonError):
+        store.add(JobSpec(("true",), name="y" * 5000), 0, "root")
+    assert len(store.jobs()) == before

@@ -274,14 +274,14 @@ class Agent:
 
     def schedule(self) -> None:
         """Start what the queue allows now (nothing while draining)."""
+        if self.draining:  # `describe` says so; nothing else to work out
+            self._waiting = {}
+            return
         queued = self.store.jobs([State.QUEUED])
         if not queued:
             self._waiting = {}
             return
         running = self.store.jobs([State.RUNNING])
-        if self.draining:
-            self._waiting = {job.id: () for job in queued}
-            return
         free = node.free_now(self.capacity, running)
         decided = plan(
             queued, running, free, self.capacity, self.config.policy, self._target(queued + running)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec, State
-from gpupool.core.errors import ConfigError, NotFound
+from gpupool.core.errors import ConfigError, DaemonError, NotFound
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -123,13 +123,17 @@ class Store:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One transaction: all of it or nothing."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:  # a full disk, a read-only file: one line, no change
+                raise DaemonError(f"the daemon cannot write its state: {err}") from err
 
     # -- reads ------------------------------------------------------------------------------
 
