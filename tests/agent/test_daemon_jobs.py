@@ -30,6 +30,8 @@ def test_submit_prints_the_id_alone_and_wait_returns_the_exit_code(daemon: Daemo
     assert waited.returncode == 3
     logs = cli("logs", str(job_id), url=daemon.url)
     assert logs.stdout == "out\n" and logs.stderr == "err\n"
+    as_json = json.loads(cli("logs", str(job_id), "--json", url=daemon.url, check=True).stdout)
+    assert as_json == {"id": job_id, "stdout": "out\n", "stderr": "err\n"}
     ps = json.loads(cli("ps", "--all", "--json", url=daemon.url, check=True).stdout)
     (job,) = ps["jobs"]
     assert {k: job[k] for k in ("id", "state", "exit_code", "gpus", "compute", "mode")} == {

@@ -88,6 +88,29 @@ def test_a_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_an_unknown_policy_or_lone_listen_is_one_line(tmp_path: Path) -> None:
+    base = [
+        sys.executable,
+        "-m",
+        "gpupool",
+        "serve",
+        "--simulate",
+        "1xA30",
+        "--node-dir",
+        str(tmp_path / "node"),
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
+    for extra, words in (
+        (["--policy", "fgd"], "unknown policy 'fgd'; valid policies: binpack, spread, gpupool"),
+        (["--listen", "127.0.0.1:1"], "--listen needs --token-file"),
+    ):
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert words in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "state").exists()
+
+
 def _as_user(
     uid: int, socket_path: Path, calls: list[tuple[str, str, dict[str, Any] | None]]
 ) -> list[Any]:

@@ -85,6 +85,18 @@ def follow(client: Client, job_id: int) -> dict[str, Any]:
         time.sleep(POLL_S)
 
 
+def _read_all(client: Client, job_id: int, stream: str) -> str:
+    parts, offset = [], 0
+    while True:
+        chunk = client.call(
+            "GET", f"/v1/jobs/{job_id}/logs", params={"stream": stream, "offset": offset}
+        )
+        parts.append(chunk["data"])
+        if chunk["offset"] == offset:
+            return "".join(parts)
+        offset = chunk["offset"]
+
+
 def _wait_for(client: Client, job_id: int) -> dict[str, Any]:
     while True:
         job = client.call("GET", f"/v1/jobs/{job_id}")
@@ -161,25 +173,20 @@ def register(app: typer.Typer) -> None:
         job_id: int = typer.Argument(..., metavar="JOB"),
         follow_: bool = typer.Option(False, "--follow", "-f", help="Until the job ends."),
         url: str | None = _URL,
+        as_json: bool = _JSON,
     ) -> None:
         """Print a job's output (stdout here, stderr on stderr)."""
         with Client(url) as client:
-            if follow_:
+            if follow_ and not as_json:
                 follow(client, job_id)
                 return
-            for stream, sink in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-                offset = 0
-                while True:
-                    chunk = client.call(
-                        "GET",
-                        f"/v1/jobs/{job_id}/logs",
-                        params={"stream": stream, "offset": offset},
-                    )
-                    sink.write(chunk["data"])
-                    if chunk["offset"] == offset:
-                        break
-                    offset = chunk["offset"]
-            sys.stdout.flush()
+            texts = {stream: _read_all(client, job_id, stream) for stream in ("stdout", "stderr")}
+        if as_json:
+            _echo_json({"id": job_id, **texts})
+            return
+        sys.stdout.write(texts["stdout"])
+        sys.stdout.flush()
+        sys.stderr.write(texts["stderr"])
 
     @app.command("cancel")
     def cancel(

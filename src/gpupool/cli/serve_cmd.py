@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.scheduler.gpu_placement import GPU_POLICIES
 
 
 def _token(token_file: Path | None, listen: str | None) -> str | None:
@@ -64,6 +65,10 @@ def register(app: typer.Typer) -> None:
 
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
+        if policy not in GPU_POLICIES:
+            raise InvalidRequest(
+                f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
+            )
         token = _token(token_file, listen)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
         config = AgentConfig(root, policy=policy, cancel_grace_s=cancel_grace)
