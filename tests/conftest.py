@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.units import GiB
+from gpupool.devices.procfs import process_start_time
 from gpupool.devices.simspec import ENV_NODE_DIR
 from gpupool.devices.simstate import (
     FLAG_LOST,
     FLAG_NOT_SUPPORTED,
     SimProcSlot,
-    process_start_time,
 )
 from gpupool.devices.simulated import SimulatedBackend
 

@@ -134,10 +134,23 @@ def test_bad_input_is_one_line_and_nothing_runs(
     if "--simulate" not in args:
         args = ["--simulate", "1xH100", *args]
     result = gpupool(env, "exec", *args, "--", "touch", str(marker))
-    assert result.returncode == 2
+    assert result.returncode == 125  # exec's own failure, as env(1) reports one
     assert message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not marker.exists()
+
+
+def test_unknown_option_is_exec_failure_not_the_commands_status(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    refused = gpupool(env, "exec", "--simulate", "1xH100", "--bogus", "--", "touch", str(marker))
+    assert refused.returncode == 125
+    assert "--bogus" in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()
+    # a command that itself exits 2 (a usage error of its own) keeps its status
+    passed = gpupool(env, "exec", "--simulate", "1xH100", "--", "sh", "-c", "exit 2")
+    assert passed.returncode == 2
 
 
 def test_missing_command(env: dict[str, str]) -> None:
@@ -160,7 +173,7 @@ def _has_nvidia_driver() -> bool:
 def test_without_a_driver_one_clear_line(env: dict[str, str], tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     result = gpupool(env, "exec", "--", "touch", str(marker))
-    assert result.returncode == 4
+    assert result.returncode == 125
     assert result.stderr.startswith("gpupool: error: NVIDIA driver not found")
     assert result.stderr.count("\n") == 1
     assert not marker.exists()

@@ -14,8 +14,9 @@ import pytest
 
 from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
-from gpupool.devices.backend import open_backend
-from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot, process_start_time
+from gpupool.devices.factory import open_backend
+from gpupool.devices.procfs import process_start_time
+from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.mig import catalog
 

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import MemoryShare, parse_compute_milli, parse_int_range, parse_memory_share
 from gpupool.isolation.launch import ComputePolicy, LaunchSpec, ShareLimits, build_launch_spec
 from gpupool.isolation.node import LaunchNode, open_launch_node
@@ -18,6 +20,10 @@ from gpupool.isolation.node import LaunchNode, open_launch_node
 #: exit statuses of a command that could not be started, as POSIX shells use them
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+#: gpupool exec's own failure, whatever it was, as env(1) and timeout(1) report theirs
+EXIT_EXEC_FAILED = 125
+#: click's exit status for a usage error
+_USAGE_ERROR = 2
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -71,11 +77,36 @@ def _announce(node: LaunchNode, simulate: str | None) -> None:
     )
 
 
+class _ExecCommand(TyperCommand):
+    """`exec`'s usage errors (an unknown option) exit 125 too, not click's 2."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as err:
+            # click's UsageError, which typer vendors without exporting it; it exits with its
+            # instance's exit_code
+            if getattr(err, "exit_code", None) == _USAGE_ERROR:
+                vars(err)["exit_code"] = EXIT_EXEC_FAILED
+            raise
+
+
+def _prepare(
+    command: list[str], limits: ShareLimits, simulate: str | None, node_dir: Path | None
+) -> LaunchSpec:
+    """Check every value against the node, announce a simulated one, and build the launch."""
+    node = open_launch_node(simulate, node_dir)
+    totals = node.totals_of(limits.gpus)
+    _announce(node, simulate)
+    return build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
+
+
 def register(app: typer.Typer) -> None:
     """Add `exec` to the app."""
 
     @app.command(
         "exec",
+        cls=_ExecCommand,
         context_settings={"allow_interspersed_args": False},
     )
     def exec_(
@@ -104,11 +135,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
         # every value is checked before anything runs: syntax first, then against the node
-        limits = _limits(gpu, memory, compute, compute_policy)
-        node = open_launch_node(simulate, node_dir)
-        totals = node.totals_of(limits.gpus)
-        _announce(node, simulate)
-        spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
+        try:
+            spec = _prepare(
+                command, _limits(gpu, memory, compute, compute_policy), simulate, node_dir
+            )
+        except GpupoolError as err:
+            typer.echo(f"gpupool: error: {err}", err=True)
+            raise typer.Exit(EXIT_EXEC_FAILED) from err
         try:
             code = _run(spec)
         finally:

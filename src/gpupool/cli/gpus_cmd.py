@@ -15,7 +15,8 @@ from rich.text import Text
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
-from gpupool.devices.backend import GpuBackend, open_backend
+from gpupool.devices.backend import GpuBackend
+from gpupool.devices.factory import open_backend
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
 
 DEFAULT_WATCH_SECONDS = 2.0

@@ -1,6 +1,6 @@
 """The node a share is launched on, read through the devices layer: real GPUs or a simulated node.
 
-`gpupool exec` and `gpupool gpus` open a node the same way (`devices.backend.open_backend`), so
+`gpupool exec` and `gpupool gpus` open a node the same way (`devices.factory.open_backend`), so
 for one spec, `--node-dir` or $GPUPOOL_SIM_NODE both commands see the same simulated GPUs.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.errors import InvalidRequest
-from gpupool.devices.backend import GpuBackend, open_backend
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.backend import GpuBackend
+from gpupool.devices.factory import open_backend
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,10 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
     totals = tuple(
         g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
     )
-    if isinstance(backend, SimulatedBackend):
-        return LaunchNode(models, totals, backend.node_dir, backend.node.spec_text)
-    return LaunchNode(models, totals)
+    sim = backend.simulated_node()
+    if sim is None:
+        return LaunchNode(models, totals)
+    return LaunchNode(models, totals, sim.directory, sim.spec)
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:
