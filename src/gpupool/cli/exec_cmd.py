@@ -13,8 +13,21 @@ import typer
 from typer.core import TyperCommand
 
 from gpupool.core.errors import GpupoolError, InvalidRequest
-from gpupool.core.units import MemoryShare, parse_compute_milli, parse_int_range, parse_memory_share
-from gpupool.isolation.launch import ComputePolicy, LaunchSpec, ShareLimits, build_launch_spec
+from gpupool.core.units import (
+    MILLI_PER_GPU,
+    MemoryShare,
+    format_bytes,
+    parse_compute_milli,
+    parse_int_range,
+    parse_memory_share,
+)
+from gpupool.isolation.launch import (
+    ComputePolicy,
+    LaunchSpec,
+    ShareLimits,
+    build_launch_spec,
+    memory_bytes,
+)
 from gpupool.isolation.node import LaunchNode, open_launch_node
 
 #: exit statuses of a command that could not be started, as POSIX shells use them
@@ -97,8 +110,26 @@ def _prepare(
     """Check every value against the node, announce a simulated one, and build the launch."""
     node = open_launch_node(simulate, node_dir)
     totals = node.totals_of(limits.gpus)
+    memory = limits.memory if isinstance(limits.memory, MemoryShare) else None
+    node.check_memory_fits(limits.gpus, memory)
+    spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
     _announce(node, simulate)
-    return build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
+    if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU:
+        typer.echo(f"gpupool: {_share_line(node, limits)}", err=True)
+    return spec
+
+
+def _share_line(node: LaunchNode, limits: ShareLimits) -> str:
+    """The share as resolved on the node, so that `4G` and `4Gi` are never confused."""
+    parts = []
+    for index, total in zip(limits.gpus, node.totals_of(limits.gpus), strict=True):
+        memory = "the whole memory"
+        if limits.memory is not None:
+            size = memory_bytes(limits.memory, total)
+            memory = f"{format_bytes(size or 0)} ({size} bytes)"
+        parts.append(f"GPU {index} ({node.models[index]}): memory {memory}")
+    percent = limits.compute_milli * 100 // MILLI_PER_GPU
+    return f"{'; '.join(parts)}; compute {percent}% ({limits.policy.value})"
 
 
 def register(app: typer.Typer) -> None:
@@ -121,10 +152,16 @@ def register(app: typer.Typer) -> None:
         ),
         gpu: str = typer.Option("0", "--gpu", metavar="INDEX", help="GPU index (or 0,1)."),
         memory: str | None = typer.Option(
-            None, "--memory", metavar="SIZE", help="GPU memory per GPU: 4GiB or 50%."
+            None,
+            "--memory",
+            metavar="SIZE",
+            help="GPU memory per GPU: 4Gi (2^30), 4G (10^9) or 50%.",
         ),
         compute: str | None = typer.Option(
-            None, "--compute", metavar="PERCENT", help="Compute share per GPU, 1..100."
+            None,
+            "--compute",
+            metavar="PERCENT",
+            help="Compute share per GPU, a whole percent 1..100 (30 or 30%).",
         ),
         compute_policy: str = typer.Option(
             "cap",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.units import MemoryShare, format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.factory import open_backend
 
@@ -34,6 +35,18 @@ class LaunchNode:
                 have = f"GPUs 0..{count - 1}" if count else "no GPU"
                 raise InvalidRequest(f"invalid GPU index {index}: this node has {have}")
         return [self.memory_totals[i] for i in gpus]
+
+    def check_memory_fits(self, gpus: Sequence[int], memory: MemoryShare | None) -> None:
+        """Refuse, before anything runs, a memory share larger than one of `gpus`: the shim
+        would only clamp it at the first CUDA call."""
+        if memory is None or memory.bytes is None:
+            return  # a fraction is at most the whole GPU
+        for index, total in zip(gpus, self.totals_of(gpus), strict=True):
+            if total is not None and memory.bytes > total:
+                raise InvalidRequest(
+                    f"memory share {format_bytes(memory.bytes)} ({memory.bytes} bytes) is larger "
+                    f"than GPU {index} ({self.models[index]}, {format_bytes(total)})"
+                )
 
 
 def launch_node(backend: GpuBackend) -> LaunchNode:
