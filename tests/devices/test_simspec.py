@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,10 @@ def test_default_base_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     node_dir = default_node_dir(parse_spec("A30"))
     assert node_dir.parent == tmp_path / "gpupool-sim"
     assert (node_dir.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_an_inventory_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    inventory = tmp_path / "node.yaml"
+    inventory.write_bytes(b"gpus:\n  - model: H100 # \xff\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(inventory))}:2: not UTF-8 text"):
+        parse_spec(str(inventory))

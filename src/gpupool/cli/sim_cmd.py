@@ -107,6 +107,8 @@ def _progress(console: Console, enabled: bool, total: int) -> Iterator[ProgressC
 
 def _run(job: SimJob, console: Console, show_progress: bool) -> list[RunResult]:
     job.scenario.check_workload(job.workload)
+    for line in job.scenario.never_placed(job.workload):
+        typer.echo(f"gpupool: warning: {line}", err=True)
     specs = plan([job.workload], job.policies, job.seeds)
     try:
         with _progress(console, show_progress, len(specs)) as progress:

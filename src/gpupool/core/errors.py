@@ -80,6 +80,15 @@ class NativeLibraryError(GpupoolError):
     exit_code = 5
 
 
+def not_utf8(source: str, err: UnicodeDecodeError) -> ConfigError:
+    """The one line for an input file that is not UTF-8 text, naming the file and the line."""
+    data = err.object if isinstance(err.object, bytes) else b""
+    line = data[: err.start].count(b"\n") + 1
+    return ConfigError(
+        f"{source}:{line}: not UTF-8 text (byte {data[err.start : err.start + 1]!r})"
+    )
+
+
 class MigLayoutError(InvalidRequest):
     """A MIG layout does not fit a GPU (overlap, invalid start, too many instances)."""
 

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from gpupool.core import settings
-from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
+from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest, not_utf8
 from gpupool.devices.simstate import MAX_GPUS
 from gpupool.mig import catalog
 
@@ -99,9 +99,11 @@ def _check_size(where: str, gpus: list[GpuEntry]) -> tuple[GpuEntry, ...]:
 
 def _load_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read inventory {path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(str(path), err) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         line = f" line {mark.line + 1}" if mark is not None else ""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.errors import ConfigError
+from gpupool.core.errors import ConfigError, not_utf8
 from gpupool.sim.metrics import (
     HEADLINE_PCTS,
     MAX_ARRIVED_PCT,
@@ -199,6 +199,8 @@ def load_published(path: Path, workload: str) -> dict[tuple[str, int], Published
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read published results {str(path)!r}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(str(path), err) from None
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in _PUBLISHED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
