@@ -106,7 +106,7 @@ def test_bad_yaml_names_file_and_place(tmp_path: Path, text: str, message: str) 
 def test_yaml_layout_that_does_not_fit_names_the_gpu(tmp_path: Path, sim_node_dir: Path) -> None:
     path = write(tmp_path, "gpus:\n  - model: H100\n    mig: [4g.40gb, 4g.40gb]\n")
     with pytest.raises(
-        ConfigError, match=r"GPU 0: no free placement for 4g\.40gb .* in use 4g\.40gb at slots 0-3"
+        ConfigError, match=r"GPU 0: 2 instances of 4g\.40gb on H100-80GB: at most 1"
     ):
         SimulatedBackend.open(str(path), sim_node_dir)
 
