@@ -192,3 +192,17 @@ def test_pods_no_node_can_hold_are_a_counted_warning(small_trace: Path) -> None:
         "largest node has (8; first: x2, num_gpu 16); they are never placed",
     ]
     assert json.loads(result.stdout)["runs"][0]["failed_pods"] > 0
+
+
+def test_a_plot_without_matplotlib_is_one_line_with_the_extra_to_install(tmp_path: Path) -> None:
+    """matplotlib is the `plot` extra: without it, `--out` is refused before any replay runs."""
+    hide = "import sys; sys.modules['matplotlib'] = None; from gpupool.cli.main import main; main()"
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "sim", "--synthetic", "--policy", "fgd", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert_one_line_error(result, "pip install 'gpupool[plot]'")
+    assert not out.exists()

@@ -190,6 +190,8 @@ def _title(job: SimJob) -> str:
 def execute(job: SimJob, *, as_json: bool) -> None:
     """Run the job, write its outputs, print the JSON object or the tables."""
     err = Console(stderr=True)
+    if job.out is not None:
+        report.check_plotting()
     # A live bar helps in a terminal; in a log or a pipe it is noise.
     results = _run(job, err, show_progress=err.is_terminal)
     comparison = _comparison(job, results)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.errors import ConfigError, not_utf8
+from gpupool.core.errors import ConfigError, InvalidRequest, not_utf8
 from gpupool.sim.metrics import (
     HEADLINE_PCTS,
     MAX_ARRIVED_PCT,
@@ -114,6 +114,18 @@ def summary(results: Sequence[RunResult]) -> dict[str, Any]:
 def write_summary_json(path: Path, results: Sequence[RunResult]) -> None:
     """The summary object, as `--json` prints it."""
     path.write_text(json.dumps(summary(results), indent=2) + "\n", encoding="utf-8")
+
+
+#: the line a user sees when a plot is asked for and the `plot` extra is not installed
+PLOT_HINT = "the plot needs matplotlib: pip install 'gpupool[plot]'"
+
+
+def check_plotting() -> None:
+    """Refuse, before any replay runs, a plot that could not be drawn (matplotlib is an extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidRequest(PLOT_HINT) from None
 
 
 def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> None:
