@@ -204,7 +204,7 @@ def resolve_node_dir(spec: NodeSpec | None, node_dir: Path | None) -> Path | Non
     """--node-dir, else $GPUPOOL_SIM_NODE, else the spec's default; None when nothing says."""
     if node_dir is not None:
         return node_dir
-    from_env = os.environ.get(ENV_NODE_DIR)
+    from_env = settings.SIM_NODE.read(os.environ)
     if from_env:
         return Path(from_env)
     return default_node_dir(spec) if spec is not None else None
