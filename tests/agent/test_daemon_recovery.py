@@ -142,8 +142,9 @@ def _as_user(
 
 @pytest.fixture
 def open_daemon() -> Iterator[Daemon]:
-    """A daemon whose socket other users can reach (pytest's own temp dirs are private)."""
-    root = Path(tempfile.mkdtemp(prefix="gpupool-uid-"))
+    """A daemon whose socket other users can reach: pytest's own temp dirs are private, so this
+    one is made in /tmp itself and removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix="gpupool-uid-", dir="/tmp"))
     root.chmod(0o755)
     running = Daemon(root, "1xA100-40GB").start()
     yield running

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool.devices.simstate import process_start_time
+from gpupool.devices.procfs import process_start_time
 
 #: the line the interception library writes when it refuses an allocation past the share
 OOM_MARKER = b"gpupool: out of memory"

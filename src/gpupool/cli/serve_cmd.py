@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.agent.agent import Agent, AgentConfig
         from gpupool.api import server
         from gpupool.api.app import create_app
-        from gpupool.devices.backend import open_backend
+        from gpupool.devices.factory import open_backend
 
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
