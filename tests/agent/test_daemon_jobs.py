@@ -166,10 +166,10 @@ def test_describe_says_which_gpu_lacks_what_while_queued(daemon: Daemon) -> None
     waiting = daemon.submit(["true"], compute=50, memory="4GiB")
     time.sleep(0.5)
     reasons = daemon.job(waiting)["waiting"]
-    assert "GPU 0: compute 500 milli needed, 300 free" in reasons
-    assert "GPU 1: compute 500 milli needed, 300 free" in reasons
+    assert "GPU 0: compute 50% needed, 30% free" in reasons
+    assert "GPU 1: compute 50% needed, 30% free" in reasons
     shown = cli("describe", str(waiting), url=daemon.url, check=True).stdout
-    assert "waiting because:" in shown and "GPU 1: compute 500 milli needed" in shown
+    assert "waiting because:" in shown and "GPU 1: compute 50% needed" in shown
     daemon.call("POST", f"/v1/jobs/{hog}/cancel")
     assert daemon.wait(waiting)["state"] == "succeeded"
 

@@ -39,8 +39,8 @@ def test_fitting_jobs_start_in_order() -> None:
     result = plan(queued, [], free([]), node(), "binpack")
     assert [s.job.id for s in result.starts] == [1, 2]
     assert result.waiting[3] == (
-        "GPU 0: compute 500 milli needed, 400 free",
-        "1 GPUs needed, 0 can take the share now",
+        "GPU 0: compute 50% needed, 40% free",
+        "1 GPU needed, 0 can take the share now",
     )
 
 

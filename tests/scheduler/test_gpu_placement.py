@@ -40,7 +40,7 @@ def test_two_20gib_shares_never_land_on_one_24gib_gpu() -> None:
     assert [str(s) for s in third.why_not] == [
         "GPU 0: memory 20GiB needed, 4GiB free",
         "GPU 1: memory 20GiB needed, 4GiB free",
-        "1 GPUs needed, 0 can take the share now",
+        "1 GPU needed, 0 can take the share now",
     ]
 
 

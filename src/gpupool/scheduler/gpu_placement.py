@@ -63,14 +63,17 @@ class Shortfall:
         if self.what == "model":
             return f"GPU {self.gpu}: model {self.free} is not one of {self.need}"
         if self.what == "gpus":
-            return f"{self.need} GPUs needed, {self.free} can take the share now"
+            plural = "" if self.need == 1 else "s"
+            return f"{self.need} GPU{plural} needed, {self.free} can take the share now"
         if self.what == "health":
             return f"GPU {self.gpu}: not healthy"
         if self.what == "memory":
             assert isinstance(self.need, int) and isinstance(self.free, int)
             need, free = format_bytes(self.need), format_bytes(self.free)
             return f"GPU {self.gpu}: memory {need} needed, {free} free"
-        return f"GPU {self.gpu}: compute {self.need} milli needed, {self.free} free"
+        # stored in milli-GPU, shown in the percent users ask for
+        assert isinstance(self.need, int) and isinstance(self.free, int)
+        return f"GPU {self.gpu}: compute {self.need / 10:g}% needed, {self.free / 10:g}% free"
 
 
 @dataclass(frozen=True)
