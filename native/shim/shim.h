@@ -67,7 +67,7 @@ typedef struct {
 } gp_config;
 
 void gp_config_load(gp_config *cfg);
-/* "4GiB", "512M", "1073741824" -> bytes; 0 on success, -1 if malformed */
+/* Kubernetes quantities: "4Gi", "4GiB", "4G" (10^9), "512Mi", "1073741824" -> bytes; 0 on success, -1 if malformed */
 int gp_parse_bytes(const char *text, uint64_t *out);
 
 /* ---- region.c: the share's accounting, shared by all its processes -------------------------- */
@@ -132,6 +132,8 @@ void *gp_real_dlsym(void *handle, const char *name);
 
 /* the share's effective limit on `dev` (clamped to the GPU's memory; 0 = none) */
 uint64_t gp_memory_limit(int dev);
+/* at exit: how many allocations were refused, when more than were logged */
+void gp_memory_report_refusals(void);
 
 /* ---- throttle.c and activity.c: compute shares -------------------------------------------- */
 
