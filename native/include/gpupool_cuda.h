@@ -438,6 +438,7 @@ CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags);
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);

@@ -76,6 +76,7 @@
     X("cuStreamCreate", 2000, cuStreamCreate, 0)                                              \
     X("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority, 0)                      \
     X("cuStreamDestroy", 4000, cuStreamDestroy_v2, 0)                                         \
+    X("cuStreamGetCtx", 9020, cuStreamGetCtx, 0)                                              \
     X("cuStreamSynchronize", 2000, cuStreamSynchronize, 0)                                    \
     X("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz, 1)                               \
     X("cuStreamQuery", 2000, cuStreamQuery, 0)                                                \

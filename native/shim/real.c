@@ -135,6 +135,10 @@ static void *wrap_proc(const char *symbol, void *fn, int version, cuuint64_t fla
     int ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     const gp_hook *hook = hook_by_base(symbol, version, ptsz);
     if (hook == NULL && ptsz) hook = hook_by_base(symbol, version, 0);
+    /* a launch path the compute share would miss: say so (a new driver entry point) */
+    if (hook == NULL && strstr(symbol, "Launch") != NULL && strcmp(symbol, "cuLaunchHostFunc") != 0)
+        gp_log(GP_LOG_INFO, "cuGetProcAddress(%s, %d%s): a launch entry point not wrapped", symbol,
+               version, ptsz ? ", per-thread" : "");
     return hook ? hook->wrapper : fn;
 }
 
@@ -161,6 +165,7 @@ static void after_fork_in_child(void) {
     gp_region_after_fork();
     gp_ptrmap_reset();
     gp_throttle_after_fork();
+    gp_launch_after_fork();
     gp_activity_after_fork();
 }
 
@@ -173,6 +178,7 @@ __attribute__((constructor)) static void gp_load(void) {
 }
 
 __attribute__((destructor)) static void gp_unload(void) {
+    gp_launch_report();
     gp_memory_report_refusals();
     gp_region_close();
 }

@@ -138,12 +138,16 @@ void gp_memory_report_refusals(void);
 /* ---- throttle.c and activity.c: compute shares -------------------------------------------- */
 
 typedef struct {
-    int dev; /* -1: not throttled, the launch passes straight through */
+    int dev;    /* -1: not throttled, the launch passes straight through */
+    int pushed; /* the stream's context was made current for the launch (none was) */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
 void gp_throttle_after(gp_launch *launch, CUresult rc);
 void gp_throttle_after_fork(void);
+/* at exit, at log level info: launches seen per entry point, and how many the share held */
+void gp_launch_report(void);
+void gp_launch_after_fork(void);
 
 /* publish that this share used GPU `dev` at `now` (rate-limited inside) */
 void gp_activity_touch(int dev, uint64_t now);

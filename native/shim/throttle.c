@@ -231,9 +231,36 @@ static int current_context_device(CUcontext *ctx) {
     return dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
 }
 
+/* the device of a launch made while no context is current on the calling thread (a runtime may
+ * launch on a stream of a context it made current on another thread): the stream's own context,
+ * made current around the launch so that our events belong to it; 1 if it was pushed */
+static int push_stream_context(CUstream stream) {
+    __typeof__(&cuStreamGetCtx) get_ctx = GP_REAL(cuStreamGetCtx);
+    __typeof__(&cuCtxPushCurrent_v2) push = GP_REAL(cuCtxPushCurrent_v2);
+    CUcontext ctx = NULL;
+    if (get_ctx == NULL || push == NULL || GP_REAL(cuCtxPopCurrent_v2) == NULL) return 0;
+    if (get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == NULL) return 0;
+    return push(ctx) == CUDA_SUCCESS;
+}
+
+static void pop_stream_context(gp_launch *launch) {
+    if (!launch->pushed) return;
+    CUcontext ctx = NULL;
+    GP_REAL(cuCtxPopCurrent_v2)(&ctx);
+    launch->pushed = 0;
+}
+
+static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
+
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
+    throttle_before(launch, stream, is_ptsz);
+    if (launch->dev < 0) pop_stream_context(launch);
+}
+
+static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     pthread_once(&init_once, init_throttles);
     launch->dev = -1;
+    launch->pushed = 0;
     if (!any_limit) {
         /* no compute share: only tell the node we are here, now and then (the coarse clock
          * costs a few nanoseconds, and its few milliseconds of resolution are plenty here) */
@@ -246,6 +273,8 @@ void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     uint64_t now = gp_now_ns();
     CUcontext ctx = NULL;
     int dev = current_context_device(&ctx);
+    if (dev < 0 && (launch->pushed = push_stream_context(stream)) != 0)
+        dev = current_context_device(&ctx);
     if (dev < 0 || !events_available()) return;
     gp_activity_touch(dev, now);
     uint32_t percent = gp_region_compute_limit(dev);
@@ -304,4 +333,5 @@ void gp_throttle_after(gp_launch *launch, CUresult rc) {
         t->open = 0;
     }
     pthread_mutex_unlock(&t->lock);
+    pop_stream_context(launch);
 }

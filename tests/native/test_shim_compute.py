@@ -56,6 +56,7 @@ def exclusive(client: Path, node: Path, kind: str) -> float:
         (25, "procgraph"),  # cuGraphLaunch_ptsz fetched through cuGetProcAddress
         (40, "coop"),
         (60, "ex"),
+        (25, "nocurrent"),  # no context current on the launching thread: the stream's context
     ],
 )
 def test_a_compute_share_holds_within_five_points(
@@ -146,3 +147,21 @@ def test_processes_of_one_share_hold_its_percentage_together(client: Path, tmp_p
         worker.join()
     together = sum(throughput(result) for result in results) / base
     assert abs(together - 0.40) <= TOLERANCE, f"two processes of a 40 % share: {together:.3f}"
+
+
+def test_the_library_counts_launches_per_entry_point(client: Path, node: Path) -> None:
+    env = shim_env(node, COMPUTE_LIMIT="50", LOG_LEVEL="info")
+    result = run_client(client, env, "run", 0.2, "kernel", "run", 0.2, "procgraph")
+    ((kernels, _), (graphs, _)) = result.step("run")
+    assert result.gpupool_lines()[-1] == (
+        f"gpupool: launches seen: cuLaunchKernel {kernels} ({kernels} held), "
+        f"cuGraphLaunch_ptsz {graphs} ({graphs} held)"
+    )
+
+
+def test_launches_with_no_share_are_counted_as_not_held(client: Path, node: Path) -> None:
+    result = run_client(client, shim_env(node, LOG_LEVEL="info"), "run", 0.1, "nocurrent")
+    ((launches, _),) = result.step("run")
+    assert result.gpupool_lines()[-1] == (
+        f"gpupool: launches seen: cuLaunchKernel {launches} (0 held)"
+    )
