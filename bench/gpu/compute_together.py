@@ -4,7 +4,8 @@
   cudaDeviceSynchronize(), in a loop), static and shared CUDA runtime, with and without an
   allocation first, CUDA_MODULE_LOADING EAGER and LAZY, under a 25 % cap: its GPU share, and the
   launches the library saw and held per entry point (GPUPOOL_LOG_LEVEL=info), so a missed launch
-  path shows up as a count, not only as a timing;
+  path shows up as a count, not only as a timing, with the private driver tables
+  (cuGetExportTable) the runtime fetched;
 - long kernels of 20, 50 and 200 ms under a 25 % cap;
 - shares busy together (PyTorch 4096^2 matmul loops): 30/70, 10/90, four of 25 %, and the `share`
   policy with its partner idle and busy: each one's throughput over exclusive throughput.
@@ -164,7 +165,9 @@ def launches(stderr: str) -> tuple[int, int, str]:
         text = match.group(1)
         for _, n, h in _ENTRY.findall(text):
             seen, held = seen + int(n), held + int(h)
-    return seen, held, text.strip()
+    # private driver tables a runtime fetched: where a launch none of the counts saw came from
+    tables = stderr.count("gpupool: cuGetExportTable(")
+    return seen, held, text.strip() + (f"; {tables} export tables fetched" if tables else "")
 
 
 def spin_outcome(proc: subprocess.Popen[str]) -> Outcome:

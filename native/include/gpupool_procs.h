@@ -17,6 +17,7 @@
 #define GP_PROCS_WRAPPED(X)                                                                   \
     X("cuGetProcAddress", 11030, cuGetProcAddress, 0)                                         \
     X("cuGetProcAddress", 12000, cuGetProcAddress_v2, 0)                                      \
+    X("cuGetExportTable", 3000, cuGetExportTable, 0)                                          \
     X("cuMemAlloc", 3020, cuMemAlloc_v2, 0)                                                   \
     X("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, 0)                                         \
     X("cuMemAllocManaged", 6000, cuMemAllocManaged, 0)                                        \

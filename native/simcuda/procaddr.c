@@ -17,6 +17,16 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
     return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
 }
 
+/* the runtimes' private tables of driver functions: the simulated driver has none (a runtime
+ * would fall back to, or fail without, them; gpupool's tests use only the public entry points) */
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+    if (ppExportTable == NULL || pExportTableId == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ppExportTable = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- _ptsz / _ptds exports ------------------------------------------------------------------ */
 
 #define PT(name, ret_args, call_args)                                                            \

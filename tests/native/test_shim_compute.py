@@ -165,3 +165,13 @@ def test_launches_with_no_share_are_counted_as_not_held(client: Path, node: Path
     assert result.gpupool_lines()[-1] == (
         f"gpupool: launches seen: cuLaunchKernel {launches} (0 held)"
     )
+
+
+def test_export_table_lookups_are_named_at_info_level(client: Path, node: Path) -> None:
+    quiet = run_client(client, shim_env(node), "exporttable")
+    assert quiet.step("exporttable") == [["1"]]  # the simulated driver has no private tables
+    assert quiet.gpupool_lines() == []
+    result = run_client(client, shim_env(node, LOG_LEVEL="info"), "exporttable")
+    assert "gpupool: cuGetExportTable(0102030405060708090a0b0c0d0e0f10): 1" in (
+        result.gpupool_lines()
+    )

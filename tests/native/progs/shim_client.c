@@ -25,6 +25,7 @@
  *                        the per-thread stream flavour), or nocurrent (cuLaunchKernel on a stream
  *                        of the context, while no context is current on the thread)
  *                        -> "run LAUNCHES ELAPSED_NS"
+ *   exporttable          cuGetExportTable of an id of 16 bytes 0x01..0x10 -> "exporttable RC"
  *   ready                prints "ready" and waits for a line on stdin
  *   hold                 prints "holding" and sleeps until killed
  *   exec STEPS...        replaces itself (same pid) with a new client running STEPS
@@ -75,6 +76,7 @@ FN(cuMemGetInfo_v2);
 FN(cuDeviceTotalMem_v2);
 FN(cuStreamSynchronize);
 FN(cuStreamCreate);
+FN(cuGetExportTable);
 FN(cuCtxGetCurrent);
 FN(cuModuleLoadData);
 FN(cuModuleGetFunction);
@@ -131,6 +133,7 @@ static void load_driver(void) {
     LOAD(cuDeviceTotalMem_v2);
     LOAD(cuStreamSynchronize);
     LOAD(cuStreamCreate);
+    LOAD(cuGetExportTable);
     LOAD(cuCtxGetCurrent);
     LOAD(cuModuleLoadData);
     LOAD(cuModuleGetFunction);
@@ -436,6 +439,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(step, "run") == 0) {
             run(strtod(arg, NULL), argv[i + 2]);
             i += 2;
+        } else if (strcmp(step, "exporttable") == 0) {
+            CUuuid id;
+            for (int b = 0; b < 16; b++) id.bytes[b] = (char)(b + 1);
+            const void *table = NULL;
+            printf("exporttable %d\n", (int)p_cuGetExportTable(&table, &id));
         } else if (strcmp(step, "ready") == 0) {
             printf("ready\n");
             char line[16];
