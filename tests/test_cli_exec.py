@@ -101,7 +101,7 @@ def test_a_cuda_program_sees_its_share(env: dict[str, str], tmp_path: Path) -> N
     assert timed is not None and 10.0 <= float(timed.group(1)) < 15.0
 
 
-def test_inherited_settings_and_activity_files_do_not_reach_the_command(
+def test_inherited_settings_and_arbiter_directories_do_not_reach_the_command(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     exe = tmp_path / "sim_smoke"
@@ -109,7 +109,7 @@ def test_inherited_settings_and_activity_files_do_not_reach_the_command(
     stray = tmp_path / "stray.conf"  # the library would take its limit from here
     stray.write_text("GPUPOOL_MEMORY_LIMIT=1MiB\n")
     env["GPUPOOL_CONFIG_FILE"] = str(stray)
-    env["GPUPOOL_ACTIVITY_FILE"] = "not-an-absolute-path"  # the library would refuse it
+    env["GPUPOOL_ARBITER_DIR"] = "not-an-absolute-path"  # the library would refuse it
     result = gpupool(env, "exec", "--simulate", "1xH100", "--memory", "4GiB", "--", str(exe))
     assert result.returncode == 0, result.stderr
     assert "memory: 4096 MiB free of 4096 MiB" in result.stdout

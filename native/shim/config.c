@@ -200,9 +200,11 @@ void gp_config_load(gp_config *cfg) {
     }
     text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
-    text = get(GP_ENV_ACTIVITY_FILE);
+    /* node-wide: as configured (a directory every container of the node mounts), a simulated
+     * node's directory, else /dev/shm */
+    text = get(GP_ENV_ARBITER_DIR);
+    const char *node = getenv(GP_ENV_SIM_NODE);
     if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
-        gp_fatal("invalid GPUPOOL_ACTIVITY_FILE=%s: expected an absolute path under 512 bytes",
-                 text);
-    cfg->activity_path = (text && *text) ? text : NULL;
+        gp_fatal("invalid GPUPOOL_ARBITER_DIR=%s: expected an absolute path under 512 bytes", text);
+    cfg->arbiter_dir = (text && *text) ? text : (node && *node) ? node : "/dev/shm";
 }

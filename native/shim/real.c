@@ -166,7 +166,7 @@ static void after_fork_in_child(void) {
     gp_ptrmap_reset();
     gp_throttle_after_fork();
     gp_launch_after_fork();
-    gp_activity_after_fork();
+    gp_arbiter_after_fork();
 }
 
 __attribute__((constructor)) static void gp_load(void) {
@@ -174,11 +174,13 @@ __attribute__((constructor)) static void gp_load(void) {
     find_real_dlsym();
     gp_config_load(&cfg);
     gp_region_open(&cfg);
+    gp_arbiter_configure(cfg.arbiter_dir);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
 __attribute__((destructor)) static void gp_unload(void) {
     gp_launch_report();
+    gp_arbiter_close();
     gp_memory_report_refusals();
     gp_region_close();
 }

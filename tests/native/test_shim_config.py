@@ -84,7 +84,7 @@ def test_a_per_device_limit_overrides_the_all_device_one(client: Path, node: Pat
         ("COMPUTE_LIMIT", "99.9", "invalid GPUPOOL_COMPUTE_LIMIT=99.9"),
         ("COMPUTE_POLICY", "greedy", "invalid GPUPOOL_COMPUTE_POLICY=greedy"),
         ("LOG_LEVEL", "loud", "invalid GPUPOOL_LOG_LEVEL=loud"),
-        ("ACTIVITY_FILE", "relative/file", "invalid GPUPOOL_ACTIVITY_FILE=relative/file"),
+        ("ARBITER_DIR", "relative/dir", "invalid GPUPOOL_ARBITER_DIR=relative/dir"),
     ],
 )
 def test_a_malformed_value_stops_the_workload_with_one_line(

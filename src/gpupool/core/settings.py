@@ -70,10 +70,11 @@ SHARED_REGION = Setting(
     "The accounting file shared by every process of one share (made by the launch).",
     Reader.NATIVE,
 )
-ACTIVITY_FILE = Setting(
-    "GPUPOOL_ACTIVITY_FILE",
+ARBITER_DIR = Setting(
+    "GPUPOOL_ARBITER_DIR",
     None,
-    "The node-wide file where shares stamp their GPU use (default: one per user in /dev/shm).",
+    "The node-wide directory of the GPUs' compute arbiters, one file per GPU (set by the launch: "
+    "a simulated node's directory, else /dev/shm).",
     Reader.NATIVE,
 )
 CONFIG_FILE = Setting(
@@ -114,7 +115,7 @@ ALL: tuple[Setting, ...] = (
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
     SHARED_REGION,
-    ACTIVITY_FILE,
+    ARBITER_DIR,
     CONFIG_FILE,
     LOG_LEVEL,
     SIM_NODE,
@@ -129,7 +130,7 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     COMPUTE_POLICY,
     SHARED_REGION,
     CONFIG_FILE,
-    ACTIVITY_FILE,
+    ARBITER_DIR,
 )
 
 

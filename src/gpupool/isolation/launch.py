@@ -60,8 +60,8 @@ class LaunchSpec:
 
 
 #: a share's settings come only from its launch: inherited limits would apply to the wrong
-#: ordinals, an inherited settings file would override the share wholesale, and a stray activity
-#: file would hide this share's launches from the other shares of the node
+#: ordinals, an inherited settings file would override the share wholesale, and a stray arbiter
+#: directory would hide this share's launches from the other shares of the node
 _SHARE_VARIABLES = tuple(s.name for s in settings.SHARE_SETTINGS)
 
 
@@ -84,6 +84,13 @@ def new_shared_region(directory: Path | None = None) -> Path:
     """A fresh accounting file path inside a private (0700) directory; the library creates it."""
     private = Path(tempfile.mkdtemp(prefix="gpupool-share-", dir=directory))
     return private / "region"
+
+
+def arbiter_dir(sim_node: Path | None) -> Path:
+    """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
+    for every launcher of the node (`gpupool exec`, the node daemon, the device plugin): a
+    simulated node's own directory, else /dev/shm."""
+    return sim_node if sim_node is not None else Path("/dev/shm")
 
 
 def share_env(
@@ -131,11 +138,12 @@ def build_launch_spec(
         raise InvalidRequest("one GPU total per GPU of the share is needed")
     env = dict(os.environ if base_env is None else base_env)
     # a share's settings come only from here: inherited limits would apply to the wrong
-    # ordinals, an inherited settings or activity file to another share
+    # ordinals, an inherited settings file or arbiter directory to another share
     for name in [n for n in env if n.startswith(_SHARE_VARIABLES)]:
         del env[name]
     region = shared_region if shared_region is not None else new_shared_region()
     env.update(share_env(limits, totals, region))
+    env[settings.ARBITER_DIR.name] = str(arbiter_dir(sim_node))
     env["LD_PRELOAD"] = _prepend_path(str(shim_library(native_dir)), env.get("LD_PRELOAD"), ":")
     if sim_node is not None:
         sim_dir = str(sim_driver_dir(native_dir))
