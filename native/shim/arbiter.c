@@ -11,6 +11,10 @@
  * again at the earliest clock of the others: idle time is never banked. A holder that stopped
  * launching (and whose work should be over), or whose process is gone, loses the lease.
  *
+ * Priorities: a `low` share takes the lease only while no `high` share wants it, and gives it back
+ * at its next batch when one does (its batches are small and one at a time, so little of its work
+ * is in flight then); a high share never yields to a low one.
+ *
  * A file that is not an arbiter of this version stops the workload (exit 2): it never runs
  * unarbitrated by mistake.
  */
@@ -40,7 +44,7 @@
 typedef struct {
     uint64_t share_id; /* 0: free */
     uint32_t weight;   /* percent */
-    uint32_t pad;
+    uint32_t low;      /* a low-priority share */
     uint64_t vtime;     /* GPU ns x 100 / weight */
     uint64_t wanted_ns; /* the last time it asked for the lease */
 } gp_arb_share;
@@ -69,11 +73,21 @@ typedef struct {
 } gp_arb_dev;
 
 static const char *arbiter_dir;
+static gp_priority priority;
 static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
 static gp_arb_dev devs[GP_MAX_DEVICES];
 static uint64_t my_start;
 
-void gp_arbiter_configure(const char *dir) { arbiter_dir = dir; }
+void gp_arbiter_configure(const char *dir, gp_priority chosen) {
+    arbiter_dir = dir;
+    priority = chosen;
+}
+
+gp_priority gp_arbiter_priority(void) { return priority; }
+
+static int wants(const gp_arb_share *s, uint64_t now) {
+    return s->share_id != 0 && s->wanted_ns + GP_WANT_NS >= now;
+}
 
 static void init_file(gp_arb_file *map) {
     pthread_mutexattr_t attr;
@@ -190,13 +204,15 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
     }
     s->wanted_ns = now;
     s->weight = weight;
+    s->low = priority == GP_PRIORITY_LOW;
     if (f->holder_pid == getpid()) return 1;
     int idle = now > f->last_launch_ns + GP_HOLD_IDLE_NS && now > f->busy_until_ns;
     if (!holder_gone(f) && !idle) return 0;
     for (int i = 0; i < GP_ARB_SHARES; i++) {
         const gp_arb_share *o = &f->share[i];
-        if (i == me || o->share_id == 0 || o->wanted_ns + GP_WANT_NS < now) continue;
-        if (o->vtime < s->vtime) return 0;
+        if (i == me || !wants(o, now)) continue;
+        /* a high share goes first; within a class, the earliest clock */
+        if (o->low < s->low || (o->low == s->low && o->vtime < s->vtime)) return 0;
     }
     f->holder_pid = getpid();
     f->holder_start = my_start;
@@ -224,11 +240,14 @@ int gp_arbiter_should_yield(int dev, uint64_t now) {
     if (d == NULL) return 0;
     gp_arb_file *f = d->file;
     if (__atomic_load_n(&f->holder_pid, __ATOMIC_RELAXED) != getpid()) return 0;
-    if (now < __atomic_load_n(&f->granted_ns, __ATOMIC_RELAXED) + GP_LEASE_NS) return 0;
+    int low = priority == GP_PRIORITY_LOW;
+    int expired = now >= __atomic_load_n(&f->granted_ns, __ATOMIC_RELAXED) + GP_LEASE_NS;
     for (int i = 0; i < GP_ARB_SHARES; i++) {
-        if (i == d->slot || f->share[i].share_id == 0) continue;
-        if (__atomic_load_n(&f->share[i].wanted_ns, __ATOMIC_RELAXED) + GP_WANT_NS >= now)
-            return 1;
+        const gp_arb_share *o = &f->share[i];
+        if (i == d->slot || !wants(o, now)) continue;
+        /* a low holder yields to a high share at once; nobody yields to a low one */
+        if (low && !o->low) return 1;
+        if (expired && o->low == (uint32_t)low) return 1;
     }
     return 0;
 }

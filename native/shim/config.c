@@ -198,6 +198,16 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_POLICY=%s: expected cap or share", text);
     }
+    text = get(GP_ENV_COMPUTE_PRIORITY);
+    if (text == NULL || *text == '\0') {
+        cfg->priority = GP_PRIORITY_UNSET;
+    } else if (strcmp(text, "high") == 0) {
+        cfg->priority = GP_PRIORITY_HIGH;
+    } else if (strcmp(text, "low") == 0) {
+        cfg->priority = GP_PRIORITY_LOW;
+    } else {
+        gp_fatal("invalid GPUPOOL_COMPUTE_PRIORITY=%s: expected high or low", text);
+    }
     text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
     /* node-wide: as configured (a directory every container of the node mounts), a simulated

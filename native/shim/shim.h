@@ -56,11 +56,14 @@ void gp_sleep_ns(uint64_t ns);
 /* ---- config.c: GPUPOOL_* variables, read once at load -------------------------------------- */
 
 typedef enum { GP_POLICY_CAP = 0, GP_POLICY_SHARE = 1 } gp_policy;
+/* unset: arbitrated only with a compute limit; high and low: always (low runs in high's gaps) */
+typedef enum { GP_PRIORITY_UNSET = 0, GP_PRIORITY_HIGH = 1, GP_PRIORITY_LOW = 2 } gp_priority;
 
 typedef struct {
     uint64_t memory_limit[GP_MAX_DEVICES];  /* bytes, 0 = none */
     uint32_t compute_limit[GP_MAX_DEVICES]; /* percent 1..100, 100 = none */
     gp_policy policy;
+    gp_priority priority;
     const char *region_path;   /* NULL: this process alone */
     const char *arbiter_dir;   /* where the GPUs' compute arbiters live (node-wide) */
 } gp_config;
@@ -150,7 +153,8 @@ void gp_launch_after_fork(void);
 
 /* ---- arbiter.c: one lease per GPU, node-wide, shared by every compute share on it ----------- */
 
-void gp_arbiter_configure(const char *dir);
+void gp_arbiter_configure(const char *dir, gp_priority priority);
+gp_priority gp_arbiter_priority(void);
 int gp_arbiter_active(int dev);
 /* wait until this process holds the GPU's lease (the share's clock is earliest of the wanting) */
 void gp_arbiter_acquire(int dev, uint32_t weight);

@@ -68,7 +68,7 @@ static void init_throttles(void) {
         pthread_mutex_init(&throttles[dev].lock, NULL);
         throttles[dev].batch_target = 1;
     }
-    any_limit = gp_region_any_compute_limit();
+    any_limit = gp_region_any_compute_limit() || gp_arbiter_priority() != GP_PRIORITY_UNSET;
 }
 
 void gp_throttle_after_fork(void) {
@@ -234,6 +234,8 @@ static void take_turn(gp_throttle *t) {
         account(t, 0);
         while (t->count >= GP_MAX_PENDING) account(t, 1);
     }
+    /* a low share keeps one batch in flight at most: a high share waits for little */
+    if (gp_arbiter_priority() == GP_PRIORITY_LOW) drain(t);
     if (arbitrated) gp_arbiter_acquire(t->dev, t->percent);
 }
 
@@ -290,7 +292,7 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     if (dev < 0 || !events_available()) return;
     uint32_t percent = gp_region_compute_limit(dev);
     gp_throttle *t = &throttles[dev];
-    if (percent >= 100) return;
+    if (percent >= 100 && gp_arbiter_priority() == GP_PRIORITY_UNSET) return;
     if (capturing(stream, is_ptsz)) return;
     pthread_mutex_lock(&t->lock);
     if (t->ctx != ctx) {

@@ -124,3 +124,32 @@ def test_a_corrupt_arbiter_stops_the_workload_with_one_line(client: Path, tmp_pa
         f"gpupool: {arbiter} is not a compute arbiter of this gpupool version: remove it when "
         "no workload runs on this GPU"
     ]
+
+
+def prioritized(
+    client: Path, node: Path, tmp_path: Path, priority: str, seconds: float = SECONDS
+) -> Result:
+    env = shim_env(node, COMPUTE_PRIORITY=priority, SHARED_REGION=str(tmp_path / priority))
+    return run_client(client, env, "run", seconds, "kernel")
+
+
+def test_a_low_share_gives_the_gpu_to_a_busy_high_share(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    results: dict[str, Result] = {}
+    low = threading.Thread(
+        target=lambda: results.update(low=prioritized(client, node, tmp_path, "low", SECONDS + 1))
+    )
+    low.start()
+    time.sleep(0.5)  # the low share has the GPU to itself, then the high one comes
+    high = throughput(prioritized(client, node, tmp_path, "high")) / base
+    low.join()
+    assert high >= 0.95 - TOLERANCE, high
+    # low ran alone for about 0.5 s and 0.5 s after high was done, of 3 s: about a third
+    assert throughput(results["low"]) / base <= 1 / 3 + 2 * TOLERANCE
+
+
+def test_a_low_share_alone_uses_the_whole_gpu(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    assert throughput(prioritized(client, node, tmp_path, "low")) / base >= 0.95 - TOLERANCE

@@ -83,6 +83,7 @@ def test_a_per_device_limit_overrides_the_all_device_one(client: Path, node: Pat
         ("COMPUTE_LIMIT", "1.0", "invalid GPUPOOL_COMPUTE_LIMIT=1.0"),  # a percent, not a GPU
         ("COMPUTE_LIMIT", "99.9", "invalid GPUPOOL_COMPUTE_LIMIT=99.9"),
         ("COMPUTE_POLICY", "greedy", "invalid GPUPOOL_COMPUTE_POLICY=greedy"),
+        ("COMPUTE_PRIORITY", "urgent", "invalid GPUPOOL_COMPUTE_PRIORITY=urgent"),
         ("LOG_LEVEL", "loud", "invalid GPUPOOL_LOG_LEVEL=loud"),
         ("ARBITER_DIR", "relative/dir", "invalid GPUPOOL_ARBITER_DIR=relative/dir"),
     ],

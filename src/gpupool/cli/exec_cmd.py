@@ -12,7 +12,13 @@ import typer
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MemoryShare, parse_compute_milli, parse_int_range, parse_memory_share
-from gpupool.isolation.launch import ComputePolicy, LaunchSpec, ShareLimits, build_launch_spec
+from gpupool.isolation.launch import (
+    ComputePolicy,
+    LaunchSpec,
+    Priority,
+    ShareLimits,
+    build_launch_spec,
+)
 from gpupool.isolation.node import LaunchNode, open_launch_node
 
 #: exit statuses of a command that could not be started, as POSIX shells use them
@@ -48,7 +54,9 @@ def _run(spec: LaunchSpec) -> int:
     return 128 - status if status < 0 else status
 
 
-def _limits(gpu: str, memory: str | None, compute: str | None, policy: str) -> ShareLimits:
+def _limits(
+    gpu: str, memory: str | None, compute: str | None, policy: str, priority: str | None
+) -> ShareLimits:
     gpus = tuple(parse_int_range(gpu, "GPU index"))
     share: MemoryShare | None = parse_memory_share(memory) if memory is not None else None
     milli = parse_compute_milli(compute) if compute is not None else 1000
@@ -56,7 +64,11 @@ def _limits(gpu: str, memory: str | None, compute: str | None, policy: str) -> S
         chosen = ComputePolicy(policy)
     except ValueError as err:
         raise InvalidRequest(f"invalid compute policy {policy!r}: use cap or share") from err
-    return ShareLimits(gpus, share, milli, chosen)
+    try:
+        rank = Priority(priority) if priority is not None else None
+    except ValueError as err:
+        raise InvalidRequest(f"invalid priority {priority!r}: use high or low") from err
+    return ShareLimits(gpus, share, milli, chosen, rank)
 
 
 def _announce(node: LaunchNode, simulate: str | None) -> None:
@@ -101,10 +113,16 @@ def register(app: typer.Typer) -> None:
             metavar="cap|share",
             help="cap: never above the share; share: may use an idle GPU.",
         ),
+        priority: str | None = typer.Option(
+            None,
+            "--priority",
+            metavar="high|low",
+            help="high: guaranteed; low: only while no high share on the GPU has work.",
+        ),
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
         # every value is checked before anything runs: syntax first, then against the node
-        limits = _limits(gpu, memory, compute, compute_policy)
+        limits = _limits(gpu, memory, compute, compute_policy, priority)
         node = open_launch_node(simulate, node_dir)
         totals = node.totals_of(limits.gpus)
         _announce(node, simulate)

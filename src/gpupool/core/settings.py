@@ -64,6 +64,13 @@ COMPUTE_POLICY = Setting(
     "`cap`: never above the compute share; `share`: use an idle GPU, back to the share under load.",
     Reader.NATIVE,
 )
+COMPUTE_PRIORITY = Setting(
+    "GPUPOOL_COMPUTE_PRIORITY",
+    None,
+    "`high`: guaranteed; `low`: runs only while no high share on the GPU has work (unset: "
+    "arbitrated with the other shares only when the share has a compute limit).",
+    Reader.NATIVE,
+)
 SHARED_REGION = Setting(
     "GPUPOOL_SHARED_REGION",
     None,
@@ -114,6 +121,7 @@ ALL: tuple[Setting, ...] = (
     MEMORY_LIMIT,
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
+    COMPUTE_PRIORITY,
     SHARED_REGION,
     ARBITER_DIR,
     CONFIG_FILE,
@@ -128,6 +136,7 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     MEMORY_LIMIT,
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
+    COMPUTE_PRIORITY,
     SHARED_REGION,
     CONFIG_FILE,
     ARBITER_DIR,

@@ -28,14 +28,23 @@ class ComputePolicy(StrEnum):
     SHARE = "share"
 
 
+class Priority(StrEnum):
+    """`high`: guaranteed; `low`: runs only while no high share on the GPU has work."""
+
+    HIGH = "high"
+    LOW = "low"
+
+
 @dataclass(frozen=True)
 class ShareLimits:
-    """One share on a node: GPU indices, memory per GPU, compute per GPU."""
+    """One share on a node: GPU indices, memory per GPU, compute per GPU, and its priority
+    (None: arbitrated with other shares only when it has a compute limit)."""
 
     gpus: tuple[int, ...]
     memory: int | MemoryShare | None = None
     compute_milli: int = MILLI_PER_GPU
     policy: ComputePolicy = ComputePolicy.CAP
+    priority: Priority | None = None
 
     def __post_init__(self) -> None:
         if not self.gpus:
@@ -114,6 +123,8 @@ def share_env(
         limit = memory_bytes(limits.memory, total)
         if limit is not None:
             env[f"GPUPOOL_MEMORY_LIMIT_{ordinal}"] = str(limit)
+    if limits.priority is not None:
+        env["GPUPOOL_COMPUTE_PRIORITY"] = limits.priority.value
     if limits.compute_milli < MILLI_PER_GPU:
         percent = max(1, round(limits.compute_milli * 100 / MILLI_PER_GPU))
         env["GPUPOOL_COMPUTE_LIMIT"] = str(percent)
