@@ -8,10 +8,14 @@
   (cuGetExportTable) the runtime fetched;
 - long kernels of 20, 50 and 200 ms under a 25 % cap;
 - shares busy together (PyTorch 4096^2 matmul loops): 30/70, 10/90, four of 25 %, and the `share`
-  policy with its partner idle and busy: each one's throughput over exclusive throughput.
+  policy with its partner idle and busy: each one's throughput over exclusive throughput;
+- a high-priority request loop (a small PyTorch model, one request at a time, 2 ms between
+  requests) alone and next to a busy low-priority matmul loop: its p99 latency, and how much of
+  the GPU time it leaves idle the low share gets.
 
 Targets (issue 8): each within 5 points of its share; the GPU at least 90 % busy in total for a
-pair; a `share` share alone at 90 % or more. About 5 minutes on a GPU with the defaults.
+pair; a `share` share alone at 90 % or more; the high loop's p99 within 10 % of alone, the low
+share at least half of what the high one leaves. About 5 minutes on a GPU with the defaults.
 
 It never changes the GPU's modes, clocks or limits. `--simulate` runs the same steps on the
 simulated driver (a C stand-in for the nvcc program and for PyTorch, kernels of the same length),
@@ -60,6 +64,34 @@ while time.perf_counter() - start < seconds:
 torch.cuda.synchronize()
 print("RESULT " + json.dumps({"kernels": count, "seconds": time.perf_counter() - start}))
 """
+
+REQUESTS = """
+import json, sys, time
+import torch
+seconds, think = float(sys.argv[1]), float(sys.argv[2]) / 1000
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda().eval()
+x = torch.randn(64, 2048, device="cuda")
+latencies = []
+with torch.no_grad():
+    for _ in range(20):
+        model(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        asked = time.perf_counter()
+        model(x)
+        torch.cuda.synchronize()
+        latencies.append(time.perf_counter() - asked)
+        time.sleep(think)
+elapsed = time.perf_counter() - start
+latencies.sort()
+p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1e3
+result = {"kernels": len(latencies), "seconds": elapsed, "p99_ms": p99}
+print("RESULT " + json.dumps(result | {"busy_ms": sum(latencies) * 1e3}))
+"""
+#: idle time between two requests of the high-priority loop, ms (and, simulated, a request's time)
+THINK_MS = 2.0
+P99_TARGET = 1.10
 
 _LAUNCHES = re.compile(r"gpupool: launches seen: (.*)")
 _ENTRY = re.compile(r"(\w+) (\d+) \((\d+) held\)")
@@ -130,9 +162,16 @@ class Bench:
         )
 
     def start(
-        self, compute: int | None, argv: Sequence[str], ms: float, policy: str = "cap", **env: str
+        self,
+        compute: int | None,
+        argv: Sequence[str],
+        ms: float,
+        policy: str = "cap",
+        priority: str | None = None,
+        **env: str,
     ) -> subprocess.Popen[str]:
         options = ["--compute", str(compute), "--compute-policy", policy] if compute else []
+        options += ["--priority", priority] if priority else []
         if self.simulate:
             env["GPUPOOL_SIM_KERNEL_NS"] = str(int(ms * 1e6))
         return self._gpupool(options, argv, env)
@@ -241,6 +280,40 @@ def together_rows(bench: Bench, seconds: float) -> list[Row]:
     return rows
 
 
+def requests(bench: Bench, seconds: float) -> list[str]:
+    """A request loop, one request at a time with THINK_MS idle between requests."""
+    if bench.simulate:
+        return [str(bench.programs["static"]), str(THINK_MS), str(seconds), "requests"]
+    return [sys.executable, "-c", REQUESTS, str(seconds), str(THINK_MS)]
+
+
+def priority_rows(bench: Bench, seconds: float) -> list[Row]:
+    """A high-priority request loop alone, then next to a busy low-priority share."""
+    alone, _ = finish(bench.start(None, requests(bench, seconds), THINK_MS, priority="high"))
+    low = bench.start(None, bench.busy_loop(seconds + 2.0), 1.0, priority="low")
+    beside, _ = finish(bench.start(None, requests(bench, seconds), THINK_MS, priority="high"))
+    low_result, _ = finish(low)
+    busy_ms = alone["busy_ms"] if "busy_ms" in alone else alone["kernels"] * alone["ms"]
+    busy = busy_ms / (alone["seconds"] * 1000.0)
+    low_share = 100.0 * low_result["kernels"] / low_result["seconds"] / bench.exclusive_rate
+    left = 100.0 * (1.0 - busy)
+    ratio = beside["p99_ms"] / alone["p99_ms"]
+    return [
+        Row(
+            "high request loop next to a busy low share: p99 latency",
+            f"≤ {P99_TARGET:.2f} x alone",
+            f"{beside['p99_ms']:.2f} ms vs {alone['p99_ms']:.2f} ms alone ({ratio:.2f} x)",
+            ratio <= P99_TARGET,
+        ),
+        Row(
+            "low share beside it: GPU time it gets of what high leaves",
+            "≥ 50 %",
+            f"{low_share:.1f} % of the GPU, high left {left:.1f} % idle",
+            low_share >= 0.5 * left,
+        ),
+    ]
+
+
 def device_name(simulate: bool) -> str:
     if simulate:
         return "simulated H100 (gpupool's simulated driver; a dry run of the GPU steps)"
@@ -266,12 +339,7 @@ def markdown(device: str, command: str, rows: list[Row]) -> str:
     lines += [
         f"| {r.case} | {r.expected} | {r.measured} | {'yes' if r.ok else 'NO'} |" for r in rows
     ]
-    lines += [
-        "",
-        "High/low priority latency pair: not measured (`--priority` is not implemented yet).",
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join([*lines, ""])
 
 
 def main() -> int:
@@ -290,6 +358,7 @@ def main() -> int:
     try:
         bench = Bench(work, args.simulate)
         rows = path_rows(bench, seconds, long_seconds) + together_rows(bench, 2 * seconds)
+        rows += priority_rows(bench, 2 * seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     command = "PYTHONPATH=src python bench/gpu/compute_together.py " + " ".join(sys.argv[1:])

@@ -3,9 +3,11 @@
  * same command line and output as spin.cu, through the driver API (the simulated driver has no
  * CUDA runtime). A simulated kernel lasts GPUPOOL_SIM_KERNEL_NS, which the script sets to MS.
  *
- *   spin_sim MS SECONDS [alloc|async]
+ *   spin_sim MS SECONDS [alloc|async|requests]
  *
- * `async` launches without waiting for each kernel (as PyTorch does), synchronizing at the end.
+ * `async` launches without waiting for each kernel (as PyTorch does), synchronizing at the end;
+ * `requests` serves one request at a time (a kernel, then a synchronize) with MS of idle time
+ * between requests, and adds the 99th percentile of the request latencies ("p99_ms").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,13 @@
 #include <time.h>
 
 #include "gpupool_cuda.h"
+
+#define MAX_REQUESTS 200000
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -48,16 +57,29 @@ int main(int argc, char **argv) {
         CUdeviceptr p;
         check(cuMemAlloc_v2(&p, 64 << 20), "cuMemAlloc");
     }
-    int async = strcmp(mode, "async") == 0;
+    int async = strcmp(mode, "async") == 0, requests = strcmp(mode, "requests") == 0;
+    static double latency[MAX_REQUESTS];
     double start = now_s();
     long kernels = 0;
     while (now_s() - start < seconds) {
+        double asked = now_s();
         check(cuLaunchKernel(fn, 256, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
         if (!async) check(cuCtxSynchronize(), "cuCtxSynchronize");
+        if (requests && kernels < MAX_REQUESTS) {
+            latency[kernels] = (now_s() - asked) * 1e3;
+            struct timespec idle = {0, (long)(ms * 1e6)};
+            nanosleep(&idle, NULL);
+        }
         kernels++;
     }
     check(cuCtxSynchronize(), "cuCtxSynchronize");
-    printf("RESULT {\"kernels\": %ld, \"seconds\": %.6f, \"ms\": %g}\n", kernels, now_s() - start,
-           ms);
+    double elapsed = now_s() - start, p99 = 0;
+    long n = kernels < MAX_REQUESTS ? kernels : MAX_REQUESTS;
+    if (requests && n > 0) {
+        qsort(latency, (size_t)n, sizeof latency[0], by_value);
+        p99 = latency[(long)(0.99 * (double)(n - 1))];
+    }
+    printf("RESULT {\"kernels\": %ld, \"seconds\": %.6f, \"ms\": %g, \"p99_ms\": %.4f}\n", kernels,
+           elapsed, ms, p99);
     return 0;
 }
