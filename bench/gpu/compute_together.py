@@ -137,7 +137,8 @@ class Bench:
         programs = {}
         for cudart in ("static", "shared"):
             out = self.work / f"spin_{cudart}"
-            cmd = ["nvcc", "-O2", f"-cudart={cudart}", "-o", str(out), str(HERE / "spin.cu")]
+            cmd = ["nvcc", "-O2", "-arch=native", "--cudart", cudart, "-o", str(out)]
+            cmd.append(str(HERE / "spin.cu"))
             subprocess.run(cmd, check=True)
             programs[cudart] = out
         return programs
