@@ -252,6 +252,17 @@ int gp_arbiter_should_yield(int dev, uint64_t now) {
     return 0;
 }
 
+int gp_arbiter_high_active(int dev, uint64_t now) {
+    gp_arb_dev *d = ready(dev);
+    if (d == NULL) return 0;
+    for (int i = 0; i < GP_ARB_SHARES; i++) {
+        const gp_arb_share *o = &d->file->share[i];
+        if (i == d->slot || o->share_id == 0 || o->low) continue;
+        if (__atomic_load_n(&o->wanted_ns, __ATOMIC_RELAXED) + GP_IDLE_NS >= now) return 1;
+    }
+    return 0;
+}
+
 int gp_arbiter_holds(int dev) {
     gp_arb_dev *d = ready(dev);
     return d != NULL && __atomic_load_n(&d->file->holder_pid, __ATOMIC_RELAXED) == getpid();

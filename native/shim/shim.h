@@ -161,6 +161,8 @@ void gp_arbiter_acquire(int dev, uint32_t weight);
 /* this process has held the lease its length and another share wants the GPU */
 int gp_arbiter_should_yield(int dev, uint64_t now);
 int gp_arbiter_holds(int dev);
+/* a high-priority share asked for the GPU within the last 50 ms */
+int gp_arbiter_high_active(int dev, uint64_t now);
 void gp_arbiter_release(int dev);
 /* a launch of about `estimate_ns` of GPU time was queued at `now` */
 void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);

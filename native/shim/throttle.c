@@ -234,8 +234,10 @@ static void take_turn(gp_throttle *t) {
         account(t, 0);
         while (t->count >= GP_MAX_PENDING) account(t, 1);
     }
-    /* a low share keeps one batch in flight at most: a high share waits for little */
-    if (gp_arbiter_priority() == GP_PRIORITY_LOW) drain(t);
+    /* next to an active high share, a low share keeps one batch in flight at most: the high one
+     * then waits for little */
+    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, gp_now_ns()))
+        drain(t);
     if (arbitrated) gp_arbiter_acquire(t->dev, t->percent);
 }
 
