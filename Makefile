@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
 test: $(STAMP) native

@@ -1,0 +1,1 @@
+"""Kubernetes: device plugin, scheduler extender, webhook, the API client seam."""
