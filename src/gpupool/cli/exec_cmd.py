@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 from gpupool.core.errors import GpupoolError, InvalidRequest
+from gpupool.core.resources import Priority
 from gpupool.core.units import (
     MILLI_PER_GPU,
     MemoryShare,
@@ -24,7 +25,6 @@ from gpupool.core.units import (
 from gpupool.isolation.launch import (
     ComputePolicy,
     LaunchSpec,
-    Priority,
     ShareLimits,
     build_launch_spec,
     memory_bytes,

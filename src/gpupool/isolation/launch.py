@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpupool.core import settings
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 
@@ -26,13 +27,6 @@ class ComputePolicy(StrEnum):
 
     CAP = "cap"
     SHARE = "share"
-
-
-class Priority(StrEnum):
-    """`high`: guaranteed; `low`: runs only while no high share on the GPU has work."""
-
-    HIGH = "high"
-    LOW = "low"
 
 
 @dataclass(frozen=True)
