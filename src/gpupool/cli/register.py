@@ -7,10 +7,11 @@ import typer
 
 def all_commands(app: typer.Typer) -> None:
     """Add every command group to `app` (one line per module keeps merges trivial)."""
-    from gpupool.cli import exec_cmd, gpus_cmd, mig_cmd, sim_cmd, version_cmd
+    from gpupool.cli import exec_cmd, gpus_cmd, k8s_cmd, mig_cmd, sim_cmd, version_cmd
 
     version_cmd.register(app)
     gpus_cmd.register(app)
     mig_cmd.register(app)
     exec_cmd.register(app)
     sim_cmd.register(app)
+    k8s_cmd.register(app)

@@ -56,3 +56,9 @@ class MigLayoutError(InvalidRequest):
     """A MIG layout does not fit a GPU (overlap, invalid start, too many instances)."""
 
     exit_code = 1
+
+
+class KubeApiError(GpupoolError):
+    """The Kubernetes API server failed or timed out; the cause from the client is chained."""
+
+    exit_code = 6

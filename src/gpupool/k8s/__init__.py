@@ -1,0 +1,1 @@
+"""Kubernetes: device plugin (kubelet gRPC), scheduler extender (HTTP), webhook, API seam."""
