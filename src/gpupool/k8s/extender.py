@@ -52,9 +52,15 @@ class Extender:
         self.policy = check_policy(policy)
         self.fleet = Fleet()
         self._lock = threading.Lock()
-        self._node_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        # a node's lock orders its binds and its re-reads: a re-read that overlapped a bind could
+        # drop the bind's charge (re-entrant: a bind re-reads its node first)
+        self._node_locks: dict[str, threading.RLock] = {}
         self._held: dict[str, dict[str, Charge]] = defaultdict(dict)
         self._warned: set[tuple[str, str]] = set()
+
+    def _node_lock(self, node: str) -> threading.RLock:
+        # dict.setdefault is atomic: two threads never get two locks for one node
+        return self._node_locks.setdefault(node, threading.RLock())
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -74,6 +80,10 @@ class Extender:
 
     def resync_node(self, node: str) -> None:
         """Re-read what the pods on `node` hold (finished pods give their GPUs back)."""
+        with self._node_lock(node):
+            self._resync_node(node)
+
+    def _resync_node(self, node: str) -> None:
         held = {}
         for pod in self.api.list_pods_on_node(node):
             charge = charge_of(pod)
@@ -202,7 +212,7 @@ class Extender:
         uid = str(args.get("podUID") or args.get("PodUID") or "")
         node = str(args.get("node") or args.get("Node") or "")
         try:
-            with self._node_locks[node]:
+            with self._node_lock(node):
                 self._bind(namespace, name, uid, node)
         except GpupoolError as err:
             log.warning("bind %s/%s to %s: %s", namespace, name, node, err)
