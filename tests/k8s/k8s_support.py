@@ -90,6 +90,10 @@ class ExtenderServer:
     """The extender's FastAPI app under uvicorn on 127.0.0.1, in a thread."""
 
     def __init__(self, extender: Extender) -> None:
+        # as `gpupool k8s extender` does: read the nodes and pods, then serve
+        extender.resync()
+        extender.start_background(interval=0.2)
+        self.extender = extender
         self.port = free_port()
         config = uvicorn.Config(
             create_app(extender), host="127.0.0.1", port=self.port, log_level="warning"
@@ -111,6 +115,7 @@ class ExtenderServer:
         self.client.close()
         self.server.should_exit = True
         self.thread.join(10)
+        self.extender.stop()
 
 
 def gpu_pod(

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from k8s_support import ExtenderServer, gpu_pod
+from k8s_support import ExtenderServer, gpu_pod, wait_for
 
 from gpupool.core.units import GiB
 from gpupool.k8s import names
@@ -147,6 +147,7 @@ def test_bad_asks_fail_every_node_with_one_event_and_bind_nothing(
         assert set(reasons) == {"node-0", "node-1"}
         assert all(message in r for r in reasons.values()), reasons
         assert "error" in bind(http, "bad", "node-0")
+    wait_for(lambda: api.events, what="the event")
     assert [(e.type, e.involved_name) for e in api.events] == [("Warning", "bad")]
     assert message in api.events[0].message
     assert "nodeName" not in api.pods[("default", "bad")]["spec"]
@@ -164,9 +165,7 @@ def test_an_api_server_that_times_out_leaves_nothing_held() -> None:
     api = cluster(nodes=1, per_node=1)
     api.add_pod(gpu_pod("a", compute="60", memory="40Gi"))
     api.add_pod(gpu_pod("b", compute="60", memory="40Gi"))
-    extender = Extender(api)
-    with ExtenderServer(extender) as http:
-        extender.resync()
+    with ExtenderServer(Extender(api)) as http:
         # get pod and list pods answer, then the annotation patch times out
         api.fail_next = 0
         original = api.patch_pod_annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -118,20 +117,8 @@ def extender(
     if resync <= 0:
         raise InvalidRequest(f"invalid --resync {resync}: must be positive")
     ext = Extender(OfficialKube(), policy)
-    threading.Thread(target=_resync_forever, args=(ext, resync), daemon=True).start()
+    ext.start_background(resync)
     _serve(create_app(ext), listen)
-
-
-def _resync_forever(ext: Any, interval: float) -> None:
-    from gpupool.core.errors import GpupoolError
-
-    log = logging.getLogger("gpupool.k8s.extender")
-    while True:
-        try:
-            ext.resync()
-        except GpupoolError as err:
-            log.warning("resync failed, retrying in %.0f s: %s", interval, err)
-        threading.Event().wait(interval)
 
 
 @k8s_app.command("webhook")

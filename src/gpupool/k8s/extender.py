@@ -8,7 +8,9 @@ node whose pods finished) is re-read from the API server.
 
 from __future__ import annotations
 
+import json
 import logging
+import queue
 import threading
 import time
 from collections import defaultdict
@@ -45,7 +47,12 @@ def _uid(pod: Pod) -> str:
 
 
 class Extender:
-    """Placement over the nodes' GPUs with one policy; safe to call from many threads."""
+    """Placement over the nodes' GPUs with one policy; safe to call from many threads.
+
+    filter and prioritize never wait on the API server (they answer from the cache, in the HTTP
+    server's event loop): a node not known yet fails the filter until the background re-read
+    has learnt it, and events are sent from a background thread. bind talks to the API server.
+    """
 
     def __init__(self, api: KubeApi, policy: str = DEFAULT_POLICY) -> None:
         self.api = api
@@ -57,6 +64,40 @@ class Extender:
         self._node_locks: dict[str, threading.RLock] = {}
         self._held: dict[str, dict[str, Charge]] = defaultdict(dict)
         self._warned: set[tuple[str, str]] = set()
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._resync_wanted = threading.Event()
+        self._stopped = threading.Event()
+
+    def start_background(self, interval: float) -> None:
+        """Threads that send events and re-read nodes and pods every `interval` seconds (at
+        once when a filter met a node it does not know)."""
+        threading.Thread(target=self._send_events, daemon=True).start()
+        threading.Thread(target=self._resync_loop, args=(interval,), daemon=True).start()
+
+    def stop(self) -> None:
+        """End the background threads."""
+        self._stopped.set()
+        self._resync_wanted.set()
+
+    def _resync_loop(self, interval: float) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.resync()
+            except GpupoolError as err:
+                log.warning("re-reading nodes and pods failed, retrying: %s", err)
+            self._resync_wanted.wait(interval)
+            self._resync_wanted.clear()
+
+    def _send_events(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                event = self._events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self.api.create_event(event)
+            except KubeApiError as err:
+                log.warning("event %s not recorded: %s", event.reason, err)
 
     def _node_lock(self, node: str) -> threading.RLock:
         # dict.setdefault is atomic: two threads never get two locks for one node
@@ -105,36 +146,27 @@ class Extender:
     def _learn(self, node_names: list[str], node_objs: list[Obj]) -> None:
         for obj in node_objs:
             self._set_inventory(obj)
-        for name in node_names:
-            if name in self.fleet.rows:
-                continue
-            try:
-                if self._set_inventory(self.api.get_node(name)):
-                    self.resync_node(name)
-            except KubeApiError as err:
-                log.warning("node %s: %s", name, err)
+        with self._lock:
+            unknown = bool((self.fleet.lookup(node_names) < 0).any())
+        if unknown:
+            self._resync_wanted.set()
+
+    def _learn_node(self, node: str) -> None:
+        """Read one node the cache lacks (bind, in a worker thread, may wait for it)."""
+        if node not in self.fleet.rows and self._set_inventory(self.api.get_node(node)):
+            self.resync_node(node)
 
     # -- events ---------------------------------------------------------------------------------
 
     def _warn(self, pod: Pod, reason: str, message: str) -> None:
-        """One Warning event per pod and reason; a failing API server is logged, not fatal."""
+        """One Warning event per pod and reason, sent in the background."""
         key = (_uid(pod), reason)
         if key in self._warned:
             return
         self._warned.add(key)
         meta = pod.get("metadata") or {}
-        event = Event(
-            meta.get("namespace") or "default",
-            "Pod",
-            meta.get("name", ""),
-            "Warning",
-            reason,
-            message,
-        )
-        try:
-            self.api.create_event(event)
-        except KubeApiError as err:
-            log.warning("event for pod %s not recorded: %s", pod_key(pod), err)
+        namespace = meta.get("namespace") or "default"
+        self._events.put(Event(namespace, "Pod", meta.get("name", ""), "Warning", reason, message))
 
     # -- the three verbs ------------------------------------------------------------------------
 
@@ -144,7 +176,10 @@ class Extender:
         if nodes is not None:
             items = list(nodes.get("items") or [])
             return [str(n["metadata"]["name"]) for n in items], items
-        return [str(n) for n in (args.get("nodenames") or args.get("NodeNames") or [])], None
+        names_ = args.get("nodenames") or args.get("NodeNames") or []
+        if not isinstance(names_, list):
+            raise InvalidRequest("NodeNames must be a list of node names")
+        return names_, None
 
     def _ask(self, pod: Pod) -> GpuAsk | None:
         try:
@@ -156,7 +191,10 @@ class Extender:
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
         pod: Pod = args.get("pod") or args.get("Pod") or {}
-        node_names, node_objs = self._candidates(args)
+        try:
+            node_names, node_objs = self._candidates(args)
+        except InvalidRequest as err:
+            return {"error": str(err)}
         try:
             ask = self._ask(pod)
         except InvalidRequest as err:
@@ -190,20 +228,21 @@ class Extender:
             result["nodes"] = {"items": [o for o in objs if o["metadata"]["name"] in keep]}
         return result
 
-    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        """ExtenderArgs -> HostPriorityList (scores 0..10)."""
+    def prioritize(self, args: dict[str, Any]) -> str:
+        """ExtenderArgs -> HostPriorityList (scores 0..10), as JSON text: 10,000 entries are
+        written from cached fragments rather than through 10,000 dicts."""
         pod: Pod = args.get("pod") or args.get("Pod") or {}
-        node_names, node_objs = self._candidates(args)
         try:
+            node_names, node_objs = self._candidates(args)
             ask = gpu_ask(pod)
         except InvalidRequest:
-            ask = None
+            return "[]"  # filter has already said why, in an event
         if ask is None:
-            return [{"host": n, "score": 0} for n in node_names]
+            return json.dumps([{"host": n, "score": 0} for n in node_names])
         self._learn(node_names, node_objs or [])
         with self._lock:
             scores = self.fleet.scores(ask, node_names, self.policy)
-        return [{"host": n, "score": s} for n, s in zip(node_names, scores, strict=True)]
+            return self.fleet.priority_json(node_names, scores)
 
     def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         """ExtenderBindingArgs -> ExtenderBindingResult: GPUs chosen, annotated, then bound."""
@@ -225,7 +264,7 @@ class Extender:
         if ask is None:
             self.api.create_binding(namespace, name, uid, node)
             return
-        self._learn([node], [])
+        self._learn_node(node)
         self.resync_node(node)
         with self._lock:
             gpus = self.fleet.choose(ask, node, self.policy)
