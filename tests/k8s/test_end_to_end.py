@@ -245,3 +245,25 @@ def test_a_restarted_kubelet_gets_the_plugin_registered_again(
         assert len(restarted.latest_devices()) == 2 * names.SLOTS_PER_GPU
     finally:
         restarted.stop()
+
+
+def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
+) -> None:
+    api.add_pod(gpu_pod("late", memory="4Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        args = {"podName": "late", "podNamespace": "default", "podUID": "uid-default-late"}
+        assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = kubelet.latest_devices()[0][0]
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    api.fail_next = 1
+    with pytest.raises(grpc.RpcError) as caught:
+        kubelet.plugin.Allocate(request)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "timed out" in str(caught.value.details())
+    assert names.ANN_ALLOCATED not in api.pods[("default", "late")]["metadata"]["annotations"]
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)

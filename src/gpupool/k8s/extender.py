@@ -64,20 +64,29 @@ class Extender:
         self._node_locks: dict[str, threading.RLock] = {}
         self._held: dict[str, dict[str, Charge]] = defaultdict(dict)
         self._warned: set[tuple[str, str]] = set()
-        self._events: queue.Queue[Event] = queue.Queue()
+        #: None tells the sender to stop
+        self._events: queue.Queue[Event | None] = queue.Queue()
         self._resync_wanted = threading.Event()
         self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def start_background(self, interval: float) -> None:
         """Threads that send events and re-read nodes and pods every `interval` seconds (at
         once when a filter met a node it does not know)."""
-        threading.Thread(target=self._send_events, daemon=True).start()
-        threading.Thread(target=self._resync_loop, args=(interval,), daemon=True).start()
+        self._threads = [
+            threading.Thread(target=self._send_events, daemon=True),
+            threading.Thread(target=self._resync_loop, args=(interval,), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        """End the background threads."""
+        """End the background threads (a re-read under way finishes first)."""
         self._stopped.set()
         self._resync_wanted.set()
+        self._events.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _resync_loop(self, interval: float) -> None:
         while not self._stopped.is_set():
@@ -89,11 +98,7 @@ class Extender:
             self._resync_wanted.clear()
 
     def _send_events(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                event = self._events.get(timeout=0.5)
-            except queue.Empty:
-                continue
+        while (event := self._events.get()) is not None:
             try:
                 self.api.create_event(event)
             except KubeApiError as err:
