@@ -267,3 +267,25 @@ def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works
     assert names.ANN_ALLOCATED not in api.pods[("default", "late")]["metadata"]["annotations"]
     response = kubelet.plugin.Allocate(request).container_responses[0]
     assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
+
+
+def test_the_files_of_a_finished_pod_are_removed(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
+) -> None:
+    for name in ("keep", "done"):
+        api.add_pod(gpu_pod(name, memory="1Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        for name in ("keep", "done"):
+            args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
+            assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = kubelet.latest_devices()[0][0]
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    for _ in range(2):
+        kubelet.plugin.Allocate(request)
+    assert plugin.files.keys() == {"uid-default-keep", "uid-default-done"}
+    api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
+    plugin.collect_garbage()
+    assert plugin.files.keys() == {"uid-default-keep"}

@@ -71,6 +71,10 @@ class ShareFiles:
         os.chmod(region, 0o1777)
         return conf, region
 
+    def keys(self) -> set[str]:
+        """The containers that have files here."""
+        return {p.name for kind in ("conf", "regions") for p in (self.state_dir / kind).glob("*")}
+
     def release(self, key: str) -> None:
         for kind in ("conf", "regions"):
             shutil.rmtree(self.state_dir / kind / key, ignore_errors=True)

@@ -162,16 +162,27 @@ class DevicePlugin:
         now = _socket_id(self.kubelet_dir / KUBELET_SOCKET)
         return now is not None and (now != self._kubelet_id or not self.socket.exists())
 
-    def run(self, interval: float = 1.0) -> None:
-        """Serve until stop(): refresh health, and serve again after a kubelet restart."""
+    def run(self, interval: float = 1.0, collect_every: int = 60) -> None:
+        """Serve until stop(): refresh health, serve again after a kubelet restart, and every
+        `collect_every` rounds remove the files of containers whose pods are gone."""
+        rounds = 0
         while not self._stop.is_set():
             try:
                 self.refresh()
                 if self._server is None or self.kubelet_restarted():
                     self.serve()
+                rounds += 1
+                if rounds % collect_every == 0:
+                    self.collect_garbage()
             except GpupoolError as err:
                 log.warning("%s (retrying in %.0f s)", err, interval)
             self._stop.wait(interval)
+
+    def collect_garbage(self) -> None:
+        """Remove the shim.conf and region of every container whose pod left this node."""
+        alive = {_share_key(pod) for pod in self.api.list_pods_on_node(self.node_name)}
+        for key in self.files.keys() - alive:
+            self.files.release(key)
 
     def stop(self) -> None:
         self._stop.set()
@@ -223,8 +234,7 @@ class DevicePlugin:
             )
         except (KeyError, ValueError, GpupoolError) as err:
             raise AllocateRefused(f"pod {pod_key(pod)}: bad gpupool annotations: {err}") from err
-        key = str(pod["metadata"].get("uid") or pod_key(pod).replace("/", "_"))
-        share = container_share(self.files, key, limits, gpus, self.sim_node)
+        share = container_share(self.files, _share_key(pod), limits, gpus, self.sim_node)
         mounts = [
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in share.mounts
@@ -286,6 +296,11 @@ class _Service(pb_grpc.DevicePluginServicer):
 
     def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.PreStartContainerResponse()
+
+
+def _share_key(pod: Obj) -> str:
+    """The name of a container's files: its pod's UID."""
+    return str(pod["metadata"].get("uid") or pod_key(pod).replace("/", "_"))
 
 
 def default_node_name() -> str:
