@@ -34,6 +34,9 @@ DEFAULT_POLICY = "gpupool"
 MAX_EXTENDER_PRIORITY = 10
 
 
+#: the target workload of the gpupool policy, milli-GPU of one-GPU shapes, equally likely: a
+#: quarter, a half, a whole GPU (scheduler/'s default for the node daemon)
+GPUPOOL_TARGET = (250, 500, MILLI_PER_GPU)
 _LOOKUPS_KEPT = 4
 _SCORE_TAILS = np.array([f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object)
 
@@ -58,6 +61,8 @@ class _Lookup:
     #: the last fitting-GPU matrix: (ask, fleet version, matrix); filter and prioritize of one
     #: pod ask the same question of the same fleet
     fitting: tuple[GpuAsk, int, Bool] | None = None
+    #: (fleet version, fragment per GPU now): the same for every pod until something changes
+    fragment: tuple[int, I64] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class Fleet:
         self._lookups: list[_Lookup] = []
         #: bumped on every change, so that cached answers know when they are stale
         self.version = 0
+        #: bumped when a node's GPUs change (not what pods hold)
+        self._inventory = 0
+        self._shape_memory_cache: tuple[int, list[I64]] | None = None
         self._alloc(0, 1)
 
     def lookup(self, names: list[str]) -> I64:
@@ -147,6 +155,7 @@ class Fleet:
             self._host_json.append(_host_head(name))
             self._lookups.clear()
         self.version += 1
+        self._inventory += 1
         n, g = self.mem_total.shape
         width = max([gpu.index + 1 for gpu in gpus], default=0)
         if row >= n or width > g:
@@ -257,7 +266,7 @@ class Fleet:
         ok = self._fitting(ask, found)
         fits = (ok.sum(axis=1) >= ask.gpus) & (found.rows >= 0)
         if policy == "gpupool":
-            raw = self._gpupool_scores(ask, rows, ok)
+            raw = self._gpupool_scores(ask, rows, ok, found)
         else:
             raw = self._usage_after(ask, rows)
             if policy == "spread":
@@ -282,23 +291,63 @@ class Fleet:
         return "[" + ",".join(entries) + "]"
 
     def _usage_after(self, ask: GpuAsk, rows: I64) -> F64:
-        usable = self._pick(self.usable, rows)
-        capacity = np.maximum(usable.sum(axis=1) * MILLI_PER_GPU, 1)
-        used = (self._pick(self.milli_used, rows) * usable).sum(axis=1) + ask.gpus * ask.compute
-        usage: F64 = used / capacity
+        """How full each node is after the pod: the mean over its GPUs of used compute and
+        memory fractions (the node score of scheduler/'s binpack, scaled to 0..1)."""
+        present = self._pick(self.present, rows)
+        count = np.maximum(present.sum(axis=1), 1)
+        total = self._pick(self.mem_total, rows)
+        memory = np.where(present, self._pick(self.mem_used, rows) / np.maximum(total, 1), 0)
+        compute = np.where(present, self._pick(self.milli_used, rows) / MILLI_PER_GPU, 0)
+        need = self._need_memory(ask, rows)[:, 0] / np.maximum(total[:, 0], 1)
+        added = ask.gpus * (ask.compute / MILLI_PER_GPU + need)
+        usage: F64 = ((compute + memory).sum(axis=1) + added) / (2 * count)
         return usage
 
-    def _gpupool_scores(self, ask: GpuAsk, rows: I64, ok: Bool) -> F64:
-        # fill of the k-th fullest fitting GPU after placement: the best fit of the ask's GPUs
-        before = np.where(ok, self._pick(self.milli_used, rows), -1)
-        if ask.gpus == 1:
-            kth = before.max(axis=1)
-        else:
-            kth = np.sort(before, axis=1)[:, ::-1][:, min(ask.gpus, before.shape[1]) - 1]
-        fill = (kth + ask.compute) / MILLI_PER_GPU
-        # a pod that starts a fresh GPU while a used one would do breaks a whole GPU
-        keeps_whole = (kth > 0) | (ask.compute >= MILLI_PER_GPU)
-        score: F64 = 0.5 * fill + 0.5 * keeps_whole
+    def _shape_memory(self, rows: I64) -> list[I64]:
+        """Per target shape, the memory it needs on each GPU (its share of the GPU's memory)."""
+        cache = self._shape_memory_cache
+        if cache is None or cache[0] != self._inventory:
+            cache = (self._inventory, [self.mem_total * c // MILLI_PER_GPU for c in GPUPOOL_TARGET])
+            self._shape_memory_cache = cache
+        return [self._pick(need, rows) for need in cache[1]]
+
+    def _fragment_now(self, found: _Lookup) -> I64:
+        """Per GPU of the candidates, the compute the target shapes cannot use, summed."""
+        if found.fragment is not None and found.fragment[0] == self.version:
+            return found.fragment[1]
+        rows = np.where(found.rows >= 0, found.rows, 0)
+        usable = self._pick(self.usable, rows)
+        compute_free = MILLI_PER_GPU - self._pick(self.milli_used, rows)
+        memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
+        lost = np.zeros(compute_free.shape, np.int64)
+        for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
+            held = usable & (compute_free >= compute) & (memory_free >= memory)
+            lost += np.where(held, 0, compute_free)
+        found.fragment = (self.version, lost)
+        return lost
+
+    def _gpupool_scores(self, ask: GpuAsk, rows: I64, ok: Bool, found: _Lookup) -> F64:
+        """scheduler/'s gpupool node score, vectorised: 50 + 50 x (fragment removed) / (compute
+        taken), the pod on the GPUs whose use grows the fragment least, scaled to 0..1.
+
+        A GPU's fragment is the compute on it that a target shape cannot use, summed over the
+        shapes (equally likely); it depends on that GPU alone, so the best k GPUs are the k whose
+        fragment grows least.
+        """
+        usable = self._pick(self.usable, rows)
+        compute_free = MILLI_PER_GPU - self._pick(self.milli_used, rows)
+        memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
+        compute_after = compute_free - ask.compute
+        memory_after = memory_free - self._need_memory(ask, rows)
+        growth = -self._fragment_now(found)
+        for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
+            held_after = usable & (compute_after >= compute) & (memory_after >= memory)
+            growth += np.where(held_after, 0, compute_after)
+        growth = np.where(ok, growth, np.iinfo(np.int64).max // 4)
+        k = min(ask.gpus, int(ok.shape[1]))
+        least = growth.min(axis=1) if k == 1 else np.partition(growth, k - 1, axis=1)[:, :k].sum(1)
+        removed = -least / len(GPUPOOL_TARGET)
+        score: F64 = np.clip(50 + 50 * removed / (ask.compute * ask.gpus), 0, 100) / 100
         return score
 
     def choose(self, ask: GpuAsk, node: str, policy: str) -> tuple[int, ...]:
