@@ -38,6 +38,8 @@ MAX_EXTENDER_PRIORITY = 10
 #: quarter, a half, a whole GPU (scheduler/'s default for the node daemon)
 GPUPOOL_TARGET = (250, 500, MILLI_PER_GPU)
 _LOOKUPS_KEPT = 4
+#: the growth of a GPU where the pod does not fit: above any real one
+_NO_FIT = np.iinfo(np.int64).max // 4
 _SCORE_TAILS = np.array([f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object)
 
 
@@ -311,11 +313,8 @@ class Fleet:
             self._shape_memory_cache = cache
         return [self._pick(need, rows) for need in cache[1]]
 
-    def _fragment_now(self, found: _Lookup) -> I64:
-        """Per GPU of the candidates, the compute the target shapes cannot use, summed."""
-        if found.fragment is not None and found.fragment[0] == self.version:
-            return found.fragment[1]
-        rows = np.where(found.rows >= 0, found.rows, 0)
+    def _fragment(self, rows: I64) -> I64:
+        """Per GPU, the compute the target shapes cannot use on it, summed over the shapes."""
         usable = self._pick(self.usable, rows)
         compute_free = MILLI_PER_GPU - self._pick(self.milli_used, rows)
         memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
@@ -323,27 +322,35 @@ class Fleet:
         for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
             held = usable & (compute_free >= compute) & (memory_free >= memory)
             lost += np.where(held, 0, compute_free)
-        found.fragment = (self.version, lost)
         return lost
 
-    def _gpupool_scores(self, ask: GpuAsk, rows: I64, ok: Bool, found: _Lookup) -> F64:
-        """scheduler/'s gpupool node score, vectorised: 50 + 50 x (fragment removed) / (compute
-        taken), the pod on the GPUs whose use grows the fragment least, scaled to 0..1.
+    def _fragment_now(self, found: _Lookup) -> I64:
+        """`_fragment` of the candidates, the same for every pod until something changes."""
+        if found.fragment is None or found.fragment[0] != self.version:
+            found.fragment = (
+                self.version,
+                self._fragment(np.where(found.rows >= 0, found.rows, 0)),
+            )
+        return found.fragment[1]
 
-        A GPU's fragment is the compute on it that a target shape cannot use, summed over the
-        shapes (equally likely); it depends on that GPU alone, so the best k GPUs are the k whose
-        fragment grows least.
-        """
+    def _growth(self, ask: GpuAsk, rows: I64, ok: Bool, now: I64) -> I64:
+        """Per GPU, how much the fragment grows if one GPU of the pod goes there (a GPU's
+        fragment depends on that GPU alone); a huge value where the pod does not fit."""
         usable = self._pick(self.usable, rows)
-        compute_free = MILLI_PER_GPU - self._pick(self.milli_used, rows)
+        compute_after = MILLI_PER_GPU - self._pick(self.milli_used, rows) - ask.compute
         memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
-        compute_after = compute_free - ask.compute
         memory_after = memory_free - self._need_memory(ask, rows)
-        growth = -self._fragment_now(found)
+        growth = -now
         for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
             held_after = usable & (compute_after >= compute) & (memory_after >= memory)
             growth += np.where(held_after, 0, compute_after)
-        growth = np.where(ok, growth, np.iinfo(np.int64).max // 4)
+        result: I64 = np.where(ok, growth, _NO_FIT)
+        return result
+
+    def _gpupool_scores(self, ask: GpuAsk, rows: I64, ok: Bool, found: _Lookup) -> F64:
+        """scheduler/'s gpupool node score, vectorised: 50 + 50 x (fragment removed) / (compute
+        taken), the pod on the k GPUs whose fragment grows least, scaled to 0..1."""
+        growth = self._growth(ask, rows, ok, self._fragment_now(found))
         k = min(ask.gpus, int(ok.shape[1]))
         least = growth.min(axis=1) if k == 1 else np.partition(growth, k - 1, axis=1)[:, :k].sum(1)
         removed = -least / len(GPUPOOL_TARGET)
@@ -351,16 +358,27 @@ class Fleet:
         return score
 
     def choose(self, ask: GpuAsk, node: str, policy: str) -> tuple[int, ...]:
-        """The GPU indices the pod takes on `node`; Unschedulable-worthy text as InvalidRequest."""
+        """The GPU indices the pod takes on `node`, as scheduler/ chooses them: binpack the
+        fullest (least free compute, then memory, then index), spread the emptiest, gpupool
+        those whose fragment grows least (ties as binpack)."""
         row = self.rows.get(node)
         if row is None:
             raise InvalidRequest(f"node {node}: gpupool knows no GPU inventory for it")
-        ok = self.fitting_gpus(ask, np.array([row], np.int64))[0]
-        candidates = np.flatnonzero(ok)
+        rows = np.array([row], np.int64)
+        ok = self.fitting_gpus(ask, rows)
+        candidates = np.flatnonzero(ok[0])
         if len(candidates) < ask.gpus:
             raise InvalidRequest(f"node {node}: {self.why_not(ask, row)}")
-        used = self.milli_used[row, candidates]
-        order = np.argsort(used if policy == "spread" else -used, kind="stable")
+        compute_free = MILLI_PER_GPU - self.milli_used[row, candidates]
+        memory_free = self.mem_total[row, candidates] - self.mem_used[row, candidates]
+        if policy == "spread":
+            keys = [candidates, -memory_free, -compute_free]
+        else:
+            keys = [candidates, memory_free, compute_free]
+            if policy == "gpupool":
+                growth = self._growth(ask, rows, ok, self._fragment(rows))[0, candidates]
+                keys.append(growth)
+        order = np.lexsort(keys)
         return tuple(sorted(int(candidates[i]) for i in order[: ask.gpus]))
 
     def memory_of(self, ask: GpuAsk, node: str, gpus: Sequence[int]) -> int:
