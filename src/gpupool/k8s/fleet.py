@@ -36,7 +36,7 @@ MAX_EXTENDER_PRIORITY = 10
 
 #: the target workload of the gpupool policy, milli-GPU of one-GPU shapes, equally likely: a
 #: quarter, a half, a whole GPU (scheduler/'s default for the node daemon)
-GPUPOOL_TARGET = (250, 500, MILLI_PER_GPU)
+FRAGMENT_TARGET = (250, 500, MILLI_PER_GPU)
 _LOOKUPS_KEPT = 4
 #: the growth of a GPU where the pod does not fit: above any real one
 _NO_FIT = np.iinfo(np.int64).max // 4
@@ -309,7 +309,10 @@ class Fleet:
         """Per target shape, the memory it needs on each GPU (its share of the GPU's memory)."""
         cache = self._shape_memory_cache
         if cache is None or cache[0] != self._inventory:
-            cache = (self._inventory, [self.mem_total * c // MILLI_PER_GPU for c in GPUPOOL_TARGET])
+            cache = (
+                self._inventory,
+                [self.mem_total * c // MILLI_PER_GPU for c in FRAGMENT_TARGET],
+            )
             self._shape_memory_cache = cache
         return [self._pick(need, rows) for need in cache[1]]
 
@@ -319,7 +322,7 @@ class Fleet:
         compute_free = MILLI_PER_GPU - self._pick(self.milli_used, rows)
         memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
         lost = np.zeros(compute_free.shape, np.int64)
-        for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
+        for compute, memory in zip(FRAGMENT_TARGET, self._shape_memory(rows), strict=True):
             held = usable & (compute_free >= compute) & (memory_free >= memory)
             lost += np.where(held, 0, compute_free)
         return lost
@@ -341,7 +344,7 @@ class Fleet:
         memory_free = self._pick(self.mem_total, rows) - self._pick(self.mem_used, rows)
         memory_after = memory_free - self._need_memory(ask, rows)
         growth = -now
-        for compute, memory in zip(GPUPOOL_TARGET, self._shape_memory(rows), strict=True):
+        for compute, memory in zip(FRAGMENT_TARGET, self._shape_memory(rows), strict=True):
             held_after = usable & (compute_after >= compute) & (memory_after >= memory)
             growth += np.where(held_after, 0, compute_after)
         result: I64 = np.where(ok, growth, _NO_FIT)
@@ -353,7 +356,7 @@ class Fleet:
         growth = self._growth(ask, rows, ok, self._fragment_now(found))
         k = min(ask.gpus, int(ok.shape[1]))
         least = growth.min(axis=1) if k == 1 else np.partition(growth, k - 1, axis=1)[:, :k].sum(1)
-        removed = -least / len(GPUPOOL_TARGET)
+        removed = -least / len(FRAGMENT_TARGET)
         score: F64 = np.clip(50 + 50 * removed / (ask.compute * ask.gpus), 0, 100) / 100
         return score
 
