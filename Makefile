@@ -11,13 +11,16 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
 test: $(STAMP) native
 	$(BIN)/python -m pytest -q
 
+# the pool first (a daemon on a simulated node), then the placement replay
 demo: $(STAMP) native
+	sh examples/pool-demo.sh $(BIN)
+	@printf '\n\033[1m== Placement: the trace replayed through four policies ==\033[0m\n'
 	$(BIN)/gpupool demo
 
 # the C libraries under native/ (incremental; pip install runs the same build)

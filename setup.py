@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
@@ -34,8 +36,22 @@ class PlatformDistribution(Distribution):
         return True
 
 
+class AnyPythonWheel(bdist_wheel):
+    """`py3-none-manylinux_X_Y_<arch>`: the libraries are loaded with ctypes and use no Python
+    ABI, so one wheel serves every Python 3.11+; they link against glibc alone, so the build
+    machine's glibc version is the manylinux floor (`auditwheel show` confirms it)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, plat = super().get_tag()
+        libc, version = platform.libc_ver()
+        if plat.startswith("linux_") and libc == "glibc":
+            major, minor = version.split(".")[:2]
+            plat = f"manylinux_{major}_{minor}_{plat.removeprefix('linux_')}"
+        return "py3", "none", plat
+
+
 setup(
-    cmdclass={"build_py": BuildNativeThenPy},
+    cmdclass={"build_py": BuildNativeThenPy, "bdist_wheel": AnyPythonWheel},
     distclass=PlatformDistribution,
     package_data={"gpupool": ["_native/*.so", "_native/sim/libcuda.so.1"]},
 )

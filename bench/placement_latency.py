@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gpupool.core.resources import Request
-from gpupool.scheduler import ClusterState, TargetWorkload, make_policy
+from gpupool.scheduler import ClusterState, TargetWorkload, fragment_index, make_policy, place
 from gpupool.sim.synthetic import synthetic_nodes, synthetic_workload
 
 #: 24 nodes per unit of scale: 417 units = 10,008 nodes
@@ -37,7 +37,7 @@ def filled_cluster(seed: int) -> tuple[ClusterState, list[Request]]:
     state = ClusterState(nodes)
     filler = make_policy("random", seed=seed)
     for pod in synthetic_workload(SCALE, load_pct=FILL_PCT, seed=seed):
-        placement = state.place(pod, filler)
+        placement = place(state, pod, filler)
         if placement is not None:
             state.allocate(pod, placement)
     return state, synthetic_workload(SCALE, load_pct=100, seed=seed + 1)
@@ -50,11 +50,11 @@ def measure(
     state, arriving = filled_cluster(seed)
     target = TargetWorkload.from_requests(arriving)
     policy = make_policy(policy_name, seed=seed, target_workload=target)
-    state.fragment_index(target)  # built once, as a long-running scheduler would
+    fragment_index(state, target)  # built once, as a long-running scheduler would
     times = np.empty(warmup + decisions)
     for i, pod in enumerate(arriving[: warmup + decisions]):
         start = time.perf_counter()
-        placement = state.place(pod, policy)
+        placement = place(state, pod, policy)
         times[i] = (time.perf_counter() - start) * 1000
         if placement is not None:
             state.allocate(pod, placement)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,17 +12,27 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.units import GiB
+from gpupool.devices.procfs import process_start_time
 from gpupool.devices.simspec import ENV_NODE_DIR
 from gpupool.devices.simstate import (
     FLAG_LOST,
     FLAG_NOT_SUPPORTED,
     SimProcSlot,
-    process_start_time,
 )
 from gpupool.devices.simulated import SimulatedBackend
 
 #: the node most scenarios use: two A30s and an H100
 SIM_SPEC = "2xA30,1xH100-80GB"
+
+
+@pytest.fixture(autouse=True)
+def _temporary_files_stay_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a test or the processes it starts put in a temporary directory (a share's
+    private directory, a simulated node) lands in its own tmp_path, which pytest removes, and
+    never in the machine's /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
 
 
 @pytest.fixture

@@ -57,6 +57,17 @@ def test_exit_code_and_announcement(env: dict[str, str], tmp_path: Path) -> None
     assert (node / "state.bin").is_file() and (node / "node.json").is_file()
 
 
+def test_the_launch_line_prints_the_resolved_size(env: dict[str, str]) -> None:
+    """`4G` is 10^9-based and `4Gi` 2^30-based, as in Kubernetes; the launch line says which."""
+    for size, resolved in (("4G", "3.7GiB (4000000000 bytes)"), ("4Gi", "4GiB (4294967296 bytes)")):
+        args = ["--simulate", "1xH100", "--memory", size, "--compute", "1"]
+        result = gpupool(env, "exec", *args, "--", "sh", "-c", "echo $GPUPOOL_MEMORY_LIMIT_0")
+        assert result.returncode == 0, result.stderr
+        line = result.stderr.splitlines()[-1]
+        assert line == f"gpupool: GPU 0 (H100-80GB): memory {resolved}; compute 1% (cap)"
+        assert result.stdout.strip() == resolved.split("(")[1].split()[0]
+
+
 def test_a_signal_becomes_128_plus_n(env: dict[str, str]) -> None:
     result = gpupool(env, "exec", "--simulate", "1xH100", "--", "sh", "-c", "kill -TERM $$")
     assert result.returncode == 128 + 15
@@ -121,6 +132,14 @@ def test_inherited_settings_and_activity_files_do_not_reach_the_command(
         (["--memory", "4XB"], "invalid memory size '4XB'"),
         (["--memory", "0"], "invalid memory size '0'"),
         (["--compute", "150"], "invalid compute share '150'"),
+        (["--compute", "0"], "invalid compute share '0'"),
+        (["--compute", "101"], "invalid compute share '101'"),
+        (["--compute", "0.5"], "invalid compute share '0.5'"),
+        (["--compute=-3"], "invalid compute share '-3'"),
+        (["--compute", "abc"], "invalid compute share 'abc'"),
+        (["--memory", "4096"], "4096 bytes is below 1Mi; did you mean 4096Mi?"),
+        (["--memory", "4g"], "did you mean G?"),
+        (["--memory", "100Gi"], "is larger than GPU 0 (H100-80GB, 79.6GiB)"),
         (["--gpu", "3"], "invalid GPU index 3: this node has GPUs 0..0"),
         (["--gpu", "x"], "invalid GPU index"),
         (["--compute-policy", "fair"], "invalid compute policy 'fair'"),
@@ -134,10 +153,23 @@ def test_bad_input_is_one_line_and_nothing_runs(
     if "--simulate" not in args:
         args = ["--simulate", "1xH100", *args]
     result = gpupool(env, "exec", *args, "--", "touch", str(marker))
-    assert result.returncode == 2
+    assert result.returncode == 125  # exec's own failure, as env(1) reports one
     assert message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not marker.exists()
+
+
+def test_unknown_option_is_exec_failure_not_the_commands_status(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    refused = gpupool(env, "exec", "--simulate", "1xH100", "--bogus", "--", "touch", str(marker))
+    assert refused.returncode == 125
+    assert "--bogus" in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()
+    # a command that itself exits 2 (a usage error of its own) keeps its status
+    passed = gpupool(env, "exec", "--simulate", "1xH100", "--", "sh", "-c", "exit 2")
+    assert passed.returncode == 2
 
 
 def test_missing_command(env: dict[str, str]) -> None:
@@ -160,7 +192,7 @@ def _has_nvidia_driver() -> bool:
 def test_without_a_driver_one_clear_line(env: dict[str, str], tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     result = gpupool(env, "exec", "--", "touch", str(marker))
-    assert result.returncode == 4
+    assert result.returncode == 125
     assert result.stderr.startswith("gpupool: error: NVIDIA driver not found")
     assert result.stderr.count("\n") == 1
     assert not marker.exists()

@@ -158,3 +158,51 @@ def test_demo_without_a_trace_says_so_and_writes_the_plot(tmp_path: Path) -> Non
         assert policy in result.stdout
     assert f"wrote {out / 'unallocated.png'}" in result.stdout.replace("\n", "")
     assert (out / "unallocated.png").stat().st_size > 20_000
+
+
+def test_a_trace_that_is_not_utf8_is_one_line_naming_the_file(small_trace: Path) -> None:
+    pods = small_trace / "csv" / "openb_pod_list_default.csv"
+    pods.write_bytes(pods.read_bytes() + b"p\xe9,4000,15258,1,100,\n")
+    result = gpupool("sim", "--trace-dir", str(small_trace), "--policy", "fgd", "--json")
+    assert_one_line_error(result, "openb_pod_list_default.csv", "not UTF-8")
+    assert result.returncode == 2
+
+
+def test_a_compare_csv_that_is_not_utf8_is_one_line_naming_the_file(
+    small_trace: Path, tmp_path: Path
+) -> None:
+    published = tmp_path / "published.csv"
+    published.write_bytes(b"workload,policy\n\xff\xfe\n")
+    args = ["--policy", "fgd", "--compare", str(published)]
+    result = gpupool("sim", "--trace-dir", str(small_trace), *args)
+    assert_one_line_error(result, "published.csv:2", "not UTF-8")
+
+
+def test_pods_no_node_can_hold_are_a_counted_warning(small_trace: Path) -> None:
+    pods = small_trace / "csv" / "openb_pod_list_default.csv"
+    never = "x0,4000,15258,1,500,V100M16\nx1,4000,15258,1,500,A100|H100\nx2,4000,15258,16,1000,\n"
+    pods.write_text(pods.read_text() + never)
+    result = gpupool("sim", "--trace-dir", str(small_trace), "--policy", "fgd", "--json")
+    assert result.returncode == 0, result.stderr
+    warnings = result.stderr.splitlines()
+    assert warnings == [
+        "gpupool: warning: openb_pod_list_default.csv: 2 pod(s) ask only for GPU models no node "
+        "has (first: x0, gpu_spec V100M16); they are never placed",
+        "gpupool: warning: openb_pod_list_default.csv: 1 pod(s) ask for more GPUs than the "
+        "largest node has (8; first: x2, num_gpu 16); they are never placed",
+    ]
+    assert json.loads(result.stdout)["runs"][0]["failed_pods"] > 0
+
+
+def test_a_plot_without_matplotlib_is_one_line_with_the_extra_to_install(tmp_path: Path) -> None:
+    """matplotlib is the `plot` extra: without it, `--out` is refused before any replay runs."""
+    hide = "import sys; sys.modules['matplotlib'] = None; from gpupool.cli.main import main; main()"
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "sim", "--synthetic", "--policy", "fgd", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert_one_line_error(result, "pip install 'gpupool[plot]'")
+    assert not out.exists()

@@ -8,7 +8,13 @@ from tests.scheduler.helpers import cpu_only, share, three_nodes, whole
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
-from gpupool.scheduler import POLICY_NAMES, ClusterState, TargetWorkload, make_policy
+from gpupool.scheduler import (
+    POLICY_NAMES,
+    ClusterState,
+    TargetWorkload,
+    make_policy,
+    place,
+)
 from gpupool.scheduler.fragment import FragmentIndex
 from gpupool.sim.replay import replay
 
@@ -48,7 +54,7 @@ def test_fragment_series_matches_a_fresh_computation_after_each_event(policy: st
     state = ClusterState(three_nodes())
     chooser = make_policy(policy, seed=3, target_workload=TARGET)
     for i, pod in enumerate(PODS):
-        placement = state.place(pod, chooser)
+        placement = place(state, pod, chooser)
         if placement is not None:
             state.allocate(pod, placement)
         assert result.fragment_milli[i] == pytest.approx(FragmentIndex(state, TARGET).total)

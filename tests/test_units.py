@@ -1,6 +1,7 @@
 """core.units: the quantities humans type."""
 
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -24,10 +25,16 @@ from gpupool.core.units import (
     [
         ("10GiB", 10 * GiB),
         ("512MiB", 512 * MiB),
-        ("512mi", 512 * MiB),
+        ("512Mi", 512 * MiB),
         ("1.5GiB", 3 * GiB // 2),
         ("10GB", 10 * 10**9),
-        ("4096", 4096),
+        ("4G", 4 * 10**9),
+        ("4Gi", 4 * GiB),
+        ("4e9", 4 * 10**9),
+        ("512k", 512_000),
+        ("1Ti", 1024 * GiB),
+        ("2T", 2 * 10**12),
+        ("1048576", MiB),
         (" 2 GiB ", 2 * GiB),
     ],
 )
@@ -35,9 +42,17 @@ def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "10XB", "nan", "1e999GiB", "ten"])
+@pytest.mark.parametrize(
+    "text", ["", "GiB", "-1GiB", "10XB", "nan", "1e999GiB", "ten", "4g", "4m", "512mi", "1K"]
+)
 def test_parse_bytes_rejects(text: str) -> None:
     with pytest.raises(InvalidRequest, match="memory size"):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(("text", "hint"), [("4096", "did you mean 4096Mi?"), ("4g", "G?")])
+def test_parse_bytes_says_what_was_meant(text: str, hint: str) -> None:
+    with pytest.raises(InvalidRequest, match=re.escape(hint)):
         parse_bytes(text)
 
 
@@ -66,13 +81,16 @@ def test_parse_fraction_rejects_naming_the_value(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "milli"), [("30", 300), ("30%", 300), ("0.3", 300), ("100", 1000)]
+    ("text", "milli"),
+    [("30", 300), ("30%", 300), ("1", 10), ("1%", 10), ("100", 1000), (" 7 ", 70)],
 )
 def test_parse_compute(text: str, milli: int) -> None:
     assert parse_compute_milli(text) == milli
 
 
-@pytest.mark.parametrize("text", ["150", "150%", "0", "-1", "nan", "30GiB"])
+@pytest.mark.parametrize(
+    "text", ["150", "150%", "0", "101", "0.5", "1.0", "99.9", "-3", "abc", "nan", "30GiB"]
+)
 def test_parse_compute_rejects(text: str) -> None:
     with pytest.raises(InvalidRequest):
         parse_compute_milli(text)

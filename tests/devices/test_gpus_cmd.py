@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def test_table_announces_simulation(sim_node: SimulatedBackend, clean_env: dict[
     result = gpupool("gpus", "--node-dir", str(node), env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"simulated node {node} (simulated GPUs)")
-    for text in ("NVIDIA H100 80GB HBM3", "H100-80GB", "GPUs", "MIG instances", "3g.40gb", "4:4"):
+    for text in ("H100-80GB", "GPUs", "MIG instances", "3g.40gb", "4:4"):
         assert text in result.stdout
     assert "no processes" in result.stdout
 
@@ -152,6 +153,27 @@ def test_watch_json_refreshes_until_ctrl_c(clean_env: dict[str, str]) -> None:
     assert len(documents) >= 2
     assert documents[0]["gpus"][0]["model"] == "A30-24GB"
     assert documents[1]["timestamp"] > documents[0]["timestamp"]
+
+
+def test_the_table_fits_80_columns_with_every_gpu_and_instance(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    inventory = tmp_path / "node.yaml"
+    inventory.write_text(
+        "gpus:\n  - model: H100-80GB\n    count: 2\n"
+        "    mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]\n  - model: A100-40GB\n    count: 6\n"
+    )
+    env = dict(clean_env, COLUMNS="80")
+    result = gpupool("gpus", "--simulate", str(inventory), env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.stdout
+    # one unwrapped line per GPU and per MIG instance, each with its whole UUID
+    assert sum("H100-80GB" in line for line in lines) == 2
+    assert sum("A100-40GB" in line for line in lines) == 6
+    assert len(re.findall(r"MIG-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}", result.stdout)) == 8
+    head = result.stdout.split("\nGPUs")[0]
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", head), "the header is timestamped"
 
 
 def test_watch_table_exits_0_on_ctrl_c(clean_env: dict[str, str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def test_bad_yaml_names_file_and_place(tmp_path: Path, text: str, message: str) 
 def test_yaml_layout_that_does_not_fit_names_the_gpu(tmp_path: Path, sim_node_dir: Path) -> None:
     path = write(tmp_path, "gpus:\n  - model: H100\n    mig: [4g.40gb, 4g.40gb]\n")
     with pytest.raises(
-        ConfigError, match=r"GPU 0: no free placement for 4g\.40gb .* in use 4g\.40gb at slots 0-3"
+        ConfigError, match=r"GPU 0: 2 instances of 4g\.40gb on H100-80GB: at most 1"
     ):
         SimulatedBackend.open(str(path), sim_node_dir)
 
@@ -141,3 +142,10 @@ def test_default_base_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     node_dir = default_node_dir(parse_spec("A30"))
     assert node_dir.parent == tmp_path / "gpupool-sim"
     assert (node_dir.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_an_inventory_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    inventory = tmp_path / "node.yaml"
+    inventory.write_bytes(b"gpus:\n  - model: H100 # \xff\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(inventory))}:2: not UTF-8 text"):
+        parse_spec(str(inventory))

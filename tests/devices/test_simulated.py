@@ -14,8 +14,9 @@ import pytest
 
 from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
-from gpupool.devices.backend import open_backend
-from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot, process_start_time
+from gpupool.devices.factory import open_backend
+from gpupool.devices.procfs import process_start_time
+from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.mig import catalog
 
@@ -307,3 +308,13 @@ def test_concurrent_writers_lose_no_change(sim_node: SimulatedBackend) -> None:
     for gpu in sim_node.snapshot().gpus[:2]:
         assert gpu.mig is not None and gpu.mig.current
         assert [i.profile for i in gpu.mig.instances] == ["4g.24gb"]
+
+
+@pytest.mark.parametrize("profiles", [["3g.40gb", "4g.40gb"], ["4g.40gb", "3g.40gb"]])
+def test_an_inventory_mig_layout_fits_in_any_order(tmp_path: Path, profiles: list[str]) -> None:
+    """What `mig check --model H100 3g.40gb:1,4g.40gb:1` accepts, the inventory accepts too."""
+    inventory = tmp_path / "node.yaml"
+    inventory.write_text(f"gpus:\n  - model: H100-80GB\n    mig: [{', '.join(profiles)}]\n")
+    with SimulatedBackend.open(str(inventory), tmp_path / "node") as backend:
+        layout = {(i.profile, i.placement_start) for i in backend.snapshot().gpus[0].mig.instances}
+    assert layout == {("4g.40gb", 0), ("3g.40gb", 4)}

@@ -9,7 +9,7 @@ from nvml_fake import FakeNvml
 
 from gpupool.core.errors import DeviceError, DriverNotFound, InvalidRequest
 from gpupool.core.units import MemoryShare
-from gpupool.devices.backend import open_backend
+from gpupool.devices.factory import open_backend
 from gpupool.devices.nvml import NvmlBackend
 from gpupool.devices.nvml_lib import Nvml
 from gpupool.devices.simspec import ENV_NODE_DIR

@@ -12,7 +12,8 @@ import pytest
 from gpupool.core.errors import DeviceError, MigLayoutError
 from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.mig_apply import StepDone, apply_node, plan_backend, plan_node
-from gpupool.devices.simstate import SimProcSlot, process_start_time
+from gpupool.devices.procfs import process_start_time
+from gpupool.devices.simstate import SimProcSlot
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 from gpupool.mig.partedconfig import parse_config

@@ -132,3 +132,16 @@ def test_catalog_json_and_markdown() -> None:
     assert data[0]["profiles"][-1]["starts"] == [0]
     markdown = gpupool("catalog", "--markdown").stdout
     assert markdown.count("### ") == 7
+
+
+def test_a_mig_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "mig.yaml"
+    config.write_bytes(b"version: v1\n# caf\xe9\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpupool", "mig", "plan", "-f", str(config), "-c", "x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"gpupool: error: {config}:2: not UTF-8 text (byte b'\\xe9')\n"

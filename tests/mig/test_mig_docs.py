@@ -1,5 +1,10 @@
 """docs/mig.md carries the catalog's tables exactly as the catalog renders them."""
 
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from gpupool.mig import catalog
@@ -28,3 +33,17 @@ def test_tables_show_every_profile_row() -> None:
 
 def test_a_document_without_markers_has_no_tables() -> None:
     assert embedded_tables("# nothing here") is None
+
+
+def test_the_readme_mig_apply_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (DOC.parents[1] / "README.md").read_text()
+    found = re.search(r"`(gpupool mig apply [^`]+)`", readme)
+    assert found is not None, "README.md lost its `gpupool mig apply` example"
+    command = " ".join(found.group(1).split())
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    args = [sys.executable, "-m", "gpupool", *shlex.split(command)[1:]]
+    result = subprocess.run(
+        args, cwd=DOC.parents[1], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "GPU 1 (H100-80GB): 1g.10gb@0, 1g.10gb@1, 2g.20gb@2, 3g.40gb@4" in result.stdout

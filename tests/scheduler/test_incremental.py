@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from tests.scheduler.helpers import naive_fragment, three_nodes
 
 from gpupool.core.resources import NodeSpec, Request
-from gpupool.scheduler import ClusterState, Placement, TargetWorkload, make_policy
+from gpupool.scheduler import (
+    ClusterState,
+    Placement,
+    TargetWorkload,
+    fragment_index,
+    make_policy,
+    place,
+)
 from gpupool.scheduler.fgd import fragment_options
 from gpupool.scheduler.fragment import FragmentIndex
 
@@ -68,12 +75,12 @@ def test_incremental_state_and_fragments_match_recomputation(
     ops: list[tuple[bool, Request, int]], policy_name: str
 ) -> None:
     state = ClusterState(NODES)
-    index = state.fragment_index(TARGET)
+    index = fragment_index(state, TARGET)
     policy = make_policy(policy_name, seed=3, target_workload=TARGET)
     live: list[tuple[Request, Placement]] = []
-    for place, request, position in ops:
-        if place or not live:
-            placement = state.place(request, policy)
+    for adding, request, position in ops:
+        if adding or not live:
+            placement = place(state, request, policy)
             if placement is None:
                 assert not state.feasible(request).any()
                 continue
@@ -102,14 +109,14 @@ def test_hypothetical_fragment_equals_fragment_after_allocating(
     policy = make_policy("random", seed=5)
     live: list[tuple[Request, Placement]] = []
     for _, earlier, _ in ops:
-        placement = state.place(earlier, policy)
+        placement = place(state, earlier, policy)
         if placement is not None:
             state.allocate(earlier, placement)
             live.append((earlier, placement))
     feasible = np.flatnonzero(state.feasible(request))
     if feasible.size == 0:
         return
-    options = fragment_options(state.fragment_index(TARGET), request, feasible)
+    options = fragment_options(fragment_index(state, TARGET), request, feasible)
     for at, node in enumerate(feasible):
         gpu = int(options.gpus[at])
         if request.is_fractional:

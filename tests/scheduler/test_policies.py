@@ -18,7 +18,9 @@ from gpupool.scheduler import (
     ClusterState,
     Placement,
     TargetWorkload,
+    fragment_index,
     make_policy,
+    place,
 )
 from gpupool.scheduler.fgd import fragment_options
 from gpupool.scheduler.gpupool_policy import stranded_milli
@@ -82,11 +84,11 @@ def test_clustering_tiers_and_within_tier_order() -> None:
 def test_fgd_fragment_and_score_by_hand() -> None:
     state = ClusterState(three_nodes())
     target = small_target()
-    index = state.fragment_index(target)
+    index = fragment_index(state, target)
     # n0 idle: m1 and m2 fit with nothing below their need; m3 (CPU-only) counts all 2000
     assert index.frag[0] == pytest.approx(0.25 * 2000)
     policy = make_policy("fgd", seed=0, target_workload=target)
-    first = state.place(share(300), policy)
+    first = place(state, share(300), policy)
     assert first is not None and first.gpus == (0,)
     # n0 after [700, 1000]: m1 0, m2 700, m3 1700 -> 600; delta -100 -> int(100 sigmoid(-0.1))
     options = fragment_options(index, share(300), np.array([0]))
@@ -105,7 +107,7 @@ def test_fgd_prefers_the_node_whose_fragment_grows_least() -> None:
     target = small_target()
     state.allocate(share(500), Placement(2, (4,), 500))
     # a 500 share completes n2's half-used GPU: F drops by 0.5 * 500 + 0.25 * 500 + 0.25 * 500
-    placement = state.place(share(500), make_policy("fgd", seed=1, target_workload=target))
+    placement = place(state, share(500), make_policy("fgd", seed=1, target_workload=target))
     assert placement == Placement(2, (4,), 500)
 
 
@@ -133,7 +135,7 @@ def test_gpupool_avoids_stranding_a_nodes_gpus_for_cpu() -> None:
     # n2 500 of 8000 (7500 stranded, 6667 before). Only n1 strands nothing.
     for seed in range(5):
         policy = make_policy("gpupool", seed=seed, target_workload=target)
-        assert state.place(cpu_only(cpu=10_000), policy) == Placement(1, (), 0)
+        assert place(state, cpu_only(cpu=10_000), policy) == Placement(1, (), 0)
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
@@ -146,7 +148,7 @@ def test_every_policy_places_feasibly_and_is_deterministic(name: str) -> None:
         policy = make_policy(name, seed=7, target_workload=target)
         out = []
         for request in requests:
-            placement = state.place(request, policy)
+            placement = place(state, request, policy)
             if placement is not None:
                 state.allocate(request, placement)
             out.append(placement)
@@ -163,7 +165,7 @@ def test_node_order_breaks_ties_and_depends_on_the_seed() -> None:
     winners = set()
     for seed in range(6):
         policy = make_policy("bestfit", seed=seed)
-        placement = ClusterState(nodes).place(cpu_only(), policy)
+        placement = place(ClusterState(nodes), cpu_only(), policy)
         assert placement is not None
         assert placement.node == int(np.argmin(policy.node_rank(8)))
         winners.add(placement.node)
@@ -195,8 +197,8 @@ def test_binpack_and_spread_pick_opposite_nodes_and_gpus() -> None:
     state.allocate(share(600), Placement(1, (2,), 600))
     state.allocate(share(200), Placement(1, (0,), 200))
     # usage: n0 0 %, n1 20 %, n2 0 %
-    binpack = state.place(share(300), make_policy("binpack", seed=0))
-    spread = state.place(share(300), make_policy("spread", seed=0))
+    binpack = place(state, share(300), make_policy("binpack", seed=0))
+    spread = place(state, share(300), make_policy("spread", seed=0))
     assert binpack == Placement(1, (2,), 300)  # fullest node, fullest GPU that fits (400 free)
     assert spread is not None and spread.node in (0, 2)
     assert spread.gpus == (0,)
@@ -215,7 +217,7 @@ def test_gpupool_scores_as_fgd_when_the_target_has_model_bound_specs() -> None:
         policy = make_policy(name, seed=9, target_workload=bound)
         out = []
         for pod in pods:
-            placement = state.place(pod, policy)
+            placement = place(state, pod, policy)
             if placement is not None:
                 state.allocate(pod, placement)
             out.append(placement)
@@ -238,7 +240,7 @@ def test_gpupool_keeps_idle_big_nodes_when_the_target_has_multi_gpu_specs() -> N
     for seed in range(4):
         keep = make_policy("gpupool", seed=seed, target_workload=with_multi)
         # big is idle and fits the 8-GPU spec: no reward there, 400 vs 400 + 0.5 * 500
-        assert ClusterState([big, small]).place(request, keep) == Placement(1, (0,), 1000)
+        assert place(ClusterState([big, small]), request, keep) == Placement(1, (0,), 1000)
         reward = make_policy("gpupool", seed=seed, target_workload=single_only)
         # no multi-GPU spec: big earns 250 + 0.5 * 1000 against 250 + 0.5 * 500
-        assert ClusterState([big, small]).place(request, reward) == Placement(0, (0,), 1000)
+        assert place(ClusterState([big, small]), request, reward) == Placement(0, (0,), 1000)

@@ -140,3 +140,12 @@ def test_malformed_published_csv_names_file_and_line(tmp_path: Path) -> None:
         report.load_published(path, "default")
     with pytest.raises(ConfigError, match="cannot read"):
         report.load_published(tmp_path / "absent.csv", "default")
+
+
+def test_every_policy_has_its_own_fixed_colour_and_line() -> None:
+    from gpupool.scheduler import POLICY_NAMES
+    from gpupool.sim.report import _style
+
+    styles = [_style(name) for name in POLICY_NAMES]
+    assert len(set(styles)) == len(POLICY_NAMES)
+    assert all(colour != "#000000" for colour, _ in styles), "black is the ideal line's"

@@ -7,17 +7,36 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
-from gpupool.core.errors import InvalidRequest
-from gpupool.core.units import MemoryShare, parse_compute_milli, parse_int_range, parse_memory_share
-from gpupool.isolation.launch import ComputePolicy, LaunchSpec, ShareLimits, build_launch_spec
+from gpupool.core.errors import GpupoolError, InvalidRequest
+from gpupool.core.units import (
+    MILLI_PER_GPU,
+    MemoryShare,
+    format_bytes,
+    parse_compute_milli,
+    parse_int_range,
+    parse_memory_share,
+)
+from gpupool.isolation.launch import (
+    ComputePolicy,
+    LaunchSpec,
+    ShareLimits,
+    build_launch_spec,
+    memory_bytes,
+)
 from gpupool.isolation.node import LaunchNode, open_launch_node
 
 #: exit statuses of a command that could not be started, as POSIX shells use them
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+#: gpupool exec's own failure, whatever it was, as env(1) and timeout(1) report theirs
+EXIT_EXEC_FAILED = 125
+#: click's exit status for a usage error
+_USAGE_ERROR = 2
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -71,11 +90,54 @@ def _announce(node: LaunchNode, simulate: str | None) -> None:
     )
 
 
+class _ExecCommand(TyperCommand):
+    """`exec`'s usage errors (an unknown option) exit 125 too, not click's 2."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as err:
+            # click's UsageError, which typer vendors without exporting it; it exits with its
+            # instance's exit_code
+            if getattr(err, "exit_code", None) == _USAGE_ERROR:
+                vars(err)["exit_code"] = EXIT_EXEC_FAILED
+            raise
+
+
+def _prepare(
+    command: list[str], limits: ShareLimits, simulate: str | None, node_dir: Path | None
+) -> LaunchSpec:
+    """Check every value against the node, announce a simulated one, and build the launch."""
+    node = open_launch_node(simulate, node_dir)
+    totals = node.totals_of(limits.gpus)
+    memory = limits.memory if isinstance(limits.memory, MemoryShare) else None
+    node.check_memory_fits(limits.gpus, memory)
+    spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
+    _announce(node, simulate)
+    if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU:
+        typer.echo(f"gpupool: {_share_line(node, limits)}", err=True)
+    return spec
+
+
+def _share_line(node: LaunchNode, limits: ShareLimits) -> str:
+    """The share as resolved on the node, so that `4G` and `4Gi` are never confused."""
+    parts = []
+    for index, total in zip(limits.gpus, node.totals_of(limits.gpus), strict=True):
+        memory = "the whole memory"
+        if limits.memory is not None:
+            size = memory_bytes(limits.memory, total)
+            memory = f"{format_bytes(size or 0)} ({size} bytes)"
+        parts.append(f"GPU {index} ({node.models[index]}): memory {memory}")
+    percent = limits.compute_milli * 100 // MILLI_PER_GPU
+    return f"{'; '.join(parts)}; compute {percent}% ({limits.policy.value})"
+
+
 def register(app: typer.Typer) -> None:
     """Add `exec` to the app."""
 
     @app.command(
         "exec",
+        cls=_ExecCommand,
         context_settings={"allow_interspersed_args": False},
     )
     def exec_(
@@ -90,10 +152,16 @@ def register(app: typer.Typer) -> None:
         ),
         gpu: str = typer.Option("0", "--gpu", metavar="INDEX", help="GPU index (or 0,1)."),
         memory: str | None = typer.Option(
-            None, "--memory", metavar="SIZE", help="GPU memory per GPU: 4GiB or 50%."
+            None,
+            "--memory",
+            metavar="SIZE",
+            help="GPU memory per GPU: 4Gi (2^30), 4G (10^9) or 50%.",
         ),
         compute: str | None = typer.Option(
-            None, "--compute", metavar="PERCENT", help="Compute share per GPU, 1..100."
+            None,
+            "--compute",
+            metavar="PERCENT",
+            help="Compute share per GPU, a whole percent 1..100 (30 or 30%).",
         ),
         compute_policy: str = typer.Option(
             "cap",
@@ -104,11 +172,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
         # every value is checked before anything runs: syntax first, then against the node
-        limits = _limits(gpu, memory, compute, compute_policy)
-        node = open_launch_node(simulate, node_dir)
-        totals = node.totals_of(limits.gpus)
-        _announce(node, simulate)
-        spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
+        try:
+            spec = _prepare(
+                command, _limits(gpu, memory, compute, compute_policy), simulate, node_dir
+            )
+        except GpupoolError as err:
+            typer.echo(f"gpupool: error: {err}", err=True)
+            raise typer.Exit(EXIT_EXEC_FAILED) from err
         try:
             code = _run(spec)
         finally:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -15,7 +16,8 @@ from rich.text import Text
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
-from gpupool.devices.backend import GpuBackend, open_backend
+from gpupool.devices.backend import GpuBackend
+from gpupool.devices.factory import open_backend
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
 
 DEFAULT_WATCH_SECONDS = 2.0
@@ -41,16 +43,19 @@ def _mig_mode(gpu: GpuSnapshot) -> str:
 
 
 def header(snapshot: NodeSnapshot) -> Text:
-    """The first line: where the numbers come from."""
+    """The first line: where the numbers come from, and when (so a stale --watch shows)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.timestamp))
     if snapshot.simulated:
-        return Text(f"simulated node {snapshot.node_dir} (simulated GPUs)", style="bold yellow")
-    return Text(f"NVIDIA driver {snapshot.driver}", style="bold")
+        where = f"simulated node {snapshot.node_dir} (simulated GPUs)"
+        return Text(f"{where}  {when}", style="bold yellow")
+    return Text(f"NVIDIA driver {snapshot.driver}  {when}", style="bold")
 
 
 def gpu_table(snapshot: NodeSnapshot) -> Table:
-    table = Table(title="GPUs", title_justify="left")
-    for column in ("GPU", "Name", "Model", "Memory used / total", "Util", "Temp", "Power"):
-        table.add_column(column, justify="left" if column in ("Name", "Model") else "right")
+    # 80 columns hold every column unwrapped: the model stands for the name (which --json has)
+    table = Table(title="GPUs", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("GPU", "Model", "Memory used / total", "Util", "Temp", "Power"):
+        table.add_column(column, justify="left" if column == "Model" else "right", no_wrap=True)
     table.add_column("MIG")
     table.add_column("Health")
     for gpu in snapshot.gpus:
@@ -58,7 +63,6 @@ def gpu_table(snapshot: NodeSnapshot) -> Table:
         health = Text("ok", style="green") if gpu.healthy else Text(gpu.error or "error", "red")
         table.add_row(
             str(gpu.index),
-            gpu.name,
             gpu.model,
             _memory(gpu.memory_used, gpu.memory_total),
             _optional(gpu.utilization, "%"),
@@ -74,9 +78,11 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
     rows = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
     if not rows:
         return None
-    table = Table(title="MIG instances", title_justify="left")
-    for column in ("GPU", "GI", "CI", "Profile", "Placement", "Memory", "UUID"):
-        table.add_column(column)
+    # no column rules: they would cost the 7 columns a full MIG UUID needs in 80
+    table = Table(title="MIG instances", title_justify="left", box=None, pad_edge=False)
+    for column in ("GPU", "GI", "CI", "Profile", "Slices", "Memory"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("UUID", overflow="fold")
     for gpu, instance in rows:
         start = instance.placement_start
         placement = "n/a" if start is None else f"{start}:{instance.placement_size}"
@@ -93,7 +99,7 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
 
 
 def process_table(snapshot: NodeSnapshot) -> Table:
-    table = Table(title="Processes", title_justify="left")
+    table = Table(title="Processes", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("GPU", "PID", "Name", "Memory", "SM util"):
         table.add_column(column, justify="right" if column != "Name" else "left")
     for gpu in snapshot.gpus:
@@ -127,7 +133,9 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console)
             while True:
                 typer.echo(json.dumps(backend.snapshot().to_json()))
                 time.sleep(seconds)
-        with Live(render(backend.snapshot()), console=console, auto_refresh=False) as live:
+        # a node taller than the terminal scrolls rather than losing its last GPUs
+        first = render(backend.snapshot())
+        with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
             while True:
                 time.sleep(seconds)
                 live.update(render(backend.snapshot()), refresh=True)

@@ -10,7 +10,7 @@ import typer
 
 from gpupool.core.errors import InvalidRequest, MigLayoutError
 from gpupool.core.units import format_bytes
-from gpupool.devices.backend import open_backend
+from gpupool.devices.factory import open_backend
 from gpupool.devices.mig_apply import NodePlan, StepDone, apply_node, driver_tables, plan_node
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
 from gpupool.mig.catalog import MODELS, GpuModel, get_model

@@ -7,11 +7,22 @@ import typer
 
 def all_commands(app: typer.Typer) -> None:
     """Add every command group to `app` (one line per module keeps merges trivial)."""
-    from gpupool.cli import exec_cmd, gpus_cmd, k8s_cmd, mig_cmd, sim_cmd, version_cmd
+    from gpupool.cli import (
+        exec_cmd,
+        gpus_cmd,
+        jobs_cmd,
+        k8s_cmd,
+        mig_cmd,
+        serve_cmd,
+        sim_cmd,
+        version_cmd,
+    )
 
     version_cmd.register(app)
     gpus_cmd.register(app)
     mig_cmd.register(app)
     exec_cmd.register(app)
     sim_cmd.register(app)
+    serve_cmd.register(app)
+    jobs_cmd.register(app)
     k8s_cmd.register(app)

@@ -107,6 +107,8 @@ def _progress(console: Console, enabled: bool, total: int) -> Iterator[ProgressC
 
 def _run(job: SimJob, console: Console, show_progress: bool) -> list[RunResult]:
     job.scenario.check_workload(job.workload)
+    for line in job.scenario.never_placed(job.workload):
+        typer.echo(f"gpupool: warning: {line}", err=True)
     specs = plan([job.workload], job.policies, job.seeds)
     try:
         with _progress(console, show_progress, len(specs)) as progress:
@@ -188,6 +190,8 @@ def _title(job: SimJob) -> str:
 def execute(job: SimJob, *, as_json: bool) -> None:
     """Run the job, write its outputs, print the JSON object or the tables."""
     err = Console(stderr=True)
+    if job.out is not None:
+        report.check_plotting()
     # A live bar helps in a terminal; in a log or a pipe it is noise.
     results = _run(job, err, show_progress=err.is_terminal)
     comparison = _comparison(job, results)

@@ -107,6 +107,19 @@ DEBUG = Setting(
     "Any value: the CLI shows the traceback of an internal error instead of one line.",
     Reader.PYTHON,
 )
+URL = Setting(
+    "GPUPOOL_URL",
+    None,
+    "Where clients find the daemon: unix:///path/to/gpupool.sock or http://host:port "
+    "(default: the state dir's socket).",
+    Reader.PYTHON,
+)
+TOKEN = Setting(
+    "GPUPOOL_TOKEN",
+    None,
+    "The bearer token clients send to a daemon over TCP (`gpupool serve --token-file`).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -120,6 +133,8 @@ ALL: tuple[Setting, ...] = (
     SIM_NODE,
     SIM_KERNEL_NS,
     DEBUG,
+    URL,
+    TOKEN,
 )
 
 #: the settings that make up a share; only a launch may set them

@@ -1,4 +1,8 @@
-"""Parse and format the quantities humans type: `10GiB`, `512MiB`, `50%`, `0.5`."""
+"""Parse and format the quantities humans type: `10Gi`, `4G`, `512MiB`, `50%`, `30`.
+
+Sizes follow the Kubernetes quantity rules everywhere (CLI, YAML, the shim's GPUPOOL_* values),
+since the Kubernetes side reads `10Gi` from pod specs: `G` is 10^9 and `Gi` is 2^30.
+"""
 
 from __future__ import annotations
 
@@ -16,26 +20,16 @@ TiB = 1024**4
 #: milli-GPU in one whole GPU (the trace's gpu_milli unit)
 MILLI_PER_GPU = 1000
 
+#: Kubernetes quantity suffixes (case matters: `M` is mega, `m` milli), with the `B`/`iB` forms
+#: people type for bytes (`4GiB` = `4Gi`, `4GB` = `4G`). Milli (`m`) is refused: bytes are whole.
 _BYTE_SUFFIXES: dict[str, int] = {
     "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "ki": KiB,
-    "kib": KiB,
-    "mi": MiB,
-    "mib": MiB,
-    "gi": GiB,
-    "gib": GiB,
-    "ti": TiB,
-    "tib": TiB,
+    "B": 1,
+    **{f"{p}{b}": 1000 ** (i + 1) for i, p in enumerate("kMGTPE") for b in ("", "B")},
+    **{f"{p}i{b}": 1024 ** (i + 1) for i, p in enumerate("KMGTPE") for b in ("", "B")},
 }
+#: a bare number below this is surely meant in another unit (`--memory 4096` is not 4 KB)
+MIN_BARE_BYTES = MiB
 
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
 
@@ -50,15 +44,31 @@ def _split(text: str, what: str) -> tuple[float, str]:
     return value, match.group(2)
 
 
+def _unit_hint(suffix: str) -> str:
+    """What a suffix outside the Kubernetes grammar was probably meant to be."""
+    if suffix == "m":
+        return " (m is milli in Kubernetes quantities; use M for 10^6 or Mi for 2^20)"
+    near = [known for known in _BYTE_SUFFIXES if known and known.lower() == suffix.lower()]
+    if near:
+        return f" (units are case-sensitive: did you mean {' or '.join(near)}?)"
+    return " (use Ki, Mi, Gi, Ti for powers of 1024 or k, M, G, T for powers of 1000)"
+
+
 def parse_bytes(text: str) -> int:
-    """`10GiB` -> 10737418240; decimal (`10GB`) and binary (`10GiB`) suffixes; bare = bytes."""
+    """A size by Kubernetes quantity rules: `4Gi` = 4x2^30, `4G` = 4x10^9, `4GiB` = `4Gi`,
+    `4GB` = `4G`, `4e9`; a bare number is bytes and must be at least 1 MiB."""
     value, suffix = _split(text, "memory size")
-    factor = _BYTE_SUFFIXES.get(suffix.lower())
+    factor = _BYTE_SUFFIXES.get(suffix)
     if factor is None:
         raise InvalidRequest(
-            f"invalid memory size {text!r}: unknown unit {suffix!r} (use B, KiB, MiB, GiB, TiB)"
+            f"invalid memory size {text!r}: unknown unit {suffix!r}{_unit_hint(suffix)}"
         )
-    return round(value * factor)
+    size = round(value * factor)
+    if not suffix and 0 < size < MIN_BARE_BYTES:
+        raise InvalidRequest(
+            f"invalid memory size {text!r}: {size} bytes is below 1Mi; did you mean {size}Mi?"
+        )
+    return size
 
 
 def format_bytes(n: int) -> str:
@@ -87,17 +97,16 @@ def parse_fraction(text: str) -> float:
 
 
 def parse_compute_milli(text: str) -> int:
-    """Per-GPU compute: `30` or `30%` (percent of a GPU), or `0.3` -> 300 milli-GPU."""
-    value, suffix = _split(text, "compute share")
-    if suffix == "%" or (not suffix and value > 1.0):
-        percent = value
-    elif not suffix:
-        percent = value * 100.0
-    else:
-        raise InvalidRequest(f"invalid compute share {text!r}: use a percentage such as 30")
-    if not 0.0 < percent <= 100.0:
-        raise InvalidRequest(f"invalid compute share {text!r}: must be above 0 and at most 100%")
-    return round(percent * MILLI_PER_GPU / 100.0)
+    """Per-GPU compute as a whole percent, `30` or `30%`, 1 to 100 -> milli-GPU (30 -> 300).
+
+    `1` is 1 %, never a whole GPU: a fraction such as `0.5` is refused rather than guessed at.
+    """
+    match = re.fullmatch(r"\s*([0-9]+)\s*(%?)\s*", text)
+    if match is None or not 1 <= int(match.group(1)) <= 100:
+        raise InvalidRequest(
+            f"invalid compute share {text!r}: use a whole percent from 1 to 100, such as 30 or 30%"
+        )
+    return int(match.group(1)) * MILLI_PER_GPU // 100
 
 
 @dataclass(frozen=True)

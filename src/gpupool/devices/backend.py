@@ -1,14 +1,13 @@
-"""The one interface to a node's GPUs, with two implementations: NVML and a simulated node."""
+"""The one interface to a node's GPUs. Its two implementations (`nvml`, `simulated`) import this
+module and never each other; `devices.factory.open_backend` picks one."""
 
 from __future__ import annotations
 
 import abc
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from gpupool.devices.simspec import ENV_NODE_DIR
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 
 
@@ -25,6 +24,15 @@ class DriverProfile:
     placements: tuple[tuple[int, int], ...]  # (start, size) pairs the driver allows
 
 
+@dataclass(frozen=True)
+class SimulatedNode:
+    """Where a simulated node lives, which a launch hands to the simulated driver."""
+
+    directory: Path
+    #: the spec the node was created from (`2xH100`)
+    spec: str
+
+
 class GpuBackend(abc.ABC):
     """What gpupool needs from a node's GPUs: snapshots and MIG control.
 
@@ -34,6 +42,10 @@ class GpuBackend(abc.ABC):
 
     #: True for a simulated node; callers announce it, never hide it
     simulated: bool = False
+
+    def simulated_node(self) -> SimulatedNode | None:
+        """The simulated node behind this backend; None on real GPUs."""
+        return None
 
     @abc.abstractmethod
     def snapshot(self) -> NodeSnapshot:
@@ -73,20 +85,3 @@ class GpuBackend(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def open_backend(simulate: str | None, node_dir: Path | None = None) -> GpuBackend:
-    """The simulated node of spec `simulate`, else NVML.
-
-    `simulate` is a spec (`8xH100-80GB`, `4xA30,2xA100-40GB`, a YAML inventory path). Without
-    one, `node_dir` or $GPUPOOL_SIM_NODE (set for processes on the simulated driver) opens an
-    existing simulated node; with neither, the real GPUs through NVML.
-    """
-    # imported here so that NVML users never load the simulated node and vice versa
-    if simulate is None and node_dir is None and not os.environ.get(ENV_NODE_DIR):
-        from gpupool.devices.nvml import NvmlBackend
-
-        return NvmlBackend()
-    from gpupool.devices.simulated import SimulatedBackend
-
-    return SimulatedBackend.open(simulate, node_dir)

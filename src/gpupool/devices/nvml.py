@@ -12,7 +12,7 @@ from gpupool.core.errors import DeviceError, InvalidRequest, NotAvailable
 from gpupool.core.units import MiB
 from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.nvml_lib import NOT_AVAILABLE, Nvml, text
-from gpupool.devices.simstate import process_name
+from gpupool.devices.procfs import process_name
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
 from gpupool.mig import catalog
 

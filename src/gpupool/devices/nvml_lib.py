@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Final
 
-from gpupool.core.errors import DeviceError, DriverNotFound, NotAvailable
+from gpupool.core.errors import DeviceError, DriverNotFound, GpuLost, NotAvailable
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,6 @@ class _NotAvailableType:
 
 
 NOT_AVAILABLE: Final = _NotAvailableType()
-
-
-class GpuLost(DeviceError):
-    """NVML says the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
 
 
 # error codes that mean "this reading does not exist here", never a failure of the node

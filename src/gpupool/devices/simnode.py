@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import uuid as uuidlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import Any
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
 from gpupool.devices.simspec import GpuEntry, NodeSpec
 from gpupool.devices.simstate import STATE_FILE, SimGpuSpec, SimState
-from gpupool.mig import catalog
+from gpupool.mig import catalog, planner
+from gpupool.mig.planner import Placement
 
 NODE_FILE = "node.json"
 LOCK_FILE = "node.lock"
@@ -214,17 +216,11 @@ def _with_spec_mig(gpu: SimGpu, entry: GpuEntry) -> SimGpu:
     if not entry.mig:
         return gpu
     gpu = _with_mig(gpu, True)
-    placed = [r for r in entry.instances if r.start is not None]
-    # the rest first-fit, largest first, as one packs slices by hand
-    unplaced = sorted(
-        (r for r in entry.instances if r.start is None),
-        key=lambda r: -entry.model.profile(r.profile).size,
-    )
-    for request in placed + unplaced:
-        start = request.start
-        if start is None:
-            start = _first_free_start(gpu, request.profile)
-        gpu, _ = _with_instance(gpu, request.profile, start)
+    fixed = [Placement(r.start, r.profile) for r in entry.instances if r.start is not None]
+    counts = Counter(r.profile for r in entry.instances if r.start is None)
+    # the planner `mig check` uses, so a layout it accepts is one the node takes, in any order
+    for placement in planner.find_placements(entry.model, counts, fixed):
+        gpu, _ = _with_instance(gpu, placement.profile, placement.start)
     return gpu
 
 
@@ -252,17 +248,6 @@ def _without_instance(gpu: SimGpu, gi_id: int) -> SimGpu:
             f"GPU {gpu.index} has no GPU instance {gi_id} (its GPU instances: {have})"
         )
     return SimGpu(gpu.index, gpu.model, gpu.uuid, gpu.pci_bus_id, gpu.mig, kept)
-
-
-def _first_free_start(gpu: SimGpu, profile_name: str) -> int:
-    profile = gpu.catalog_model.profile(profile_name)
-    for start in profile.starts:
-        if _overlap(gpu, profile, start) is None:
-            return start
-    raise InvalidRequest(
-        f"no free placement for {profile.name} on GPU {gpu.index} ({gpu.model}): "
-        f"in use {_describe_layout(gpu)}"
-    )
 
 
 def _new_instance(gpu: SimGpu, profile_name: str, start: int) -> SimInstance:

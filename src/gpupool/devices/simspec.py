@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from gpupool.core import settings
-from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
+from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest, not_utf8
 from gpupool.devices.simstate import MAX_GPUS
 from gpupool.mig import catalog
 
@@ -99,9 +99,11 @@ def _check_size(where: str, gpus: list[GpuEntry]) -> tuple[GpuEntry, ...]:
 
 def _load_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read inventory {path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(str(path), err) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -202,7 +204,7 @@ def resolve_node_dir(spec: NodeSpec | None, node_dir: Path | None) -> Path | Non
     """--node-dir, else $GPUPOOL_SIM_NODE, else the spec's default; None when nothing says."""
     if node_dir is not None:
         return node_dir
-    from_env = os.environ.get(ENV_NODE_DIR)
+    from_env = settings.SIM_NODE.read(os.environ)
     if from_env:
         return Path(from_env)
     return default_node_dir(spec) if spec is not None else None

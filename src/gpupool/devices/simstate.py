@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.errors import DeviceError
+from gpupool.devices.procfs import process_start_time
 
 MAGIC = 0x314D49534C505047  # b"GPPLSIM1" as a little-endian u64
 VERSION = 1
@@ -98,25 +99,6 @@ def _encode(text: str, size: int, what: str) -> bytes:
     if len(data) >= size:
         raise DeviceError(f"simulated GPU {what} {text!r} is longer than {size - 1} bytes")
     return data
-
-
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks), or None when the pid is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
-
-
-def process_name(pid: int) -> str:
-    """The command name of `pid` (/proc/PID/comm), empty when the pid is gone or hidden."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def is_slot_alive(slot: SimProcSlot) -> bool:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from gpupool.core.errors import DeviceError
 from gpupool.core.units import MiB
-from gpupool.devices.backend import DriverProfile, GpuBackend
+from gpupool.devices.backend import DriverProfile, GpuBackend, SimulatedNode
+from gpupool.devices.procfs import process_name
 from gpupool.devices.simnode import SimGpu, SimInstance, SimNode
 from gpupool.devices.simspec import parse_spec, resolve_node_dir
 from gpupool.devices.simstate import (
@@ -23,7 +24,6 @@ from gpupool.devices.simstate import (
     SimGpuCounters,
     SimProcSlot,
     is_slot_alive,
-    process_name,
 )
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
 
@@ -85,6 +85,9 @@ class SimulatedBackend(GpuBackend):
     @property
     def node_dir(self) -> Path:
         return self.node.directory
+
+    def simulated_node(self) -> SimulatedNode:
+        return SimulatedNode(self.node.directory, self.node.spec_text)
 
     def close(self) -> None:
         self.node.close()

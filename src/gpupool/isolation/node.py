@@ -1,6 +1,6 @@
 """The node a share is launched on, read through the devices layer: real GPUs or a simulated node.
 
-`gpupool exec` and `gpupool gpus` open a node the same way (`devices.backend.open_backend`), so
+`gpupool exec` and `gpupool gpus` open a node the same way (`devices.factory.open_backend`), so
 for one spec, `--node-dir` or $GPUPOOL_SIM_NODE both commands see the same simulated GPUs.
 """
 
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.errors import InvalidRequest
-from gpupool.devices.backend import GpuBackend, open_backend
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.core.units import MemoryShare, format_bytes
+from gpupool.devices.backend import GpuBackend
+from gpupool.devices.factory import open_backend
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,18 @@ class LaunchNode:
                 raise InvalidRequest(f"invalid GPU index {index}: this node has {have}")
         return [self.memory_totals[i] for i in gpus]
 
+    def check_memory_fits(self, gpus: Sequence[int], memory: MemoryShare | None) -> None:
+        """Refuse, before anything runs, a memory share larger than one of `gpus`: the shim
+        would only clamp it at the first CUDA call."""
+        if memory is None or memory.bytes is None:
+            return  # a fraction is at most the whole GPU
+        for index, total in zip(gpus, self.totals_of(gpus), strict=True):
+            if total is not None and memory.bytes > total:
+                raise InvalidRequest(
+                    f"memory share {format_bytes(memory.bytes)} ({memory.bytes} bytes) is larger "
+                    f"than GPU {index} ({self.models[index]}, {format_bytes(total)})"
+                )
+
 
 def launch_node(backend: GpuBackend) -> LaunchNode:
     """The GPUs of `backend` now, from one snapshot."""
@@ -44,9 +57,10 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
     totals = tuple(
         g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
     )
-    if isinstance(backend, SimulatedBackend):
-        return LaunchNode(models, totals, backend.node_dir, backend.node.spec_text)
-    return LaunchNode(models, totals)
+    sim = backend.simulated_node()
+    if sim is None:
+        return LaunchNode(models, totals)
+    return LaunchNode(models, totals, sim.directory, sim.spec)
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gpupool.core.errors import ConfigError, InvalidRequest, MigLayoutError
+from gpupool.core.errors import ConfigError, InvalidRequest, MigLayoutError, not_utf8
 from gpupool.mig.catalog import GpuModel, find_model_by_pci_device_id, normalize_pci_device_id
 
 VERSION = "v1"
@@ -196,9 +196,11 @@ def parse_config(text: str, source: str = "<config>") -> PartedConfig:
 def load_config(path: Path) -> PartedConfig:
     """Read a mig-parted config file."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read MIG config {path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(str(path), err) from None
     return parse_config(text, str(path))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.resources import Request
-from gpupool.scheduler.fragment import FragmentIndex
+from gpupool.scheduler.fragment import FragmentIndex, fragment_index
 from gpupool.scheduler.policy import Policy
 from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
 from gpupool.scheduler.workload import TargetWorkload
@@ -98,7 +98,7 @@ class FgdPolicy(Policy):
         self.target = target
 
     def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        options = fragment_options(state.fragment_index(self.target), request, feasible)
+        options = fragment_options(fragment_index(state, self.target), request, feasible)
         return placement_for(
             state, request, options, self.best_index(state, feasible, fgd_scores(options))
         )

@@ -14,17 +14,12 @@ candidate (node, GPU) pairs is a few (K, M) array operations.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpupool.core.units import MILLI_PER_GPU
-from gpupool.scheduler.state import FloatArray, IntArray
-
-if TYPE_CHECKING:
-    from gpupool.scheduler.state import ClusterState
-    from gpupool.scheduler.workload import TargetWorkload
-
+from gpupool.scheduler.state import ClusterState, FloatArray, IntArray
+from gpupool.scheduler.workload import TargetWorkload
 
 #: request shapes whose per-node answers are kept (oldest dropped first); the trace has ~150
 MAX_CACHED_SHAPES = 512
@@ -138,3 +133,9 @@ class FragmentIndex:
         cnt = self.cnt[nodes] - gpus * (self.spec_milli[None, :] <= MILLI_PER_GPU)
         total = self.state.gpu_free_total[nodes] - gpus * MILLI_PER_GPU
         return self.fragment(nodes, cnt, self.less[nodes], total, cpu_request)
+
+
+def fragment_index(state: ClusterState, target: TargetWorkload) -> FragmentIndex:
+    """The fragment index of `state` for `target`, built once, then kept current by the state's
+    allocate/release (only the changed node is recomputed)."""
+    return state.observer(("fragment", target), lambda: FragmentIndex(state, target))

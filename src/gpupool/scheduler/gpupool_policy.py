@@ -27,6 +27,7 @@ import numpy as np
 
 from gpupool.core.resources import Request
 from gpupool.scheduler.fgd import fgd_scores, fragment_options, placement_for
+from gpupool.scheduler.fragment import fragment_index
 from gpupool.scheduler.policy import Policy
 from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
 from gpupool.scheduler.workload import TargetWorkload
@@ -67,7 +68,7 @@ class GpupoolPolicy(Policy):
         self.keep_idle_gpus = largest if largest > 1 else 0
 
     def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        options = fragment_options(state.fragment_index(self.target), request, feasible)
+        options = fragment_options(fragment_index(state, self.target), request, feasible)
         if self.model_bound:
             scores = fgd_scores(options)
             return placement_for(state, request, options, self.best_index(state, feasible, scores))

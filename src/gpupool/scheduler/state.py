@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -12,11 +12,6 @@ import numpy.typing as npt
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import NodeSpec, Request
 from gpupool.core.units import MILLI_PER_GPU
-
-if TYPE_CHECKING:
-    from gpupool.scheduler.fragment import FragmentIndex
-    from gpupool.scheduler.policy import Policy
-    from gpupool.scheduler.workload import TargetWorkload
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -26,6 +21,16 @@ FloatArray = npt.NDArray[np.float64]
 NO_GPU = -1
 #: class of a pod for clustering: 0 = a fractional share, k = k whole GPUs
 SHARE_CLASS = 0
+
+
+class NodeObserver(Protocol):
+    """A cache derived from the state (the fragment index), told of each node that changed."""
+
+    def refresh_node(self, node: int) -> None:
+        """Node `node`'s free resources changed: recompute what depends on them."""
+
+
+_Observer = TypeVar("_Observer", bound=NodeObserver)
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class ClusterState:
         # pods per (node, class); the class axis holds shares (0) and 1..max_gpus whole GPUs
         self.class_pods: IntArray = np.zeros((n, self.max_gpus + 1), np.int64)
         self.total_gpu_milli = int(self.gpu_capacity.sum())
-        self._indexes: dict[TargetWorkload, FragmentIndex] = {}
+        self._observers: dict[Hashable, NodeObserver] = {}
 
     @property
     def n_nodes(self) -> int:
@@ -122,13 +127,6 @@ class ClusterState:
         """The first `request.gpus` completely free GPUs of `node`, by index."""
         free = np.flatnonzero(self.gpu_free[node] == MILLI_PER_GPU)[: request.gpus]
         return Placement(node, tuple(int(g) for g in free), MILLI_PER_GPU)
-
-    def place(self, request: Request, policy: Policy) -> Placement | None:
-        """Ask `policy` for a placement among the feasible nodes; None when nothing fits."""
-        feasible = np.flatnonzero(self.feasible(request))
-        if feasible.size == 0:
-            return None
-        return policy.choose(self, request, feasible)
 
     # -- incremental updates ------------------------------------------------------------------
 
@@ -186,18 +184,16 @@ class ClusterState:
             self.full_free[n] = int(np.count_nonzero(row == MILLI_PER_GPU))
             self.max_free[n] = int(row.max())
             self.class_pods[n, pod_class(request)] -= sign
-        for index in self._indexes.values():
-            index.refresh_node(n)
+        for observer in self._observers.values():
+            observer.refresh_node(n)
 
-    # -- fragmentation ------------------------------------------------------------------------
+    # -- derived caches ----------------------------------------------------------------------
 
-    def fragment_index(self, target: TargetWorkload) -> FragmentIndex:
-        """The per-node fragment cache for `target`, built once, then kept current by
-        allocate/release (only the changed node is recomputed)."""
-        index = self._indexes.get(target)
-        if index is None:
-            from gpupool.scheduler.fragment import FragmentIndex
-
-            index = FragmentIndex(self, target)
-            self._indexes[target] = index
-        return index
+    def observer(self, key: Hashable, make: Callable[[], _Observer]) -> _Observer:
+        """The observer registered under `key`, made by `make()` and registered the first time;
+        from then on allocate/release refresh it for each changed node."""
+        found = self._observers.get(key)
+        if found is None:
+            found = self._observers[key] = make()
+        # a key is only ever registered by one `make`, so the type it made is the type asked for
+        return cast(_Observer, found)

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.resources import NodeSpec, Request
-from gpupool.scheduler import ClusterState, TargetWorkload, make_policy
+from gpupool.scheduler import ClusterState, TargetWorkload, fragment_index, make_policy, place
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def replay(
     started = time.perf_counter()
     policy = make_policy(policy_name, seed=seed, target_workload=target_workload)
     state = ClusterState(nodes)
-    fragments = state.fragment_index(target_workload)
+    fragments = fragment_index(state, target_workload)
     count = len(pods)
     requested = np.fromiter((p.total_gpu_milli for p in pods), np.int64, count)
     allocated = np.zeros(count, np.int64)
@@ -53,7 +53,7 @@ def replay(
     placed = np.zeros(count, np.bool_)
     in_use = 0
     for i, pod in enumerate(pods):
-        placement = state.place(pod, policy)
+        placement = place(state, pod, policy)
         if placement is not None:
             state.allocate(pod, placement)
             in_use += pod.total_gpu_milli

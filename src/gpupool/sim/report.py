@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.errors import ConfigError
+from gpupool.core.errors import ConfigError, InvalidRequest, not_utf8
 from gpupool.sim.metrics import (
     HEADLINE_PCTS,
     MAX_ARRIVED_PCT,
@@ -116,6 +116,18 @@ def write_summary_json(path: Path, results: Sequence[RunResult]) -> None:
     path.write_text(json.dumps(summary(results), indent=2) + "\n", encoding="utf-8")
 
 
+#: the line a user sees when a plot is asked for and the `plot` extra is not installed
+PLOT_HINT = "the plot needs matplotlib: pip install 'gpupool[plot]'"
+
+
+def check_plotting() -> None:
+    """Refuse, before any replay runs, a plot that could not be drawn (matplotlib is an extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidRequest(PLOT_HINT) from None
+
+
 def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> None:
     """Unallocated GPU % against arrived % per policy (mean over seeds), with the ideal line."""
     # The object API with the Agg canvas: no pyplot global state, no display needed.
@@ -127,10 +139,13 @@ def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> No
     axes = figure.add_subplot()
     x = np.arange(MAX_ARRIVED_PCT + 1, dtype=np.int64)
     axes.plot(x, ideal_unalloc_pct(x), color="black", linestyle="--", linewidth=1, label="ideal")
-    for index, policy in enumerate(_policies_in_order(results)):
+    for policy in _policies_in_order(results):
         seeds = sum(1 for r in results if r.spec.policy == policy)
-        label = f"{policy} ({seeds} seed{'s' * (seeds > 1)})"
-        axes.plot(x, _mean_curve(results, policy), color=_color(index), linewidth=1.6, label=label)
+        label = f"{policy} ({seeds} seed{'s' * (seeds > 1)}{', band: min-max' * (seeds > 1)})"
+        color, style = _style(policy)
+        low, high = _seed_spread(results, policy)
+        axes.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+        axes.plot(x, _mean_curve(results, policy), color=color, ls=style, lw=1.6, label=label)
     axes.set_xlim(0, 130)
     axes.set_ylim(bottom=0)
     axes.set_xlabel("arrived workload (% of cluster GPU capacity)")
@@ -144,9 +159,33 @@ def plot_unallocated(path: Path, results: Sequence[RunResult], title: str) -> No
     figure.savefig(path)
 
 
-def _color(index: int) -> str:
-    """The same colour for a policy in the plot and in its inset (matplotlib's cycle)."""
-    return f"C{index % 10}"
+#: one colour per policy in every plot, from the Okabe-Ito palette (told apart with any colour
+#: vision deficiency); the two share-scheduler policies reuse a colour with a dashed line
+_POLICY_STYLE: dict[str, tuple[str, str]] = {
+    "gpupool": ("#D55E00", "-"),  # vermillion
+    "fgd": ("#0072B2", "-"),  # blue
+    "bestfit": ("#009E73", "-"),  # bluish green
+    "random": ("#999999", "-"),  # grey
+    "packing": ("#E69F00", "-"),  # orange
+    "dotprod": ("#56B4E9", "-"),  # sky blue
+    "clustering": ("#CC79A7", "-"),  # reddish purple
+    "binpack": ("#E69F00", "--"),
+    "spread": ("#56B4E9", "--"),
+}
+
+
+def _style(policy: str) -> tuple[str, str]:
+    """The colour and line style of `policy`, the same in the plot, its inset and every run."""
+    return _POLICY_STYLE.get(policy, ("#000000", ":"))
+
+
+def _seed_spread(results: Sequence[RunResult], policy: str) -> tuple[FloatArray, FloatArray]:
+    """The lowest and highest unallocated % over the seeds of `policy`, per arrived %."""
+    stack = np.vstack([r.curves.unalloc_pct for r in results if r.spec.policy == policy])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins stay gaps
+        low, high = np.nanmin(stack, axis=0), np.nanmax(stack, axis=0)
+    return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
 
 
 def _mean_curve(results: Sequence[RunResult], policy: str) -> FloatArray:
@@ -162,13 +201,46 @@ def _add_zoom(axes: Any, results: Sequence[RunResult], x: npt.NDArray[np.int64])
     if not results:
         return
     # Upper right: every curve lies below 100 - X there, so the inset hides no data.
-    inset = axes.inset_axes((0.56, 0.5, 0.41, 0.42))
-    for index, policy in enumerate(_policies_in_order(results)):
-        inset.plot(x[90:], _mean_curve(results, policy)[90:], color=_color(index), linewidth=1.4)
+    inset = axes.inset_axes((0.52, 0.5, 0.36, 0.42))
+    ends: list[tuple[float, str, str]] = []
+    for policy in _policies_in_order(results):
+        color, style = _style(policy)
+        curve = _mean_curve(results, policy)
+        low, high = _seed_spread(results, policy)
+        inset.fill_between(x[90:], low[90:], high[90:], color=color, alpha=0.2, linewidth=0)
+        inset.plot(x[90:], curve[90:], color=color, ls=style, lw=1.4)
+        finite = curve[90:][np.isfinite(curve[90:])]
+        if finite.size:
+            ends.append((float(finite[-1]), policy, color))
+    _label_ends(inset, ends)
     inset.set_xlim(90, 130)
     inset.set_title("zoom: 90-130 % arrived", fontsize=8)
+    inset.set_xlabel("arrived %", fontsize=7, labelpad=1)
+    inset.set_ylabel("unallocated %", fontsize=7, labelpad=1)
     inset.tick_params(labelsize=7)
     inset.grid(True, alpha=0.3)
+
+
+def _label_ends(inset: Any, ends: list[tuple[float, str, str]]) -> None:
+    """Name each curve at its right end, outside the inset, nudged apart so no two overlap."""
+    if not ends:
+        return
+    bottom, top = inset.get_ylim()
+    gap = (top - bottom) * 0.09
+    placed: list[float] = []
+    for value, policy, color in sorted(ends):
+        y = value if not placed else max(value, placed[-1] + gap)
+        placed.append(y)
+        inset.annotate(
+            policy,
+            (130, value),
+            xytext=(132, y),
+            textcoords="data",
+            fontsize=7,
+            color=color,
+            va="center",
+            annotation_clip=False,
+        )
 
 
 @dataclass(frozen=True)
@@ -199,6 +271,8 @@ def load_published(path: Path, workload: str) -> dict[tuple[str, int], Published
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read published results {str(path)!r}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(str(path), err) from None
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in _PUBLISHED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:

@@ -57,6 +57,14 @@ class Scenario:
                 f"{synthetic.SYNTHETIC_WORKLOAD!r}"
             )
 
+    def never_placed(self, workload: str) -> list[str]:
+        """Warnings for the workload's pods that no node can ever hold (none when synthetic)."""
+        if self.trace_dir is None:
+            return []
+        nodes, pods = self.load(workload)
+        source = trace.workload_path(self.trace_dir, workload).name
+        return trace.never_placed(nodes, pods, source)
+
     def load(self, workload: str) -> tuple[list[NodeSpec], list[Request]]:
         """Nodes and the workload's pods, in file order."""
         self.check_workload(workload)

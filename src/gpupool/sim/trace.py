@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from gpupool.core.errors import InvalidRequest, TraceFormatError
 from gpupool.core.resources import NodeSpec, Request
@@ -82,23 +83,33 @@ def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str,
     except OSError as err:
         raise _missing(f"trace file {str(path)!r}") from err
     with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceFormatError(f"{path.name}:1: empty file, expected a header row")
-        header = [column.strip() for column in header]
-        missing = [column for column in columns if column not in header]
-        if missing:
-            raise TraceFormatError(f"{path.name}:1: missing column(s) {', '.join(missing)}")
-        for values in reader:
-            line = reader.line_num
-            if not values or all(not value.strip() for value in values):
-                continue
-            if len(values) < len(header):
-                raise TraceFormatError(
-                    f"{path.name}:{line}: expected {len(header)} fields, found {len(values)}"
-                )
-            yield line, dict(zip(header, values, strict=False))
+        try:
+            yield from _read_rows(path, handle, columns)
+        except UnicodeDecodeError as err:
+            # decoding runs a buffer ahead of the csv reader: name the file, not a line
+            raise TraceFormatError(f"{path.name}: not UTF-8 text ({err.reason})") from None
+
+
+def _read_rows(
+    path: Path, handle: TextIO, columns: tuple[str, ...]
+) -> Iterator[tuple[int, dict[str, str]]]:
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    if header is None:
+        raise TraceFormatError(f"{path.name}:1: empty file, expected a header row")
+    header = [column.strip() for column in header]
+    missing = [column for column in columns if column not in header]
+    if missing:
+        raise TraceFormatError(f"{path.name}:1: missing column(s) {', '.join(missing)}")
+    for values in reader:
+        line = reader.line_num
+        if not values or all(not value.strip() for value in values):
+            continue
+        if len(values) < len(header):
+            raise TraceFormatError(
+                f"{path.name}:{line}: expected {len(header)} fields, found {len(values)}"
+            )
+        yield line, dict(zip(header, values, strict=False))
 
 
 def _integer(path: Path, line: int, row: dict[str, str], column: str) -> int:
@@ -171,6 +182,30 @@ def load_workload(trace_dir: Path, name: str) -> list[Request]:
     if not pods:
         raise TraceFormatError(f"{path.name}: no pods")
     return pods
+
+
+def never_placed(nodes: list[NodeSpec], pods: list[Request], source: str) -> list[str]:
+    """One warning line per kind of pod that no node of the cluster can ever hold: GPU models no
+    node has, or more GPUs than the largest node. The replay keeps them (they count as arrived
+    and never allocated, as in the paper's procedure); the warning says how many there are."""
+    models = {node.gpu_model for node in nodes}
+    largest = max((node.gpu_count for node in nodes), default=0)
+    unknown = [p for p in pods if p.gpus and p.gpu_models and not models & set(p.gpu_models)]
+    too_big = [p for p in pods if p.gpus > largest]
+    lines = []
+    if unknown:
+        first = unknown[0]
+        lines.append(
+            f"{source}: {len(unknown)} pod(s) ask only for GPU models no node has "
+            f"(first: {first.name}, gpu_spec {'|'.join(first.gpu_models)}); they are never placed"
+        )
+    if too_big:
+        first = too_big[0]
+        lines.append(
+            f"{source}: {len(too_big)} pod(s) ask for more GPUs than the largest node has "
+            f"({largest}; first: {first.name}, num_gpu {first.gpus}); they are never placed"
+        )
+    return lines
 
 
 def cluster_gpu_milli(nodes: list[NodeSpec]) -> int:

@@ -1,0 +1,151 @@
+"""The node daemon's targets: submit latency under 50 clients, submit to running, idle cost.
+
+    python bench/daemon.py [--submits 1000] [--clients 50] [--starts 100]
+
+Prints a markdown table (docs/benchmarks/daemon.md records it with the machine's load).
+1. `--submits` submits from `--clients` concurrent clients (threads, one httpx connection each,
+   over the Unix socket) while the node drains, so only the submit path is timed; then every job
+   is checked to be stored exactly once.
+2. Submit to running, one job at a time on an idle simulated node: until the daemon marks it
+   running, and until the job's process exists (its start time from /proc).
+3. The daemon idle for 10 s: CPU (share of one core) and RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from daemon_support import machine_load, percentile, start_daemon, url
+
+from gpupool.api.client import Client
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def submit_flood(root: Path, submits: int, clients: int) -> list[str]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    per_client = submits // clients
+
+    def client_thread(n: int) -> None:
+        with Client(url(root)) as client:
+            for i in range(per_client):
+                body = {"argv": ["true"], "compute": 10, "name": f"c{n}-{i}", "workdir": "/tmp"}
+                started = time.perf_counter()
+                client.call("POST", "/v1/jobs", json=body)
+                with lock:
+                    latencies.append(time.perf_counter() - started)
+
+    with Client(url(root)) as client:
+        client.call("POST", "/v1/drain", json={"on": True})
+    threads = [threading.Thread(target=client_thread, args=(n,)) for n in range(clients)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    with Client(url(root)) as client:
+        jobs = client.call("GET", "/v1/jobs", params={"all": True})["jobs"]
+        for job in jobs:
+            client.call("POST", f"/v1/jobs/{job['id']}/cancel")
+        client.call("POST", "/v1/drain", json={"on": False})
+    names = [job["name"] for job in jobs]
+    expected = {f"c{n}-{i}" for n in range(clients) for i in range(per_client)}
+    once = len(names) == len(expected) and set(names) == expected
+    ms = [x * 1000 for x in latencies]
+    return [
+        f"| submits from {clients} concurrent clients | {len(ms)} in {wall:.1f} s "
+        f"({len(ms) / wall:.0f}/s) | p50 {percentile(ms, 50):.1f} ms, "
+        f"p99 {percentile(ms, 99):.1f} ms, max {max(ms):.1f} ms | p99 <= 50 ms |",
+        f"| each stored exactly once | {'yes' if once else 'NO'} ({len(names)} stored) | | yes |",
+    ]
+
+
+def submit_to_running(root: Path, starts: int) -> list[str]:
+    marked, spawned = [], []
+    with Client(url(root)) as client:
+        for _ in range(starts):
+            body = {"argv": ["sleep", "0.2"], "compute": 10, "memory": "1GiB", "workdir": "/tmp"}
+            sent, since_boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
+            job = client.call("POST", "/v1/jobs", json=body)["job"]
+            while True:
+                now = client.call("GET", f"/v1/jobs/{job['id']}")
+                if now["started_at"] is not None:
+                    break
+                time.sleep(0.002)
+            marked.append((now["started_at"] - sent) * 1000)
+            pids = root / "state" / "jobs" / str(job["id"]) / "pids.json"
+            while not pids.exists():
+                time.sleep(0.002)
+            start_ticks = json.loads(pids.read_text())["job_start"]
+            spawned.append((start_ticks / TICKS - since_boot) * 1000)
+            while client.call("GET", f"/v1/jobs/{job['id']}")["state"] == "running":
+                time.sleep(0.02)
+    return [
+        f"| submit to running (daemon marks it) | {starts} jobs | p50 "
+        f"{percentile(marked, 50):.1f} ms, p99 {percentile(marked, 99):.1f} ms | p99 <= 200 ms |",
+        f"| submit to the job's process started | {starts} jobs | p50 "
+        f"{percentile(spawned, 50):.0f} ms, p99 {percentile(spawned, 99):.0f} ms "
+        f"(/proc start time, 1/{TICKS} s steps) | |",
+    ]
+
+
+def _cpu_seconds(pid: int) -> float:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def idle(pid: int, seconds: float = 10.0) -> list[str]:
+    time.sleep(2)
+    before, began = _cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    share = (_cpu_seconds(pid) - before) / (time.monotonic() - began) * 100
+    return [
+        f"| idle daemon, {seconds:.0f} s | CPU {share:.2f} % of a core | RSS "
+        f"{_rss_mib(pid):.0f} MiB | <= 1 %, <= 150 MiB |"
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--submits", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--starts", type=int, default=100)
+    parser.add_argument("--spec", default="8xH100-80GB")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+        root = Path(tmp)
+        daemon = start_daemon(root, args.spec)
+        try:
+            rows = submit_flood(root, args.submits, args.clients)
+            rows += submit_to_running(root, args.starts)
+            rows += idle(daemon.pid)
+        finally:
+            daemon.terminate()
+            daemon.wait()
+    print(f"gpupool daemon on a simulated {args.spec}; {machine_load()}\n")
+    print("| what | measured | result | target |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

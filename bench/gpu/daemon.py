@@ -1,0 +1,190 @@
+"""The node daemon on a real GPU: several PyTorch jobs with shim shares at once.
+
+A `gpupool serve` (state in a temporary directory) runs `--jobs` PyTorch jobs side by side on
+GPU 0, each with a memory share of `--limit-gib` GiB and an equal compute share. Each job fills
+its share less 256 MiB, then asks for 512 MiB more (it must get torch.cuda.OutOfMemoryError),
+then computes for a while holding its memory. Checked: every cap holds, `gpupool ps --json`
+shows each job's live memory while it runs, every exit code is the job's own. It never changes
+the GPU's modes, clocks or limits. Writes a markdown table to --out.
+
+    PYTHONPATH=src python bench/gpu/daemon.py --out docs/benchmarks/daemon-gpu.md
+    PYTHONPATH=src python bench/gpu/daemon.py --simulate 1xH100-80GB --out /tmp/dry.md
+
+`--simulate SPEC` is the dry run: the same daemon and checks on a simulated node, with a ctypes
+job in place of PyTorch (needs `make -C native`). Needs fastapi, uvicorn and pydantic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpupool.api.client import Client
+from gpupool.core.errors import DaemonError
+
+MiB = 1 << 20
+CAP_HELD, CAP_BROKEN = 0, 3
+
+TORCH_JOB = """
+import json, sys, time
+import torch
+limit, hold = int(sys.argv[1]), float(sys.argv[2])
+chunks = []
+filled = 0
+while filled < limit - 256 * 2**20:
+    size = min(512 * 2**20, limit - 256 * 2**20 - filled)
+    chunks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+    filled += size
+try:
+    chunks.append(torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda"))
+    past = "allocated"
+except torch.cuda.OutOfMemoryError:
+    past = "OutOfMemoryError"
+print("RESULT " + json.dumps({"filled": filled, "past": past}), flush=True)
+a = torch.randn(2048, 2048, device="cuda")
+end = time.monotonic() + hold
+while time.monotonic() < end:
+    a = (a @ a).clamp_(-1, 1)
+torch.cuda.synchronize()
+sys.exit(0 if past == "OutOfMemoryError" else 3)
+"""
+
+CTYPES_JOB = """
+import ctypes, json, sys, time
+limit, hold = int(sys.argv[1]), float(sys.argv[2])
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+filled = limit - 256 * 2**20
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(filled)) == 0
+rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(512 * 2**20))
+past = "OutOfMemoryError" if rc == 2 else "allocated"
+print("RESULT " + json.dumps({"filled": filled, "past": past}), flush=True)
+time.sleep(hold)
+sys.exit(0 if past == "OutOfMemoryError" else 3)
+"""
+
+
+def start_daemon(root: Path, simulate: str | None) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(root / "state")]
+    if simulate:
+        args += ["--simulate", simulate, "--node-dir", str(root / "node")]
+    log = (root / "serve.log").open("ab")
+    daemon = subprocess.Popen(args, stdout=log, stderr=log)
+    url = f"unix://{root / 'state' / 'gpupool.sock'}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with Client(url) as client:
+                client.call("GET", "/v1/health")
+            return daemon
+        except DaemonError:
+            if daemon.poll() is not None:
+                raise SystemExit((root / "serve.log").read_text()) from None
+            time.sleep(0.1)
+    raise SystemExit("the daemon did not start within 60 s")
+
+
+def run(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    url = f"unix://{root / 'state' / 'gpupool.sock'}"
+    script = root / "job.py"
+    script.write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
+    limit = args.limit_gib << 30
+    compute = max(1, 100 // args.jobs)
+    passed_env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
+    seen: dict[int, int] = {}
+    with Client(url) as client:
+        ids = []
+        for n in range(args.jobs):
+            body = {
+                "argv": [sys.executable, str(script), str(limit), str(args.hold)],
+                "memory": f"{args.limit_gib}GiB",
+                "compute": compute,
+                "name": f"job-{n}",
+                "gpu_models": [],
+                "env": passed_env,
+                "workdir": str(root),
+            }
+            ids.append(client.call("POST", "/v1/jobs", json=body)["job"]["id"])
+        while True:
+            done = subprocess.run(
+                [sys.executable, "-m", "gpupool", "ps", "--all", "--json", "--url", url],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            jobs = json.loads(done.stdout)["jobs"]
+            for job in jobs:
+                if job["live_memory"]:
+                    seen[job["id"]] = max(seen.get(job["id"], 0), job["live_memory"])
+            if all(job["state"] not in ("queued", "running") for job in jobs):
+                break
+            time.sleep(0.5)
+        rows = []
+        for job_id in ids:
+            job = client.call("GET", f"/v1/jobs/{job_id}")
+            out = client.call("GET", f"/v1/jobs/{job_id}/logs")["data"]
+            result = next(
+                (json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")),
+                {},
+            )
+            rows.append({"job": job, "result": result, "live": seen.get(job_id, 0)})
+    return rows
+
+
+def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    where = f"simulated node {args.simulate} (dry run)" if args.simulate else "real GPU 0"
+    lines = [
+        f"gpupool daemon, {args.jobs} jobs at once on {where}, {args.limit_gib} GiB share each",
+        "",
+        "| job | GPUs | state | exit code | filled before the cap | 512 MiB past the cap | "
+        "max live memory in `gpupool ps` | pass |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        job, result = row["job"], row["result"]
+        ok = (
+            job["exit_code"] == CAP_HELD
+            and result.get("past") == "OutOfMemoryError"
+            and 0 < row["live"] <= args.limit_gib << 30
+        )
+        lines.append(
+            f"| {job['name']} | {job['gpus']} | {job['state']} | {job['exit_code']} | "
+            f"{result.get('filled', 0) / MiB:.0f} MiB | {result.get('past', 'no result')} | "
+            f"{row['live'] / MiB:.0f} MiB | {'yes' if ok else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="markdown file to write")
+    parser.add_argument("--simulate", metavar="SPEC", help="dry run on a simulated node")
+    parser.add_argument("--jobs", type=int, default=4, help="jobs at once on GPU 0")
+    parser.add_argument("--limit-gib", type=int, default=4, help="memory share per job, GiB")
+    parser.add_argument("--hold", type=float, default=8.0, help="seconds each job computes")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpupool-gpu-daemon-") as tmp:
+        root = Path(tmp)
+        daemon = start_daemon(root, args.simulate)
+        try:
+            rows = run(args, root)
+        finally:
+            daemon.terminate()
+            daemon.wait()
+    text = table(rows, args)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

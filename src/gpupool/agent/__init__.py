@@ -1,0 +1,1 @@
+"""The node daemon's core: store, queue, admission, launcher, supervisor, recovery."""

@@ -1,0 +1,329 @@
+"""The daemon's core: admission at submit, the queue loop, job ends, cancel, drain, recovery.
+
+One loop thread reconciles (job ends from the supervisors' exit files, cancel deadlines) and
+starts what the queue allows; a sampler thread reads the GPUs for live usage and health. API
+calls and the loop share the store, which serialises every change as one transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupool.agent import launcher, node
+from gpupool.agent.jobdir import JobDir, alive
+from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.queue import plan
+from gpupool.agent.store import Store
+from gpupool.agent.usage import Usage, job_usage
+from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied
+from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.node import launch_node
+from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
+
+ROOT_UID = 0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    state_dir: Path
+    policy: str = "binpack"
+    cancel_grace_s: float = 10.0
+    tick_s: float = 0.1
+    sample_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in GPU_POLICIES:
+            raise InvalidRequest(
+                f"unknown policy {self.policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
+            )
+
+
+class Agent:
+    """The node daemon's state machine; thread-safe."""
+
+    def __init__(self, config: AgentConfig, backend: GpuBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = Store(config.state_dir / "state.db")
+        self.jobs_dir = config.state_dir / "jobs"
+        self.jobs_dir.mkdir(exist_ok=True)
+        self._backend_lock = threading.Lock()
+        snapshot = self._snapshot()
+        self.launch_node = launch_node(backend)
+        self.capacity = node.capacity(snapshot)
+        #: what the node has, for "never fits": a GPU lost for a while still counts
+        self.inventory = self.capacity
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._live: dict[int, Usage] = {}
+        self._peaks: dict[int, int] = {}
+        self._waiting: dict[int, tuple[str, ...]] = {}
+        self._cancel_at: dict[int, float] = {}
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover what the last daemon left, then run the loop and the sampler."""
+        self.recover()
+        for target, name in ((self._loop, "gpupool-queue"), (self._sampler, "gpupool-sampler")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop the threads; running jobs go on (their supervisors outlive the daemon)."""
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.store.close()
+
+    def jobdir(self, job_id: int) -> JobDir:
+        return JobDir(self.jobs_dir / str(job_id))
+
+    def recover(self) -> None:
+        """Re-adopt running jobs, record the ends that happened meanwhile, requeue cut launches."""
+        for job in self.store.jobs([State.RUNNING]):
+            jobdir = self.jobdir(job.id)
+            if jobdir.exit_status() is not None or jobdir.pids() is not None:
+                continue  # the loop records its end, or adopts it
+            if jobdir.claim():
+                jobdir.unclaim()
+                self.store.requeue(job.id, "the daemon stopped before the launch began")
+                continue
+            deadline = time.monotonic() + 5
+            while jobdir.pids() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if jobdir.pids() is None:
+                self.store.finish(
+                    job.id,
+                    State.FAILED,
+                    None,
+                    finished_at=time.time(),
+                    detail="its supervisor died while starting it",
+                )
+        for job in self.store.jobs([State.RUNNING]):
+            if job.cancel_requested:
+                self._cancel_at[job.id] = time.monotonic()
+            if self.jobdir(job.id).exit_status() is None and self.jobdir(job.id).pids():
+                self.store.note(job.id, "adopted", "by a restarted daemon")
+
+    # -- API --------------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self.store.setting("draining") == "1"
+
+    def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
+        """Store a job, or refuse one that can never fit this node (nothing stored)."""
+        check_possible(spec.request(), self.inventory)
+        job = self.store.add(spec, uid, user)
+        self._wake.set()
+        return job
+
+    def job(self, job_id: int) -> Job:
+        return self.store.job(job_id)
+
+    def jobs(self, everything: bool = False) -> list[Job]:
+        """Jobs by id (queued and running ones, or all)."""
+        states = None if everything else [State.QUEUED, State.RUNNING]
+        return sorted(self.store.jobs(states), key=lambda job: job.id)
+
+    def live(self, job_id: int) -> Usage | None:
+        return self._live.get(job_id)
+
+    def describe(self, job_id: int) -> dict[str, Any]:
+        job = self.store.job(job_id)
+        data = job.to_json()
+        data["events"] = self.store.events(job_id)
+        data["waiting"] = list(self._waiting.get(job_id, ())) if job.state is State.QUEUED else []
+        if job.state is State.QUEUED and self.draining:
+            data["waiting"].insert(0, "the node is draining: nothing new starts")
+        return data
+
+    def cancel(self, job_id: int, uid: int, user: str) -> Job:
+        job = self.store.job(job_id)
+        if uid not in (job.uid, ROOT_UID):
+            raise PermissionDenied(
+                f"job {job_id} belongs to {job.user}: only they or root may cancel it"
+            )
+        if job.state.finished:
+            raise InvalidRequest(f"job {job_id} has already finished ({job.state.value})")
+        if job.state is State.QUEUED:
+            self.store.finish(
+                job_id,
+                State.CANCELLED,
+                None,
+                finished_at=time.time(),
+                detail=f"cancelled by {user} while queued",
+            )
+        else:
+            self.store.request_cancel(job_id, user)
+            with self._lock:
+                self._cancel_at[job_id] = time.monotonic()
+            self._signal(self.store.job(job_id), signal.SIGTERM)
+        self._wake.set()
+        return self.store.job(job_id)
+
+    def drain(self, on: bool) -> None:
+        self.store.set_setting("draining", "1" if on else "0")
+        self._wake.set()
+
+    def node_json(self) -> dict[str, Any]:
+        running = self.store.jobs([State.RUNNING])
+        free = node.free_now(self.capacity, running)
+        gpus = []
+        for cap, now in zip(self.capacity, free, strict=True):
+            gpus.append(
+                {
+                    "index": cap.index,
+                    "model": cap.model,
+                    "healthy": cap.healthy,
+                    "memory_total": cap.memory_total,
+                    "memory_admitted": cap.memory_total - now.memory_free,
+                    "compute_admitted": 1000 - now.compute_free,
+                    "jobs": [j.id for j in running if cap.index in j.gpus],
+                }
+            )
+        return {
+            "policy": self.config.policy,
+            "draining": self.draining,
+            "simulated": self.backend.simulated,
+            "gpus": gpus,
+        }
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+                self.schedule()
+            except Exception as err:  # one bad job or a full disk must not stop the node
+                print(f"gpupool serve: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            self._wake.wait(self.config.tick_s)
+            self._wake.clear()
+
+    def reconcile(self) -> None:
+        """Record ended jobs, adopt launched ones, enforce cancel deadlines."""
+        for job in self.store.jobs([State.RUNNING]):
+            jobdir = self.jobdir(job.id)
+            ended = jobdir.exit_status()
+            if ended is not None:
+                self._finish(job, jobdir, ended.exit_code, ended.at)
+                continue
+            pids = jobdir.pids()
+            if pids is None:
+                continue
+            if job.job_pid is None:
+                self.store.launched(job.id, (pids.supervisor, pids.supervisor_start), pids.job)
+            elif not alive(pids.supervisor, pids.supervisor_start) and jobdir.exit_status() is None:
+                self._finish(job, jobdir, None, time.time(), "its supervisor was killed")
+                continue
+            started = self._cancel_at.get(job.id)
+            if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
+                self._signal(job, signal.SIGKILL)
+
+    def _finish(
+        self, job: Job, jobdir: JobDir, code: int | None, at: float, detail: str = ""
+    ) -> None:
+        if job.cancel_requested:
+            state = State.CANCELLED
+        else:
+            state = State.SUCCEEDED if code == 0 else State.FAILED
+        with self._lock:
+            peak = self._peaks.pop(job.id, None)
+            self._live.pop(job.id, None)
+            self._cancel_at.pop(job.id, None)
+        words = detail or (f"exit code {code}" if code is not None else "exit code unknown")
+        self.store.finish(
+            job.id,
+            state,
+            code,
+            finished_at=at,
+            oom=jobdir.saw_oom(),
+            peak_memory=peak,
+            detail=words,
+        )
+        for region in jobdir.path.glob("gpupool-share-*"):
+            shutil.rmtree(region, ignore_errors=True)
+
+    def _signal(self, job: Job, sig: signal.Signals) -> None:
+        pids = self.jobdir(job.id).pids()
+        if pids is None or not alive(pids.job, pids.job_start):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pids.job, sig)
+
+    def _target(self, jobs: list[Job]) -> Target:
+        counts = Counter(job.spec.request() for job in jobs)
+        total = sum(counts.values())
+        return tuple((shape, n / total) for shape, n in counts.items())
+
+    def schedule(self) -> None:
+        """Start what the queue allows now (nothing while draining)."""
+        if self.draining:  # `describe` says so; nothing else to work out
+            self._waiting = {}
+            return
+        queued = self.store.jobs([State.QUEUED])
+        if not queued:
+            self._waiting = {}
+            return
+        running = self.store.jobs([State.RUNNING])
+        free = node.free_now(self.capacity, running)
+        decided = plan(
+            queued, running, free, self.capacity, self.config.policy, self._target(queued + running)
+        )
+        self._waiting = decided.waiting
+        for start in decided.starts:
+            where = ", ".join(str(g) for g in start.gpus)
+            detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
+            job = self.store.start(start.job, start.gpus, start.memory, detail)
+            try:
+                launcher.launch(job, self.launch_node, self.jobdir(job.id))
+            except (GpupoolError, OSError) as err:
+                self.store.finish(
+                    job.id,
+                    State.FAILED,
+                    None,
+                    finished_at=time.time(),
+                    detail=f"launch failed: {err}",
+                )
+
+    # -- the sampler --------------------------------------------------------------------------
+
+    def _snapshot(self) -> Any:
+        with self._backend_lock:
+            return self.backend.snapshot()
+
+    def _sampler(self) -> None:
+        while not self._stop.wait(self.config.sample_s):
+            try:
+                self.sample()
+            except GpupoolError as err:
+                print(f"gpupool serve: cannot read the GPUs: {err}", file=sys.stderr, flush=True)
+
+    def sample(self) -> None:
+        snapshot = self._snapshot()
+        self.capacity = node.capacity(snapshot)
+        running = self.store.jobs([State.RUNNING])
+        groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
+        usage = job_usage(snapshot, groups)
+        with self._lock:
+            self._live = usage
+            for job_id, now in usage.items():
+                self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
+        if usage:
+            self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})

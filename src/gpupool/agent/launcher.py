@@ -1,0 +1,137 @@
+"""Turn a placed job into a running one: its environment per mode, its directory, its supervisor.
+
+The per-mode part is one small interface (`ModeLauncher.env`): `shim` builds exactly the launch
+spec of `gpupool exec` (one accounting region per job, in the job's directory); `exclusive` gives
+whole GPUs with no limits, only CUDA_VISIBLE_DEVICES. MPS and MIG add their own launcher here.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gpupool.agent import supervisor
+from gpupool.agent.jobdir import JobDir
+from gpupool.agent.jobs import Job
+from gpupool.core import settings
+from gpupool.core.errors import DaemonError
+from gpupool.core.resources import Mode
+from gpupool.core.units import MILLI_PER_GPU, MemoryShare
+from gpupool.isolation.launch import ShareLimits, build_launch_spec, new_shared_region
+from gpupool.isolation.libraries import sim_driver_dir
+from gpupool.isolation.node import LaunchNode
+
+_KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class ModeLauncher(Protocol):
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The job's whole environment for its mode."""
+
+
+def _share_memory(job: Job) -> int | MemoryShare | None:
+    """The limit the shim enforces: what admission reserved on each GPU."""
+    if len(set(job.memory)) == 1:
+        return job.memory[0]
+    share = job.spec.memory_share()
+    if share is not None:
+        return share
+    compute = job.spec.compute
+    return None if compute >= MILLI_PER_GPU else MemoryShare(fraction=compute / MILLI_PER_GPU)
+
+
+class ShimLauncher:
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        limits = ShareLimits(job.gpus, _share_memory(job), job.spec.compute)
+        spec = build_launch_spec(
+            job.spec.argv,
+            limits,
+            gpu_totals=node.totals_of(job.gpus),
+            sim_node=node.sim_node,
+            base_env=base,
+            shared_region=new_shared_region(jobdir.path),
+        )
+        return dict(spec.env)
+
+
+class ExclusiveLauncher:
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if not k.startswith("GPUPOOL_")}
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+        if node.sim_node is not None:
+            sim = str(sim_driver_dir())
+            existing = env.get("LD_LIBRARY_PATH")
+            env["LD_LIBRARY_PATH"] = f"{sim}:{existing}" if existing else sim
+            env[settings.SIM_NODE.name] = str(node.sim_node)
+        return env
+
+
+LAUNCHERS: dict[Mode, ModeLauncher] = {
+    Mode.SHIM: ShimLauncher(),
+    Mode.EXCLUSIVE: ExclusiveLauncher(),
+}
+
+
+def base_env(job: Job) -> dict[str, str]:
+    """What every job starts from: a few of the daemon's variables, its user's, its own."""
+    env = {k: os.environ[k] for k in _KEPT_VARIABLES if k in os.environ}
+    try:
+        entry = pwd.getpwuid(job.uid)
+        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+    except KeyError:
+        pass
+    env.update(job.spec.env)
+    return env
+
+
+def _identity(uid: int) -> dict[str, Any]:
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return {"uid": uid, "gid": uid, "groups": [uid]}
+    groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    return {"uid": uid, "gid": entry.pw_gid, "groups": groups}
+
+
+def launch(job: Job, node: LaunchNode, jobdir: JobDir) -> None:
+    """Write the job's launch file and start its supervisor (which starts the job, detached)."""
+    jobdir.path.mkdir(parents=True, exist_ok=True)
+    env = LAUNCHERS[job.spec.mode].env(job, node, jobdir, base_env(job))
+    identity = _identity(job.uid)
+    if os.geteuid() == 0:
+        # the job's own processes create its accounting region in there
+        for region in jobdir.path.glob("gpupool-share-*"):
+            os.chown(region, identity["uid"], identity["gid"])
+    jobdir.write_launch(
+        {
+            "argv": list(job.spec.argv),
+            "env": env,
+            "cwd": job.spec.workdir,
+            "stdout": str(jobdir.stdout),
+            "stderr": str(jobdir.stderr),
+            **identity,
+        }
+    )
+    try:
+        # -S -E: the supervisor needs the standard library only, and no site's startup cost
+        starter = subprocess.Popen(
+            [sys.executable, "-S", "-E", supervisor.__file__, str(jobdir.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as err:
+        raise DaemonError(f"cannot start the supervisor of job {job.id}: {err}") from err
+    starter.wait()  # it forks the supervisor and exits at once

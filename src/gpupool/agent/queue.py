@@ -1,0 +1,140 @@
+"""Which queued jobs start now: priority, then first come first served, with safe backfill.
+
+The rule (docs/architecture.md): jobs are taken in queue order (`high` before `low`, then by
+submission). A job that fits now starts. A job that does not fit blocks: a later job may still
+start now (backfill) only if, on every GPU it takes, each blocked job ahead of it could still
+fit beside it and every job behind it started on that GPU since it was submitted, once the
+GPU's other occupants have ended; or could never use that GPU at all (its model, or a share
+larger than the GPU). So a backfilled job never takes room that a job ahead of it waits for:
+a blocked job waits only for what was already running when it was submitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gpupool.agent.jobs import PRIORITY_RANK, Job
+from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.gpu_placement import Target, gpu_shortfalls, place
+from gpupool.scheduler.gpus import GpuRequest, GpuView, take
+
+
+@dataclass(frozen=True)
+class Start:
+    """A job to start now on `gpus`, with the bytes it takes on each."""
+
+    job: Job
+    gpus: tuple[int, ...]
+    memory: tuple[int, ...]
+    backfill: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to start, and for every job left queued, why (one line each)."""
+
+    starts: tuple[Start, ...]
+    waiting: dict[int, tuple[str, ...]]
+
+
+def _never_uses(blocked: GpuRequest, gpu: GpuView) -> bool:
+    return not blocked.allows(gpu) or blocked.memory_on(gpu) > gpu.memory_total
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """Room a job took on one GPU, when it started (inf: in this pass), its place in the queue."""
+
+    gpu: int
+    started: float
+    order: tuple[int, int]
+    compute: int
+    memory: int
+
+
+def _order(job: Job) -> tuple[int, int]:
+    return (PRIORITY_RANK[job.spec.priority], job.id)
+
+
+def _taken_by(jobs: Sequence[Job]) -> list[_Taken]:
+    taken = []
+    for job in jobs:
+        compute = job.spec.request().compute
+        started = job.started_at if job.started_at is not None else math.inf
+        for gpu, memory in zip(job.gpus, job.memory, strict=False):
+            taken.append(_Taken(gpu, started, _order(job), compute, memory))
+    return taken
+
+
+def _delays(
+    blocked: Sequence[Job], gpu: GpuView, request: GpuRequest, taken: Sequence[_Taken]
+) -> int | None:
+    """The id of a blocked job that `request` on `gpu` would delay, or None.
+
+    A blocked job waits only for what ran before it was submitted and for jobs ahead of it:
+    room on `gpu` taken by jobs behind it started since (backfills), plus `request`, must still
+    leave room for it there.
+    """
+    for job in blocked:
+        ahead = job.spec.request()
+        if _never_uses(ahead, gpu):
+            continue
+        later = [
+            t
+            for t in taken
+            if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > _order(job)
+        ]
+        compute = request.compute + sum(t.compute for t in later)
+        memory = request.memory_on(gpu) + sum(t.memory for t in later)
+        if compute > MILLI_PER_GPU or memory > gpu.memory_total:
+            return job.id
+        beside = replace(
+            gpu,
+            compute_free=MILLI_PER_GPU - compute,
+            memory_free=gpu.memory_total - memory,
+            healthy=True,
+        )
+        if gpu_shortfalls(ahead, beside):
+            return job.id
+    return None
+
+
+def plan(
+    queued: Sequence[Job],
+    running: Sequence[Job],
+    now: Sequence[GpuView],
+    capacity: Sequence[GpuView],
+    policy: str,
+    target: Target = (),
+) -> Plan:
+    """Start what may start on `now` (free room) in queue order; `capacity` is the idle node,
+    `running` the jobs on it."""
+    by_index = {gpu.index: gpu for gpu in capacity}
+    views = tuple(now)
+    blocked: list[Job] = []
+    taken = _taken_by(running)
+    starts: list[Start] = []
+    waiting: dict[int, tuple[str, ...]] = {}
+    for job in queued:
+        request = job.spec.request()
+        result = place(request, views, policy, target)
+        if result.gpus is None:
+            waiting[job.id] = tuple(str(lack) for lack in result.why_not)
+            blocked.append(job)
+            continue
+        delayed = [_delays(blocked, by_index[g], request, taken) for g in result.gpus]
+        victim = next((d for d in delayed if d is not None), None)
+        if victim is not None:
+            waiting[job.id] = (f"it fits now, but would delay job {victim} queued ahead of it",)
+            blocked.append(job)
+            continue
+        memory = tuple(request.memory_on(by_index[g]) for g in result.gpus)
+        taken.extend(
+            _Taken(g, math.inf, _order(job), request.compute, m)
+            for g, m in zip(result.gpus, memory, strict=True)
+        )
+        views = take(views, request, result.gpus)
+        starts.append(Start(job, result.gpus, memory, backfill=bool(blocked)))
+    return Plan(tuple(starts), waiting)

@@ -1,0 +1,295 @@
+"""The daemon's state in SQLite (WAL): jobs and their events; every state change one transaction.
+
+The schema version is SQLite's `user_version`; `MIGRATIONS[i]` takes a store from version i to
+i + 1, so an older store is brought forward at open and a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec, State
+from gpupool.core.errors import ConfigError, DaemonError, NotFound
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        spec TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        state TEXT NOT NULL,
+        rank INTEGER NOT NULL,
+        submitted_at REAL NOT NULL,
+        gpus TEXT NOT NULL DEFAULT '[]',
+        memory TEXT NOT NULL DEFAULT '[]',
+        started_at REAL,
+        finished_at REAL,
+        exit_code INTEGER,
+        oom INTEGER NOT NULL DEFAULT 0,
+        peak_memory INTEGER,
+        supervisor_pid INTEGER,
+        supervisor_start INTEGER,
+        job_pid INTEGER,
+        cancel_requested INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_state ON jobs (state, rank, id);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL REFERENCES jobs (id),
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX events_job ON events (job_id, id);
+    CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_COLUMNS = (
+    "id, spec, uid, user, state, submitted_at, gpus, memory, started_at, finished_at, exit_code, "
+    "oom, peak_memory, supervisor_pid, supervisor_start, job_pid, cancel_requested"
+)
+
+
+def _job(row: sqlite3.Row) -> Job:
+    return Job(
+        id=row["id"],
+        spec=JobSpec.from_json(json.loads(row["spec"])),
+        uid=row["uid"],
+        user=row["user"],
+        state=State(row["state"]),
+        submitted_at=row["submitted_at"],
+        gpus=tuple(json.loads(row["gpus"])),
+        memory=tuple(json.loads(row["memory"])),
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        exit_code=row["exit_code"],
+        oom=bool(row["oom"]),
+        peak_memory=row["peak_memory"],
+        supervisor_pid=row["supervisor_pid"],
+        supervisor_start=row["supervisor_start"],
+        job_pid=row["job_pid"],
+        cancel_requested=bool(row["cancel_requested"]),
+    )
+
+
+class Store:
+    """Jobs and events; safe to share between threads (one connection behind a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # WAL with NORMAL: a killed process loses nothing (the WAL is in the OS already);
+            # only a power cut may lose the last transactions
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._migrate(path)
+        except sqlite3.Error as err:
+            raise ConfigError(f"cannot open the state database {path}: {err}") from err
+        self._lock = threading.RLock()
+
+    def _migrate(self, path: Path) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise ConfigError(
+                f"the state database {path} has schema {version}, newer than this gpupool "
+                f"({SCHEMA_VERSION}): upgrade gpupool"
+            )
+        for step in range(version, SCHEMA_VERSION):
+            self._db.execute("BEGIN IMMEDIATE")
+            for statement in MIGRATIONS[step].split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {step + 1}")
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: all of it or nothing."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:  # a full disk, a read-only file: one line, no change
+                raise DaemonError(f"the daemon cannot write its state: {err}") from err
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def job(self, job_id: int) -> Job:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id}")
+        return _job(row)
+
+    def jobs(self, states: Sequence[State] | None = None) -> list[Job]:
+        """Jobs in queue order (priority, then submission) among `states` (all when None)."""
+        query = f"SELECT {_COLUMNS} FROM jobs"
+        args: tuple[str, ...] = ()
+        if states is not None:
+            query += f" WHERE state IN ({','.join('?' * len(states))})"
+            args = tuple(s.value for s in states)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY rank, id", args).fetchall()
+        return [_job(row) for row in rows]
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
+            ).fetchall()
+        return [{"at": r["at"], "kind": r["kind"], "detail": r["detail"]} for r in rows]
+
+    def setting(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row["value"])
+
+    # -- changes (each one transaction) -----------------------------------------------------
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+
+    def add(self, spec: JobSpec, uid: int, user: str) -> Job:
+        now = time.time()
+        with self.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO jobs (spec, uid, user, state, rank, submitted_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    json.dumps(spec.to_json()),
+                    uid,
+                    user,
+                    State.QUEUED.value,
+                    PRIORITY_RANK[spec.priority],
+                    now,
+                ),
+            )
+            job_id = int(cursor.lastrowid or 0)
+            _event(db, job_id, "submitted", f"by {user} (uid {uid})", now)
+        return Job(job_id, spec, uid, user, State.QUEUED, now)
+
+    def start(self, job: Job, gpus: Sequence[int], memory: Sequence[int], detail: str) -> Job:
+        """queued -> running on `gpus` (the launch follows; recovery finishes a cut one)."""
+        now = time.time()
+        with self.transaction() as db:
+            updated = db.execute(
+                "UPDATE jobs SET state = ?, gpus = ?, memory = ?, started_at = ? "
+                "WHERE id = ? AND state = ?",
+                (
+                    State.RUNNING.value,
+                    json.dumps(list(gpus)),
+                    json.dumps(list(memory)),
+                    now,
+                    job.id,
+                    State.QUEUED.value,
+                ),
+            ).rowcount
+            if updated:
+                _event(db, job.id, "placed", detail, now)
+        return replace(
+            job, state=State.RUNNING, gpus=tuple(gpus), memory=tuple(memory), started_at=now
+        )
+
+    def launched(self, job_id: int, supervisor: tuple[int, int], job_pid: int) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET supervisor_pid = ?, supervisor_start = ?, job_pid = ? "
+                "WHERE id = ?",
+                (supervisor[0], supervisor[1], job_pid, job_id),
+            )
+            _event(db, job_id, "started", f"pid {job_pid}")
+
+    def requeue(self, job_id: int, why: str) -> None:
+        """running -> queued for a launch that never began (the daemon died before it)."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET state = ?, gpus = '[]', memory = '[]', started_at = NULL "
+                "WHERE id = ? AND state = ?",
+                (State.QUEUED.value, job_id, State.RUNNING.value),
+            )
+            _event(db, job_id, "requeued", why)
+
+    def finish(
+        self,
+        job_id: int,
+        state: State,
+        exit_code: int | None,
+        *,
+        finished_at: float,
+        oom: bool = False,
+        peak_memory: int | None = None,
+        detail: str = "",
+    ) -> bool:
+        """queued/running -> a final state; False (nothing changed) when already final."""
+        with self.transaction() as db:
+            updated = db.execute(
+                "UPDATE jobs SET state = ?, exit_code = ?, finished_at = ?, oom = ?, "
+                "peak_memory = COALESCE(?, peak_memory) WHERE id = ? AND state IN (?, ?)",
+                (
+                    state.value,
+                    exit_code,
+                    finished_at,
+                    int(oom),
+                    peak_memory,
+                    job_id,
+                    State.QUEUED.value,
+                    State.RUNNING.value,
+                ),
+            ).rowcount
+            if updated:
+                if oom:
+                    _event(db, job_id, "oom", "the shim refused an allocation past the share")
+                _event(db, job_id, state.value, detail, finished_at)
+        return bool(updated)
+
+    def request_cancel(self, job_id: int, by: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+            _event(db, job_id, "cancel", f"asked by {by}")
+
+    def note(self, job_id: int, kind: str, detail: str = "") -> None:
+        with self.transaction() as db:
+            _event(db, job_id, kind, detail)
+
+    def record_peak(self, peaks: dict[int, int]) -> None:
+        with self.transaction() as db:
+            for job_id, peak in peaks.items():
+                db.execute(
+                    "UPDATE jobs SET peak_memory = MAX(COALESCE(peak_memory, 0), ?) WHERE id = ?",
+                    (peak, job_id),
+                )
+
+
+def _event(
+    db: sqlite3.Connection, job_id: int, kind: str, detail: str, at: float | None = None
+) -> None:
+    db.execute(
+        "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+        (job_id, time.time() if at is None else at, kind, detail),
+    )

@@ -1,0 +1,112 @@
+"""How `gpupool ps` and `gpupool describe` print jobs (the client only formats)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import typer
+
+from gpupool.core.units import format_bytes
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _bytes(value: int | None) -> str:
+    return "-" if value is None else format_bytes(value)
+
+
+def _memory(job: dict[str, Any]) -> str:
+    if job["memory"] is not None:
+        return format_bytes(job["memory"])
+    return job["memory_request"] or "-"
+
+
+def _row(job: dict[str, Any], now: float) -> list[str]:
+    gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
+    state = job["state"]
+    if job["exit_code"] is not None and state != "succeeded":
+        state += f" ({job['exit_code']})"
+    if job.get("oom"):
+        state += " oom"
+    util = job.get("utilization")
+    return [
+        str(job["id"]),
+        job["name"][:16],
+        job["user"],
+        state,
+        gpus,
+        _memory(job),
+        f"{job['compute']}%",
+        job["mode"],
+        job["priority"],
+        _age(now - job["submitted_at"]),
+        _bytes(job.get("live_memory")),
+        "-" if util is None else f"{util}%",
+    ]
+
+
+def print_jobs(jobs: list[dict[str, Any]]) -> None:
+    header = [
+        "ID",
+        "NAME",
+        "USER",
+        "STATE",
+        "GPUS",
+        "MEM/GPU",
+        "COMPUTE",
+        "MODE",
+        "PRIO",
+        "AGE",
+        "USED",
+        "UTIL",
+    ]
+    now = time.time()
+    rows = [header] + [_row(job, now) for job in jobs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    if not jobs:
+        typer.echo("(no jobs)")
+
+
+def _when(at: float | None) -> str:
+    return "-" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3]
+
+
+def print_job(job: dict[str, Any]) -> None:
+    gpus = ",".join(str(g) for g in job["gpus"]) or "not placed yet"
+    models = ", ".join(job["gpu_models"]) or "any"
+    lines = [
+        f"job {job['id']} ({job['name']}), {job['user']}: {job['state']}"
+        + (f", exit code {job['exit_code']}" if job["exit_code"] is not None else ""),
+        f"  command:  {' '.join(job['command'])}",
+        f"  share:    {job['gpu_count']} GPU(s), {_memory(job)} and {job['compute']}% compute each,"
+        f" mode {job['mode']}, priority {job['priority']}, models {models}",
+        f"  GPUs:     {gpus}",
+    ]
+    if job.get("live_memory") is not None:
+        lines.append(
+            f"  using:    {_bytes(job['live_memory'])} now, peak {_bytes(job['peak_memory'])}"
+        )
+    elif job.get("peak_memory"):
+        lines.append(f"  peak:     {_bytes(job['peak_memory'])}")
+    if job.get("oom"):
+        lines.append("  oom:      the shim refused an allocation past the share")
+    if job.get("waiting"):
+        lines.append("  waiting because:")
+        lines.extend(f"    {reason}" for reason in job["waiting"])
+    lines.append("  events:")
+    for event in job["events"]:
+        detail = f" ({event['detail']})" if event["detail"] else ""
+        lines.append(f"    {_when(event['at'])}  {event['kind']}{detail}")
+    typer.echo("\n".join(lines))

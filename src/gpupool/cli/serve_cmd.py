@@ -1,0 +1,104 @@
+"""`gpupool serve`: the node daemon, in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.scheduler.gpu_placement import GPU_POLICIES
+
+
+def _token(token_file: Path | None, listen: str | None) -> str | None:
+    if listen is None:
+        return None
+    if token_file is None:
+        raise InvalidRequest("--listen needs --token-file: every TCP request needs a bearer token")
+    try:
+        token = token_file.read_text().strip()
+    except OSError as err:
+        raise ConfigError(f"cannot read the token file {token_file}: {err.strerror}") from err
+    if not token:
+        raise ConfigError(f"the token file {token_file} is empty")
+    return token
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to the app."""
+
+    @app.command("serve")
+    def serve(
+        simulate: str | None = typer.Option(
+            None, "--simulate", metavar="SPEC", help="Run on a simulated node, e.g. 2xA100-40GB."
+        ),
+        node_dir: Path | None = typer.Option(
+            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
+        ),
+        state_dir: Path | None = typer.Option(
+            None,
+            "--state-dir",
+            metavar="DIR",
+            help="Jobs, logs and the socket (default /var/lib/gpupool as root, else "
+            "$XDG_STATE_HOME/gpupool).",
+        ),
+        listen: str | None = typer.Option(
+            None, "--listen", metavar="HOST:PORT", help="Also serve TCP (needs --token-file)."
+        ),
+        token_file: Path | None = typer.Option(
+            None, "--token-file", metavar="FILE", help="The bearer token TCP clients must send."
+        ),
+        policy: str = typer.Option(
+            "binpack", "--policy", metavar="NAME", help="GPU choice: binpack, spread or gpupool."
+        ),
+        cancel_grace: float = typer.Option(
+            10.0, "--cancel-grace", metavar="SECONDS", help="SIGTERM to SIGKILL on cancel."
+        ),
+    ) -> None:
+        """Run the node daemon: a queue and admission for this server's GPUs."""
+        # heavy imports here: client commands do not pay for FastAPI and uvicorn
+        from gpupool.agent import statedir
+        from gpupool.agent.agent import Agent, AgentConfig
+        from gpupool.api import server
+        from gpupool.api.app import create_app
+        from gpupool.devices.factory import open_backend
+
+        if cancel_grace < 0:
+            raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
+        if policy not in GPU_POLICIES:
+            raise InvalidRequest(
+                f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
+            )
+        token = _token(token_file, listen)
+        root = statedir.prepare(state_dir or statedir.default_state_dir())
+        config = AgentConfig(root, policy=policy, cancel_grace_s=cancel_grace)
+        lock = statedir.hold(root)
+        sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]
+        if listen is not None:
+            sockets.append(server.tcp_socket(listen))
+        with open_backend(simulate, node_dir) as backend:
+            agent = Agent(config, backend)
+            if agent.launch_node.sim_node is not None:
+                models = ", ".join(agent.launch_node.models)
+                typer.echo(
+                    f"gpupool serve: simulated node ({models}) at {agent.launch_node.sim_node}: "
+                    "no real GPU is used",
+                    err=True,
+                )
+            agent.start()
+            where = [f"unix://{root / statedir.SOCKET_NAME}"] + (
+                [f"http://{listen}"] if listen else []
+            )
+            typer.echo(
+                f"gpupool serve: listening on {', '.join(where)} (policy {policy}, state {root})",
+                err=True,
+            )
+            try:
+                server.serve(create_app(agent, token), sockets)
+            finally:
+                agent.stop()
+                (root / statedir.SOCKET_NAME).unlink(missing_ok=True)
+                lock.close()
+        typer.echo(
+            "gpupool serve: stopped; running jobs go on and are adopted at the next start", err=True
+        )

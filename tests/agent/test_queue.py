@@ -1,0 +1,62 @@
+"""The queue rule on its own: priority, first come first served, backfill that delays no one."""
+
+from __future__ import annotations
+
+from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.queue import plan
+from gpupool.core.resources import Priority
+from gpupool.core.units import GiB
+from gpupool.scheduler.gpus import GpuView
+
+
+def job(
+    job_id: int,
+    compute: int,
+    *,
+    at: float = 0.0,
+    gpus: tuple[int, ...] = (),
+    priority: Priority = Priority.HIGH,
+) -> Job:
+    spec = JobSpec(("true",), compute=compute, memory="1GiB", priority=priority)
+    state = State.RUNNING if gpus else State.QUEUED
+    return Job(
+        job_id, spec, 0, "u", state, at, gpus, (GiB,) * len(gpus), started_at=at if gpus else None
+    )
+
+
+def node() -> tuple[GpuView, ...]:
+    return (GpuView.idle(0, "A100", 40 * GiB),)
+
+
+def free(running: list[Job]) -> tuple[GpuView, ...]:
+    from gpupool.agent.node import free_now
+
+    return free_now(node(), running)
+
+
+def test_fitting_jobs_start_in_order() -> None:
+    queued = [job(1, 300, at=1), job(2, 300, at=2), job(3, 500, at=3)]
+    result = plan(queued, [], free([]), node(), "binpack")
+    assert [s.job.id for s in result.starts] == [1, 2]
+    assert result.waiting[3] == (
+        "GPU 0: compute 50% needed, 40% free",
+        "1 GPU needed, 0 can take the share now",
+    )
+
+
+def test_backfill_only_where_the_head_still_fits_after() -> None:
+    running = [job(1, 500, at=0, gpus=(0,))]
+    head, small, greedy = job(2, 600, at=1), job(3, 200, at=2), job(4, 250, at=3)
+    result = plan([head, small, greedy], running, free(running), node(), "binpack")
+    assert [(s.job.id, s.backfill) for s in result.starts] == [(3, True)]
+    assert result.waiting[4] == ("it fits now, but would delay job 2 queued ahead of it",)
+    # next pass: the backfilled job runs now, and still counts against the head
+    running.append(job(3, 200, at=5, gpus=(0,)))
+    again = plan([head, greedy], running, free(running), node(), "binpack")
+    assert again.starts == () and 4 in again.waiting
+
+
+def test_without_a_blocked_head_nothing_is_held_back() -> None:
+    running = [job(1, 500, at=0, gpus=(0,))]
+    result = plan([job(2, 250, at=1), job(3, 250, at=2)], running, free(running), node(), "binpack")
+    assert [(s.job.id, s.backfill) for s in result.starts] == [(2, False), (3, False)]

@@ -1,0 +1,62 @@
+"""The store: one transaction per change, schema versions, nothing half-written."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpupool.agent.jobs import JobSpec, State
+from gpupool.agent.store import SCHEMA_VERSION, Store
+from gpupool.core.errors import ConfigError, DaemonError, NotFound
+
+
+def test_a_job_and_its_events_round_trip(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    job = store.add(JobSpec(("echo", "hi"), compute=300, memory="50%"), 1000, "alice")
+    store.start(job, (1,), (20 << 30,), "GPUs 1")
+    assert store.finish(job.id, State.SUCCEEDED, 0, finished_at=1.0)
+    assert not store.finish(job.id, State.FAILED, 1, finished_at=2.0)  # final stays final
+    again = Store(tmp_path / "state.db").job(job.id)
+    assert again.state is State.SUCCEEDED and again.exit_code == 0 and again.gpus == (1,)
+    assert again.spec == job.spec and again.memory_per_gpu() == 20 << 30
+    assert [e["kind"] for e in store.events(job.id)] == ["submitted", "placed", "succeeded"]
+    with pytest.raises(NotFound):
+        store.job(job.id + 1)
+
+
+def test_the_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match="newer than this gpupool"):
+        Store(path)
+
+
+def test_a_failed_transaction_changes_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    with pytest.raises(RuntimeError), store.transaction() as db:
+        db.execute("INSERT INTO settings (key, value) VALUES ('draining', '1')")
+        raise RuntimeError("disk full")
+    assert store.setting("draining") is None
+
+
+def test_a_store_that_cannot_be_written_is_one_error_and_unchanged(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.add(JobSpec(("true",)), 0, "root")
+    # the disk is full: SQLite may not grow the database by a single page
+    store._db.execute("PRAGMA max_page_count = 1")
+    with pytest.raises(DaemonError, match="cannot write its state"):
+        for _ in range(200):
+            store.add(JobSpec(("true",), name="x" * 1000), 0, "root")
+    assert len(store.jobs()) >= 1
+    before = len(store.jobs())
+    with pytest.raises(DaemonError):
+        store.add(JobSpec(("true",), name="y" * 5000), 0, "root")
+    assert len(store.jobs()) == before
