@@ -75,7 +75,7 @@ def device_plugin(
     ),
 ) -> None:
     """Run the kubelet device plugin for gpupool.io/gpu on this node."""
-    from gpupool.devices.backend import open_backend
+    from gpupool.devices.factory import open_backend
     from gpupool.k8s.allocation import ShareFiles
     from gpupool.k8s.deviceplugin import DevicePlugin, default_node_name
     from gpupool.k8s.kubeclient import OfficialKube

@@ -23,6 +23,8 @@ from gpupool.core.units import MILLI_PER_GPU, format_bytes
 from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.names import SLOTS_PER_GPU
 from gpupool.k8s.podspec import GpuAsk
+from gpupool.scheduler.gpu_placement import place
+from gpupool.scheduler.gpus import GpuRequest, GpuView
 
 I64 = npt.NDArray[np.int64]
 Bool = npt.NDArray[np.bool_]
@@ -45,6 +47,14 @@ _SCORE_TAILS = np.array([f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)], dt
 
 def _host_head(name: str) -> str:
     return f'{{"host":{json.dumps(name)},"score":'
+
+
+def gpu_request(ask: GpuAsk) -> GpuRequest:
+    """The pod's ask as the node daemon's placement takes a share."""
+    models = (ask.gpu_model,) if ask.gpu_model else ()
+    if ask.exclusive:
+        return GpuRequest.exclusive(ask.gpus, models)
+    return GpuRequest(ask.gpus, ask.compute, ask.memory, models)
 
 
 def check_policy(name: str) -> str:
@@ -360,29 +370,28 @@ class Fleet:
         score: F64 = np.clip(50 + 50 * removed / (ask.compute * ask.gpus), 0, 100) / 100
         return score
 
-    def choose(self, ask: GpuAsk, node: str, policy: str) -> tuple[int, ...]:
-        """The GPU indices the pod takes on `node`, as scheduler/ chooses them: binpack the
-        fullest (least free compute, then memory, then index), spread the emptiest, gpupool
-        those whose fragment grows least (ties as binpack)."""
+    def gpu_views(self, node: str) -> list[GpuView]:
+        """`node`'s GPUs as the node daemon's placement sees them (what pods hold deducted)."""
         row = self.rows.get(node)
         if row is None:
             raise InvalidRequest(f"node {node}: gpupool knows no GPU inventory for it")
-        rows = np.array([row], np.int64)
-        ok = self.fitting_gpus(ask, rows)
-        candidates = np.flatnonzero(ok[0])
-        if len(candidates) < ask.gpus:
-            raise InvalidRequest(f"node {node}: {self.why_not(ask, row)}")
-        compute_free = MILLI_PER_GPU - self.milli_used[row, candidates]
-        memory_free = self.mem_total[row, candidates] - self.mem_used[row, candidates]
-        if policy == "spread":
-            keys = [candidates, -memory_free, -compute_free]
-        else:
-            keys = [candidates, memory_free, compute_free]
-            if policy == "gpupool":
-                growth = self._growth(ask, rows, ok, self._fragment(rows))[0, candidates]
-                keys.append(growth)
-        order = np.lexsort(keys)
-        return tuple(sorted(int(candidates[i]) for i in order[: ask.gpus]))
+        model_names = {number: name for name, number in self.models.items()}
+        views = []
+        for g in np.flatnonzero(self.present[row]):
+            total = int(self.mem_total[row, g])
+            free = min(total, max(0, total - int(self.mem_used[row, g])))
+            compute = min(MILLI_PER_GPU, max(0, MILLI_PER_GPU - int(self.milli_used[row, g])))
+            model = model_names[int(self.model[row, g])]
+            views.append(GpuView(int(g), model, total, free, compute, bool(self.usable[row, g])))
+        return views
+
+    def choose(self, ask: GpuAsk, node: str, policy: str) -> tuple[int, ...]:
+        """The GPU indices the pod takes on `node`: scheduler/gpu_placement's choice, the one the
+        node daemon makes, so a pod lands on the GPUs a `gpupool submit` of it would get."""
+        placement = place(gpu_request(ask), self.gpu_views(node), policy)
+        if placement.gpus is None:
+            raise InvalidRequest(f"node {node}: {self.why_not(ask, self.rows[node])}")
+        return placement.gpus
 
     def memory_of(self, ask: GpuAsk, node: str, gpus: Sequence[int]) -> int:
         """Bytes the pod holds on each of its GPUs (the smallest GPU's share when proportional)."""
