@@ -81,6 +81,7 @@ def test_the_child_sees_the_share(env: dict[str, str], tmp_path: Path) -> None:
             "GPUPOOL_MEMORY_LIMIT_0",
             "GPUPOOL_COMPUTE_LIMIT",
             "GPUPOOL_COMPUTE_POLICY",
+            "GPUPOOL_COMPUTE_PRIORITY",
             "GPUPOOL_SIM_NODE",
             "GPUPOOL_SHARED_REGION",
             "LD_PRELOAD",
@@ -88,12 +89,14 @@ def test_the_child_sees_the_share(env: dict[str, str], tmp_path: Path) -> None:
         )
     )
     args = ["--simulate", "2xA100-40GB", "--gpu", "1", "--memory", "25%", "--compute", "30"]
-    result = gpupool(env, "exec", *args, "--compute-policy", "share", "--", "sh", "-c", show)
+    args += ["--compute-policy", "share", "--priority", "low"]
+    result = gpupool(env, "exec", *args, "--", "sh", "-c", show)
     assert result.returncode == 0, result.stderr
     seen = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert seen["CUDA_VISIBLE_DEVICES"] == "1"
     assert seen["GPUPOOL_MEMORY_LIMIT_0"] == str(catalog.get_model("A100-40GB").memory_bytes // 4)
     assert (seen["GPUPOOL_COMPUTE_LIMIT"], seen["GPUPOOL_COMPUTE_POLICY"]) == ("30", "share")
+    assert seen["GPUPOOL_COMPUTE_PRIORITY"] == "low"
     assert seen["GPUPOOL_SIM_NODE"] == str(default_node(tmp_path, "2xA100-40GB"))
     assert seen["LD_PRELOAD"].endswith("_native/libgpupool-cuda.so")
     assert seen["LD_LIBRARY_PATH"].endswith("_native/sim")
@@ -112,7 +115,7 @@ def test_a_cuda_program_sees_its_share(env: dict[str, str], tmp_path: Path) -> N
     assert timed is not None and 10.0 <= float(timed.group(1)) < 15.0
 
 
-def test_inherited_settings_and_activity_files_do_not_reach_the_command(
+def test_inherited_settings_and_arbiter_directories_do_not_reach_the_command(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     exe = tmp_path / "sim_smoke"
@@ -120,7 +123,7 @@ def test_inherited_settings_and_activity_files_do_not_reach_the_command(
     stray = tmp_path / "stray.conf"  # the library would take its limit from here
     stray.write_text("GPUPOOL_MEMORY_LIMIT=1MiB\n")
     env["GPUPOOL_CONFIG_FILE"] = str(stray)
-    env["GPUPOOL_ACTIVITY_FILE"] = "not-an-absolute-path"  # the library would refuse it
+    env["GPUPOOL_ARBITER_DIR"] = "not-an-absolute-path"  # the library would refuse it
     result = gpupool(env, "exec", "--simulate", "1xH100", "--memory", "4GiB", "--", str(exe))
     assert result.returncode == 0, result.stderr
     assert "memory: 4096 MiB free of 4096 MiB" in result.stdout
@@ -143,6 +146,7 @@ def test_inherited_settings_and_activity_files_do_not_reach_the_command(
         (["--gpu", "3"], "invalid GPU index 3: this node has GPUs 0..0"),
         (["--gpu", "x"], "invalid GPU index"),
         (["--compute-policy", "fair"], "invalid compute policy 'fair'"),
+        (["--priority", "urgent"], "invalid priority 'urgent': use high or low"),
         (["--simulate", "3xV100"], "unknown GPU model 'V100'"),
     ],
 )

@@ -67,6 +67,16 @@ static char **config_source(void) {
     return environ;
 }
 
+/* the power of a Kubernetes quantity suffix's letter (k/K, M, G, T, P, E), 0 if none */
+static unsigned unit_power(char letter, int binary) {
+    const char *letters = binary ? "KMGTPE" : "kMGTPE";
+    const char *found = letter != '\0' ? strchr(letters, letter) : NULL;
+    return found != NULL ? (unsigned)(found - letters) + 1 : 0;
+}
+
+/* Kubernetes quantity rules, as the Python side reads sizes: `4G` = 4x10^9, `4Gi` = 4x2^30,
+ * with the `B` people add for bytes (`4GB` = `4G`, `4GiB` = `4Gi`); case-sensitive (`m` would be
+ * milli); a bare number is bytes */
 int gp_parse_bytes(const char *text, uint64_t *out) {
     const char *p = text;
     if (!isdigit((unsigned char)*p)) return -1;
@@ -77,27 +87,22 @@ int gp_parse_bytes(const char *text, uint64_t *out) {
         value = value * 10 + digit;
     }
     while (*p == ' ') p++;
-    unsigned shift = 0;
-    if (*p != '\0') {
-        switch (toupper((unsigned char)*p)) {
-        case 'K': shift = 10; break;
-        case 'M': shift = 20; break;
-        case 'G': shift = 30; break;
-        case 'T': shift = 40; break;
-        case 'B': shift = 0; break;
-        default: return -1;
-        }
-        const char *suffix = p + 1;
-        /* accepted after the unit letter: "", "i", "iB", "B" (binary multiples in every case) */
-        if (toupper((unsigned char)*p) == 'B') {
-            if (*suffix != '\0') return -1;
-        } else if (*suffix != '\0' && strcasecmp(suffix, "i") != 0 &&
-                   strcasecmp(suffix, "ib") != 0 && strcasecmp(suffix, "b") != 0) {
-            return -1;
-        }
+    unsigned power = 0;
+    uint64_t base = 1;
+    if (*p != '\0' && *p != 'B') {
+        int binary = p[1] == 'i';
+        power = unit_power(*p, binary);
+        if (power == 0) return -1;
+        base = binary ? 1024 : 1000;
+        p += binary ? 2 : 1;
     }
-    if (shift && value > (UINT64_MAX >> shift)) return -1;
-    *out = value << shift;
+    if (*p == 'B') p++;
+    if (*p != '\0') return -1;
+    for (unsigned i = 0; i < power; i++) {
+        if (value > UINT64_MAX / base) return -1;
+        value *= base;
+    }
+    *out = value;
     return 0;
 }
 
@@ -115,7 +120,7 @@ bad:
 static uint64_t parse_memory(const char *name, const char *text) {
     uint64_t bytes = 0;
     if (gp_parse_bytes(text, &bytes) != 0)
-        gp_fatal("invalid %s=%s: expected bytes, like 4294967296, 4GiB or 512MiB", name, text);
+        gp_fatal("invalid %s=%s: expected a size like 4Gi (4x2^30 bytes), 4G (4x10^9) or 512Mi", name, text);
     return bytes;
 }
 
@@ -193,11 +198,23 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_POLICY=%s: expected cap or share", text);
     }
+    text = get(GP_ENV_COMPUTE_PRIORITY);
+    if (text == NULL || *text == '\0') {
+        cfg->priority = GP_PRIORITY_UNSET;
+    } else if (strcmp(text, "high") == 0) {
+        cfg->priority = GP_PRIORITY_HIGH;
+    } else if (strcmp(text, "low") == 0) {
+        cfg->priority = GP_PRIORITY_LOW;
+    } else {
+        gp_fatal("invalid GPUPOOL_COMPUTE_PRIORITY=%s: expected high or low", text);
+    }
     text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
-    text = get(GP_ENV_ACTIVITY_FILE);
+    /* node-wide: as configured (a directory every container of the node mounts), a simulated
+     * node's directory, else /dev/shm */
+    text = get(GP_ENV_ARBITER_DIR);
+    const char *node = getenv(GP_ENV_SIM_NODE);
     if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
-        gp_fatal("invalid GPUPOOL_ACTIVITY_FILE=%s: expected an absolute path under 512 bytes",
-                 text);
-    cfg->activity_path = (text && *text) ? text : NULL;
+        gp_fatal("invalid GPUPOOL_ARBITER_DIR=%s: expected an absolute path under 512 bytes", text);
+    cfg->arbiter_dir = (text && *text) ? text : (node && *node) ? node : "/dev/shm";
 }

@@ -1,5 +1,67 @@
-/* The launch entry points: each passes through the compute throttle (throttle.c). */
+/*
+ * The launch entry points: each passes through the compute throttle (throttle.c), and is counted,
+ * so that a launch path the share misses shows up as a count (GPUPOOL_LOG_LEVEL=info prints them
+ * at exit), not only as a timing.
+ */
+#include <stdio.h>
+#include <string.h>
+
 #include "shim.h"
+
+#define GP_LAUNCH_ENTRIES(X)                                                                  \
+    X(cuLaunchKernel)                                                                         \
+    X(cuLaunchKernel_ptsz)                                                                    \
+    X(cuLaunchKernelEx)                                                                       \
+    X(cuLaunchKernelEx_ptsz)                                                                  \
+    X(cuLaunchCooperativeKernel)                                                              \
+    X(cuLaunchCooperativeKernel_ptsz)                                                         \
+    X(cuGraphLaunch)                                                                          \
+    X(cuGraphLaunch_ptsz)
+
+#define GP_ENTRY_ENUM(name) GP_ENTRY_##name,
+enum { GP_LAUNCH_ENTRIES(GP_ENTRY_ENUM) GP_ENTRY_COUNT };
+#define GP_ENTRY_NAME(name) #name,
+static const char *const entry_names[GP_ENTRY_COUNT] = {GP_LAUNCH_ENTRIES(GP_ENTRY_NAME)};
+
+/* launches seen per entry point, and of them held (accounted to a compute share) */
+static uint64_t seen[GP_ENTRY_COUNT], held[GP_ENTRY_COUNT];
+
+void gp_launch_after_fork(void) {
+    memset(seen, 0, sizeof seen);
+    memset(held, 0, sizeof held);
+}
+
+void gp_launch_report(void) {
+    if (gp_log_threshold < GP_LOG_INFO) return;
+    char line[768];
+    size_t len = 0;
+    for (int i = 0; i < GP_ENTRY_COUNT; i++) {
+        uint64_t n = __atomic_load_n(&seen[i], __ATOMIC_RELAXED);
+        if (n == 0) continue;
+        int m = snprintf(line + len, sizeof line - len, "%s %s %llu (%llu held)",
+                         len ? "," : "", entry_names[i], (unsigned long long)n,
+                         (unsigned long long)__atomic_load_n(&held[i], __ATOMIC_RELAXED));
+        if (m < 0 || (size_t)m >= sizeof line - len) break;
+        len += (size_t)m;
+    }
+    gp_log(GP_LOG_INFO, "launches seen:%s", len ? line : " none");
+}
+
+/* A runtime can fetch private tables of driver functions by id, past every public entry point:
+ * named at log level info, so that a launch path none of the counts above sees can be traced to
+ * the table it came through. */
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+    __typeof__(&cuGetExportTable) real = GP_REAL(cuGetExportTable);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real(ppExportTable, pExportTableId);
+    if (pExportTableId != NULL && gp_log_threshold >= GP_LOG_INFO) {
+        char hex[33];
+        for (int i = 0; i < 16; i++)
+            snprintf(hex + 2 * i, 3, "%02x", (unsigned char)pExportTableId->bytes[i]);
+        gp_log(GP_LOG_INFO, "cuGetExportTable(%s): %d", hex, (int)rc);
+    }
+    return rc;
+}
 
 #define THROTTLED(real_name, stream, ptsz, call)                                                \
     do {                                                                                      \
@@ -7,6 +69,8 @@
         if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;                                  \
         gp_launch launch;                                                                     \
         gp_throttle_before(&launch, (stream), (ptsz));                                        \
+        __atomic_add_fetch(&seen[GP_ENTRY_##real_name], 1, __ATOMIC_RELAXED);                 \
+        if (launch.dev >= 0) __atomic_add_fetch(&held[GP_ENTRY_##real_name], 1, __ATOMIC_RELAXED); \
         CUresult rc = real call;                                                              \
         gp_throttle_after(&launch, rc);                                                       \
         return rc;                                                                            \

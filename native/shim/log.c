@@ -63,12 +63,6 @@ uint64_t gp_now_ns(void) {
     return (uint64_t)ts.tv_sec * GP_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t gp_coarse_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * GP_NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
 void gp_sleep_ns(uint64_t ns) {
     struct timespec ts = {.tv_sec = (time_t)(ns / GP_NS_PER_S),
                           .tv_nsec = (long)(ns % GP_NS_PER_S)};

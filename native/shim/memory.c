@@ -75,6 +75,11 @@ static void forget_context(uint64_t ctx) {
     gp_ptrmap_drop_context(ctx, gp_region_release);
 }
 
+/* a program that retries a refused allocation in a loop would otherwise write a line per try
+ * (thousands a second): the first few are logged, the rest counted and reported at exit */
+#define GP_REFUSALS_LOGGED 5
+static uint64_t refusals;
+
 /* 0: reserved (or nothing to account); -1: over the limit, the caller returns out of memory */
 static int reserve(int dev, uint64_t bytes) {
     if (dev < 0) return 0;
@@ -84,9 +89,19 @@ static int reserve(int dev, uint64_t bytes) {
     gp_format_bytes(used, used_text, sizeof used_text);
     gp_format_bytes(bytes, asked_text, sizeof asked_text);
     gp_format_bytes(limit, limit_text, sizeof limit_text);
-    gp_log(GP_LOG_WARN, "out of memory on device %d: %s used + %s asked > limit %s", dev,
-           used_text, asked_text, limit_text);
+    uint64_t count = __atomic_add_fetch(&refusals, 1, __ATOMIC_RELAXED);
+    if (count <= GP_REFUSALS_LOGGED)
+        gp_log(GP_LOG_WARN, "out of memory on device %d: %s used + %s asked > limit %s%s", dev,
+               used_text, asked_text, limit_text,
+               count == GP_REFUSALS_LOGGED ? " (further refusals are counted, not logged)" : "");
     return -1;
+}
+
+void gp_memory_report_refusals(void) {
+    uint64_t count = __atomic_load_n(&refusals, __ATOMIC_RELAXED);
+    if (count > GP_REFUSALS_LOGGED)
+        gp_log(GP_LOG_WARN, "%llu allocations refused in all, over the memory limit",
+               (unsigned long long)count);
 }
 
 /* after the driver call: remember the allocation (with the context it dies with; VMM handles

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpupool_procs.h"
 #include "shim.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -27,45 +28,12 @@ typedef struct {
     void *wrapper;
 } gp_hook;
 
-#define CU_HOOK(sym, base, version, ptsz) {#sym, base, version, ptsz, 0, (void *)sym}
-#define NVML_HOOK(sym) {#sym, NULL, 0, 0, 1, (void *)sym}
+#define CU_HOOK(base, version, sym, ptsz) {#sym, base, version, ptsz, 0, (void *)sym},
+#define NVML_HOOK(sym) {#sym, NULL, 0, 0, 1, (void *)sym},
 
 static const gp_hook hooks[] = {
-    CU_HOOK(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
-    CU_HOOK(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
-    CU_HOOK(cuMemAlloc_v2, "cuMemAlloc", 3020, 0),
-    CU_HOOK(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0),
-    CU_HOOK(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0),
-    CU_HOOK(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0),
-    CU_HOOK(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1),
-    CU_HOOK(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0),
-    CU_HOOK(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1),
-    CU_HOOK(cuMemCreate, "cuMemCreate", 10020, 0),
-    CU_HOOK(cuArrayCreate_v2, "cuArrayCreate", 3020, 0),
-    CU_HOOK(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0),
-    CU_HOOK(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0),
-    CU_HOOK(cuMemFree_v2, "cuMemFree", 3020, 0),
-    CU_HOOK(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0),
-    CU_HOOK(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1),
-    CU_HOOK(cuMemRelease, "cuMemRelease", 10020, 0),
-    CU_HOOK(cuArrayDestroy, "cuArrayDestroy", 2000, 0),
-    CU_HOOK(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0),
-    CU_HOOK(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
-    CU_HOOK(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0),
-    CU_HOOK(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0),
-    CU_HOOK(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0),
-    CU_HOOK(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0),
-    CU_HOOK(cuLaunchKernel, "cuLaunchKernel", 4000, 0),
-    CU_HOOK(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1),
-    CU_HOOK(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0),
-    CU_HOOK(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1),
-    CU_HOOK(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0),
-    CU_HOOK(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1),
-    CU_HOOK(cuGraphLaunch, "cuGraphLaunch", 10000, 0),
-    CU_HOOK(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1),
-    NVML_HOOK(nvmlDeviceGetMemoryInfo),
-    NVML_HOOK(nvmlDeviceGetMemoryInfo_v2),
-};
+    GP_PROCS_WRAPPED(CU_HOOK) NVML_HOOK(nvmlDeviceGetMemoryInfo)
+        NVML_HOOK(nvmlDeviceGetMemoryInfo_v2)};
 #define HOOK_COUNT (sizeof hooks / sizeof hooks[0])
 
 /* the real entry point of each hook, for matching what the driver's cuGetProcAddress returns */
@@ -167,6 +135,10 @@ static void *wrap_proc(const char *symbol, void *fn, int version, cuuint64_t fla
     int ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     const gp_hook *hook = hook_by_base(symbol, version, ptsz);
     if (hook == NULL && ptsz) hook = hook_by_base(symbol, version, 0);
+    /* a launch path the compute share would miss: say so (a new driver entry point) */
+    if (hook == NULL && strstr(symbol, "Launch") != NULL && strcmp(symbol, "cuLaunchHostFunc") != 0)
+        gp_log(GP_LOG_INFO, "cuGetProcAddress(%s, %d%s): a launch entry point not wrapped", symbol,
+               version, ptsz ? ", per-thread" : "");
     return hook ? hook->wrapper : fn;
 }
 
@@ -193,7 +165,8 @@ static void after_fork_in_child(void) {
     gp_region_after_fork();
     gp_ptrmap_reset();
     gp_throttle_after_fork();
-    gp_activity_after_fork();
+    gp_launch_after_fork();
+    gp_arbiter_after_fork();
 }
 
 __attribute__((constructor)) static void gp_load(void) {
@@ -201,7 +174,13 @@ __attribute__((constructor)) static void gp_load(void) {
     find_real_dlsym();
     gp_config_load(&cfg);
     gp_region_open(&cfg);
+    gp_arbiter_configure(cfg.arbiter_dir, cfg.priority);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
-__attribute__((destructor)) static void gp_unload(void) { gp_region_close(); }
+__attribute__((destructor)) static void gp_unload(void) {
+    gp_launch_report();
+    gp_arbiter_close();
+    gp_memory_report_refusals();
+    gp_region_close();
+}

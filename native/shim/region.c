@@ -21,7 +21,7 @@
 #include "shim.h"
 
 #define GP_REGION_MAGIC 0x314e474552505047ULL /* "GPPREGN1" read as little-endian u64 */
-#define GP_REGION_VERSION 1u
+#define GP_REGION_VERSION 2u
 #define GP_REGION_PROCS 256
 
 typedef struct {
@@ -41,12 +41,11 @@ typedef struct {
     uint64_t magic; /* written last, once the rest is initialised */
     uint32_t version;
     uint32_t size;
-    uint64_t share_id; /* random: tells this share from others in the activity file */
+    uint64_t share_id; /* random: tells this share from others in the GPUs' arbiters */
     uint32_t policy;
     uint32_t pad;
     uint64_t memory_limit[GP_MAX_DEVICES];
     uint32_t compute_limit[GP_MAX_DEVICES];
-    char activity_path[512];
     union {
         pthread_mutex_t mutex;
         char pad[128];
@@ -132,19 +131,6 @@ static void init_mutex(pthread_mutex_t *mutex) {
     pthread_mutexattr_destroy(&attr);
 }
 
-static void activity_path(const gp_config *cfg, char *out, size_t size) {
-    /* node-wide: as configured (a directory that every container of the node mounts), a
-     * simulated node's directory, else /dev/shm (per user: the file is 0600) */
-    const char *node = getenv(GP_ENV_SIM_NODE);
-    if (cfg->activity_path != NULL) {
-        snprintf(out, size, "%s", cfg->activity_path);
-    } else if (node != NULL && *node != '\0') {
-        snprintf(out, size, "%s/activity-%u.bin", node, (unsigned)getuid());
-    } else {
-        snprintf(out, size, "/dev/shm/gpupool-activity-%u", (unsigned)getuid());
-    }
-}
-
 static void init_region(gp_region *r, const gp_config *cfg) {
     memset(r, 0, sizeof *r);
     r->version = GP_REGION_VERSION;
@@ -154,7 +140,6 @@ static void init_region(gp_region *r, const gp_config *cfg) {
     r->policy = (uint32_t)cfg->policy;
     memcpy(r->memory_limit, cfg->memory_limit, sizeof r->memory_limit);
     memcpy(r->compute_limit, cfg->compute_limit, sizeof r->compute_limit);
-    activity_path(cfg, r->activity_path, sizeof r->activity_path);
     init_mutex(&r->lock.mutex);
     __atomic_store_n(&r->magic, GP_REGION_MAGIC, __ATOMIC_RELEASE);
 }
@@ -311,7 +296,6 @@ uint64_t gp_region_memory_limit(int dev) { return region ? region->memory_limit[
 uint32_t gp_region_compute_limit(int dev) { return region ? region->compute_limit[dev] : 100; }
 gp_policy gp_region_policy(void) { return (gp_policy)region->policy; }
 uint64_t gp_region_share_id(void) { return region->share_id; }
-const char *gp_region_activity_path(void) { return region->activity_path; }
 
 int gp_region_any_compute_limit(void) {
     if (region == NULL) return 0;

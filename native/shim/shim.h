@@ -51,23 +51,25 @@ void gp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noretur
 /* "3.9 GiB", "512 MiB", "17 B" */
 void gp_format_bytes(uint64_t bytes, char *out, unsigned long size);
 uint64_t gp_now_ns(void);        /* CLOCK_MONOTONIC */
-uint64_t gp_coarse_now_ns(void); /* CLOCK_MONOTONIC_COARSE: cheaper, millisecond resolution */
 void gp_sleep_ns(uint64_t ns);
 
 /* ---- config.c: GPUPOOL_* variables, read once at load -------------------------------------- */
 
 typedef enum { GP_POLICY_CAP = 0, GP_POLICY_SHARE = 1 } gp_policy;
+/* unset: arbitrated only with a compute limit; high and low: always (low runs in high's gaps) */
+typedef enum { GP_PRIORITY_UNSET = 0, GP_PRIORITY_HIGH = 1, GP_PRIORITY_LOW = 2 } gp_priority;
 
 typedef struct {
     uint64_t memory_limit[GP_MAX_DEVICES];  /* bytes, 0 = none */
     uint32_t compute_limit[GP_MAX_DEVICES]; /* percent 1..100, 100 = none */
     gp_policy policy;
+    gp_priority priority;
     const char *region_path;   /* NULL: this process alone */
-    const char *activity_path; /* NULL: the default node-wide file */
+    const char *arbiter_dir;   /* where the GPUs' compute arbiters live (node-wide) */
 } gp_config;
 
 void gp_config_load(gp_config *cfg);
-/* "4GiB", "512M", "1073741824" -> bytes; 0 on success, -1 if malformed */
+/* Kubernetes quantities: "4Gi", "4GiB", "4G" (10^9), "512Mi", "1073741824" -> bytes; 0 on success, -1 if malformed */
 int gp_parse_bytes(const char *text, uint64_t *out);
 
 /* ---- region.c: the share's accounting, shared by all its processes -------------------------- */
@@ -80,7 +82,6 @@ uint32_t gp_region_compute_limit(int dev);
 int gp_region_any_compute_limit(void);
 gp_policy gp_region_policy(void);
 uint64_t gp_region_share_id(void);
-const char *gp_region_activity_path(void);
 /* reserve `bytes` on `dev` under `limit` (0 = none); 0 if granted, -1 if it would pass it
  * (then *used_out holds the share's usage for the message) */
 int gp_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
@@ -132,22 +133,43 @@ void *gp_real_dlsym(void *handle, const char *name);
 
 /* the share's effective limit on `dev` (clamped to the GPU's memory; 0 = none) */
 uint64_t gp_memory_limit(int dev);
+/* at exit: how many allocations were refused, when more than were logged */
+void gp_memory_report_refusals(void);
 
-/* ---- throttle.c and activity.c: compute shares -------------------------------------------- */
+/* ---- throttle.c: compute shares ------------------------------------------------------ */
 
 typedef struct {
-    int dev; /* -1: not throttled, the launch passes straight through */
+    int dev;    /* -1: not throttled, the launch passes straight through */
+    int pushed; /* the stream's context was made current for the launch (none was) */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
 void gp_throttle_after(gp_launch *launch, CUresult rc);
 void gp_throttle_after_fork(void);
+/* at exit, at log level info: launches seen per entry point, and how many the share held */
+void gp_launch_report(void);
+void gp_launch_after_fork(void);
 
-/* publish that this share used GPU `dev` at `now` (rate-limited inside) */
-void gp_activity_touch(int dev, uint64_t now);
-/* another share used GPU `dev` within the contention window */
-int gp_activity_contended(int dev, uint64_t now);
-void gp_activity_after_fork(void);
+
+/* ---- arbiter.c: one lease per GPU, node-wide, shared by every compute share on it ----------- */
+
+void gp_arbiter_configure(const char *dir, gp_priority priority);
+gp_priority gp_arbiter_priority(void);
+int gp_arbiter_active(int dev);
+/* wait until this process holds the GPU's lease (the share's clock is earliest of the wanting) */
+void gp_arbiter_acquire(int dev, uint32_t weight);
+/* this process has held the lease its length and another share wants the GPU */
+int gp_arbiter_should_yield(int dev, uint64_t now);
+int gp_arbiter_holds(int dev);
+/* a high-priority share asked for the GPU within the last 50 ms */
+int gp_arbiter_high_active(int dev, uint64_t now);
+void gp_arbiter_release(int dev);
+/* a launch of about `estimate_ns` of GPU time was queued at `now` */
+void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);
+/* the share's measured GPU time, on its virtual clock */
+void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight);
+void gp_arbiter_close(void);
+void gp_arbiter_after_fork(void);
 
 #pragma GCC visibility pop
 

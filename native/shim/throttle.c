@@ -11,6 +11,12 @@
  * GP_BURST_NS ahead, and pays for busy time; while it is in debt, the next batch waits (the
  * launch call sleeps). At most
  * GP_MAX_PENDING batches are in flight, so work cannot be queued far ahead of the accounting.
+ *
+ * Before each batch the process also holds its GPU's lease (arbiter.c), so no other share's work
+ * runs while its batches do: what the events measure is its own GPU time even when shares are
+ * busy together. The bucket's burst is longer than a lease, so that credit earned while waiting
+ * for the lease is not lost. Under the `share` policy the arbiter alone splits the GPU (by
+ * weight, work-conserving): there is no bucket to wait for.
  */
 #include <pthread.h>
 #include <string.h>
@@ -21,10 +27,9 @@
 #define GP_EVENT_POOL 8
 #define GP_BATCH_NS (500 * 1000ULL)
 #define GP_MAX_BATCH 64u
-#define GP_BURST_NS (20 * GP_NS_PER_MS)
+#define GP_BURST_NS (100 * GP_NS_PER_MS)
 #define GP_GAP_NS GP_NS_PER_MS
 #define GP_MAX_SLEEP_NS (100 * GP_NS_PER_MS)
-#define GP_TOUCH_EVERY_NS (5 * GP_NS_PER_MS)
 
 typedef struct {
     CUevent end;
@@ -57,14 +62,13 @@ typedef struct {
 static gp_throttle throttles[GP_MAX_DEVICES];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int any_limit;
-static uint64_t last_touch_ns;
 
 static void init_throttles(void) {
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
         pthread_mutex_init(&throttles[dev].lock, NULL);
         throttles[dev].batch_target = 1;
     }
-    any_limit = gp_region_any_compute_limit();
+    any_limit = gp_region_any_compute_limit() || gp_arbiter_priority() != GP_PRIORITY_UNSET;
 }
 
 void gp_throttle_after_fork(void) {
@@ -116,19 +120,6 @@ static CUresult record(CUevent event, CUstream stream, int ptsz) {
     return rec ? rec(event, effective_stream(stream, ptsz)) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-static void reset(gp_throttle *t) {
-    while (t->count > 0) {
-        give_event(t, t->pending[t->head].end);
-        t->head = (t->head + 1) % GP_MAX_PENDING;
-        t->count--;
-    }
-    give_event(t, t->last_end);
-    t->last_end = NULL;
-    t->head = 0;
-    t->open = 0;
-    t->active = 0;
-}
-
 /* pay GPU time from start to end into the share's bucket (shared by all its processes, in the
  * region), refill it, and see what is left */
 static void settle(gp_throttle *t, uint64_t now, uint64_t start, uint64_t end) {
@@ -152,6 +143,7 @@ static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
         t->batch_target = target < 1 ? 1 : target > GP_MAX_BATCH ? GP_MAX_BATCH : (uint32_t)target;
     }
     if (busy > 0) settle(t, gp_now_ns(), start, end_ns);
+    if (busy > 0) gp_arbiter_charge(t->dev, busy, t->percent);
     if (end_ns > t->frontier_ns) t->frontier_ns = end_ns;
 }
 
@@ -205,16 +197,48 @@ static void close_batch(gp_throttle *t, int after_gap) {
     if (t->last_end == NULL) account(t, 1);
 }
 
+/* wait until the share's work on the GPU is done and accounted */
+static void drain(gp_throttle *t) {
+    while (t->count > 0) account(t, 1);
+}
+
 static void wait_for_credit(gp_throttle *t) {
     account(t, 0);
     while (t->count >= GP_MAX_PENDING) account(t, 1);
     settle(t, gp_now_ns(), 0, 0);
+    if (t->credit_ns < 0 && gp_arbiter_holds(t->dev)) {
+        /* never sleep on the GPU's lease */
+        drain(t);
+        gp_arbiter_release(t->dev);
+    }
     while (t->credit_ns < 0) {
         uint64_t need = (uint64_t)(-t->credit_ns) * 100 / t->percent;
         gp_sleep_ns(need < GP_MAX_SLEEP_NS ? need : GP_MAX_SLEEP_NS);
         account(t, 0);
         settle(t, gp_now_ns(), 0, 0);
     }
+}
+
+/* before a batch: give the lease back if its time is up and another share waits, pay for the
+ * cap (`share` under the arbiter has no cap: the arbiter splits a busy GPU by weight), and hold
+ * the GPU's lease */
+static void take_turn(gp_throttle *t) {
+    int arbitrated = gp_arbiter_active(t->dev);
+    if (arbitrated && gp_arbiter_should_yield(t->dev, gp_now_ns())) {
+        drain(t);
+        gp_arbiter_release(t->dev);
+    }
+    if (!arbitrated || gp_region_policy() == GP_POLICY_CAP) {
+        wait_for_credit(t);
+    } else {
+        account(t, 0);
+        while (t->count >= GP_MAX_PENDING) account(t, 1);
+    }
+    /* next to an active high share, a low share keeps one batch in flight at most: the high one
+     * then waits for little */
+    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, gp_now_ns()))
+        drain(t);
+    if (arbitrated) gp_arbiter_acquire(t->dev, t->percent);
 }
 
 static int events_available(void) {
@@ -231,35 +255,46 @@ static int current_context_device(CUcontext *ctx) {
     return dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
 }
 
+/* the device of a launch made while no context is current on the calling thread (a runtime may
+ * launch on a stream of a context it made current on another thread): the stream's own context,
+ * made current around the launch so that our events belong to it; 1 if it was pushed */
+static int push_stream_context(CUstream stream) {
+    __typeof__(&cuStreamGetCtx) get_ctx = GP_REAL(cuStreamGetCtx);
+    __typeof__(&cuCtxPushCurrent_v2) push = GP_REAL(cuCtxPushCurrent_v2);
+    CUcontext ctx = NULL;
+    if (get_ctx == NULL || push == NULL || GP_REAL(cuCtxPopCurrent_v2) == NULL) return 0;
+    if (get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == NULL) return 0;
+    return push(ctx) == CUDA_SUCCESS;
+}
+
+static void pop_stream_context(gp_launch *launch) {
+    if (!launch->pushed) return;
+    CUcontext ctx = NULL;
+    GP_REAL(cuCtxPopCurrent_v2)(&ctx);
+    launch->pushed = 0;
+}
+
+static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
+
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
+    throttle_before(launch, stream, is_ptsz);
+    if (launch->dev < 0) pop_stream_context(launch);
+}
+
+static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     pthread_once(&init_once, init_throttles);
     launch->dev = -1;
-    if (!any_limit) {
-        /* no compute share: only tell the node we are here, now and then (the coarse clock
-         * costs a few nanoseconds, and its few milliseconds of resolution are plenty here) */
-        uint64_t coarse = gp_coarse_now_ns();
-        if (coarse - __atomic_load_n(&last_touch_ns, __ATOMIC_RELAXED) < GP_TOUCH_EVERY_NS) return;
-        __atomic_store_n(&last_touch_ns, coarse, __ATOMIC_RELAXED);
-        gp_activity_touch(current_context_device(NULL), gp_now_ns());
-        return;
-    }
+    launch->pushed = 0;
+    if (!any_limit) return;
     uint64_t now = gp_now_ns();
     CUcontext ctx = NULL;
     int dev = current_context_device(&ctx);
+    if (dev < 0 && (launch->pushed = push_stream_context(stream)) != 0)
+        dev = current_context_device(&ctx);
     if (dev < 0 || !events_available()) return;
-    gp_activity_touch(dev, now);
     uint32_t percent = gp_region_compute_limit(dev);
     gp_throttle *t = &throttles[dev];
-    if (percent >= 100) return;
-    if (gp_region_policy() == GP_POLICY_SHARE && !gp_activity_contended(dev, now)) {
-        /* an idle GPU: use it all, and start the budget afresh when contention comes */
-        if (__atomic_load_n(&t->active, __ATOMIC_RELAXED)) {
-            pthread_mutex_lock(&t->lock);
-            reset(t);
-            pthread_mutex_unlock(&t->lock);
-        }
-        return;
-    }
+    if (percent >= 100 && gp_arbiter_priority() == GP_PRIORITY_UNSET) return;
     if (capturing(stream, is_ptsz)) return;
     pthread_mutex_lock(&t->lock);
     if (t->ctx != ctx) {
@@ -283,7 +318,7 @@ void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
         close_batch(t, 1);
     }
     if (!t->open) {
-        wait_for_credit(t);
+        take_turn(t);
         t->open = 1;
         t->stream = stream;
         t->ptsz = is_ptsz;
@@ -299,9 +334,11 @@ void gp_throttle_after(gp_launch *launch, CUresult rc) {
     if (rc == CUDA_SUCCESS) {
         t->launches++;
         t->last_launch_ns = gp_now_ns();
+        gp_arbiter_launched(launch->dev, t->last_launch_ns, t->avg_launch_ns);
         if (t->launches >= t->batch_target) close_batch(t, 0);
     } else if (t->launches == 0) {
         t->open = 0;
     }
     pthread_mutex_unlock(&t->lock);
+    pop_stream_context(launch);
 }

@@ -383,6 +383,17 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
     return CUDA_SUCCESS;
 }
 
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_stream *st;
+    CUresult rc = sim_resolve_stream(hStream, &st);
+    if (rc == CUDA_SUCCESS)
+        *pctx = (CUcontext)st->ctx;
+    return rc;
+}
+
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
 {
     return cuStreamCreateWithPriority(phStream, flags, 0);

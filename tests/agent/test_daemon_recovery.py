@@ -88,6 +88,30 @@ def test_a_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_a_state_dir_too_deep_for_a_unix_socket_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100) / "state"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "serve",
+            "--simulate",
+            "1xA30",
+            "--node-dir",
+            str(tmp_path / "node"),
+            "--state-dir",
+            str(deep),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "at most 107 bytes; use a shorter --state-dir" in done.stderr
+
+
 def test_an_unknown_policy_or_lone_listen_is_one_line(tmp_path: Path) -> None:
     base = [
         sys.executable,

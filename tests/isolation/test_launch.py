@@ -65,6 +65,7 @@ def test_share_environment(native: Path, tmp_path: Path) -> None:
         "GPUPOOL_COMPUTE_LIMIT": "30",
         "GPUPOOL_COMPUTE_POLICY": "share",
         "GPUPOOL_SHARED_REGION": str(tmp_path / "region"),
+        "GPUPOOL_ARBITER_DIR": "/dev/shm",  # node-wide: every launcher of the node uses it
         "LD_PRELOAD": f"{native / 'libgpupool-cuda.so'}:/opt/other.so",
     }
 
@@ -78,6 +79,7 @@ def test_simulated_node_environment(native: Path, tmp_path: Path) -> None:
         native_dir=native,
     )
     assert spec.env["LD_LIBRARY_PATH"] == f"{native / 'sim'}:/usr/local/lib"
+    assert spec.env["GPUPOOL_ARBITER_DIR"] == str(tmp_path / "node")  # the node's own directory
     assert spec.env["GPUPOOL_SIM_NODE"] == str(tmp_path / "node")
     assert spec.env["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
     assert "GPUPOOL_COMPUTE_LIMIT" not in spec.env  # a whole GPU's compute: no throttling
@@ -91,13 +93,14 @@ def test_inherited_limits_do_not_leak_into_a_share(native: Path) -> None:
         "GPUPOOL_COMPUTE_LIMIT_0": "10",
         "GPUPOOL_SIM_KERNEL_NS": "5000000",
         "GPUPOOL_CONFIG_FILE": "/elsewhere/shim.conf",
-        "GPUPOOL_ACTIVITY_FILE": "/elsewhere/activity.bin",
+        "GPUPOOL_ARBITER_DIR": "/elsewhere",
     }
     spec = build_launch_spec(["prog"], ShareLimits((0,)), base_env=inherited, native_dir=native)
     assert not any(
         k.startswith(("GPUPOOL_MEMORY_LIMIT", "GPUPOOL_COMPUTE_LIMIT")) for k in spec.env
     )
-    assert "GPUPOOL_CONFIG_FILE" not in spec.env and "GPUPOOL_ACTIVITY_FILE" not in spec.env
+    assert "GPUPOOL_CONFIG_FILE" not in spec.env
+    assert spec.env["GPUPOOL_ARBITER_DIR"] == "/dev/shm"  # the node's, not the caller's
     assert spec.env["GPUPOOL_SIM_KERNEL_NS"] == "5000000"
 
 

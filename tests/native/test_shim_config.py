@@ -27,11 +27,16 @@ def node(tmp_path: Path) -> Path:
     [
         ("1073741824", GiB),
         ("1GiB", GiB),
-        ("1G", GiB),
         ("1Gi", GiB),
-        ("1gb", GiB),
+        ("1G", 10**9),  # Kubernetes quantity rules: G is 10^9, Gi is 2^30
+        ("1GB", 10**9),
+        ("1 Gi", GiB),
         ("512MiB", 512 * MiB),
-        ("2048K", 2 * MiB),
+        ("512Mi", 512 * MiB),
+        ("512M", 512 * 10**6),
+        ("2048Ki", 2 * MiB),
+        ("2048k", 2048 * 1000),
+        ("1000000B", 10**6),
         ("1T", 80 * GiB),  # more than the GPU: clamped (and warned, see below)
     ],
 )
@@ -61,6 +66,12 @@ def test_a_per_device_limit_overrides_the_all_device_one(client: Path, node: Pat
     [
         ("MEMORY_LIMIT", "4QB", "invalid GPUPOOL_MEMORY_LIMIT=4QB"),
         ("MEMORY_LIMIT", "-1", "invalid GPUPOOL_MEMORY_LIMIT=-1"),
+        ("MEMORY_LIMIT", "1gb", "invalid GPUPOOL_MEMORY_LIMIT=1gb"),  # case-sensitive
+        ("MEMORY_LIMIT", "2048K", "invalid GPUPOOL_MEMORY_LIMIT=2048K"),  # kilo is k, kibi Ki
+        ("MEMORY_LIMIT", "512m", "invalid GPUPOOL_MEMORY_LIMIT=512m"),  # milli: bytes are whole
+        ("MEMORY_LIMIT", "1GiBB", "invalid GPUPOOL_MEMORY_LIMIT=1GiBB"),
+        ("MEMORY_LIMIT", "1.5Gi", "invalid GPUPOOL_MEMORY_LIMIT=1.5Gi"),
+        ("MEMORY_LIMIT", "17179869184Ei", "invalid GPUPOOL_MEMORY_LIMIT=17179869184Ei"),
         ("MEMORY_LIMIT", "99999999999999999999", "invalid GPUPOOL_MEMORY_LIMIT=9999"),
         ("MEMORY_LIMIT_0", "lots", "invalid GPUPOOL_MEMORY_LIMIT_0=lots"),
         ("MEMORY_LIMIT_X", "1GiB", "invalid variable GPUPOOL_MEMORY_LIMIT_X"),
@@ -69,9 +80,12 @@ def test_a_per_device_limit_overrides_the_all_device_one(client: Path, node: Pat
         ("COMPUTE_LIMIT", "150", "invalid GPUPOOL_COMPUTE_LIMIT=150"),
         ("COMPUTE_LIMIT", "half", "invalid GPUPOOL_COMPUTE_LIMIT=half"),
         ("COMPUTE_LIMIT_1", "2.5", "invalid GPUPOOL_COMPUTE_LIMIT_1=2.5"),
+        ("COMPUTE_LIMIT", "1.0", "invalid GPUPOOL_COMPUTE_LIMIT=1.0"),  # a percent, not a GPU
+        ("COMPUTE_LIMIT", "99.9", "invalid GPUPOOL_COMPUTE_LIMIT=99.9"),
         ("COMPUTE_POLICY", "greedy", "invalid GPUPOOL_COMPUTE_POLICY=greedy"),
+        ("COMPUTE_PRIORITY", "urgent", "invalid GPUPOOL_COMPUTE_PRIORITY=urgent"),
         ("LOG_LEVEL", "loud", "invalid GPUPOOL_LOG_LEVEL=loud"),
-        ("ACTIVITY_FILE", "relative/file", "invalid GPUPOOL_ACTIVITY_FILE=relative/file"),
+        ("ARBITER_DIR", "relative/dir", "invalid GPUPOOL_ARBITER_DIR=relative/dir"),
     ],
 )
 def test_a_malformed_value_stops_the_workload_with_one_line(

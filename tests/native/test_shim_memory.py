@@ -262,3 +262,17 @@ def test_the_launch_spec_of_a_share_holds(client: Path, node: Path) -> None:
     )
     proc = subprocess.run(list(spec.argv), env=dict(spec.env), capture_output=True, text=True)
     assert proc.stdout.split("\n")[:2] == ["alloc 0", f"alloc {OOM}"]
+
+
+def test_refusals_are_logged_a_few_times_then_counted(client: Path, node: Path) -> None:
+    steps: list[str | int] = []
+    for _ in range(20):
+        steps += ["alloc", 2 * GiB]
+    result = run_client(client, shim_env(node, MEMORY_LIMIT="1Gi"), *steps)
+    assert codes(result, "alloc") == [OOM] * 20
+    lines = result.gpupool_lines()
+    refused = [line for line in lines if line.startswith("gpupool: out of memory on device 0")]
+    assert len(refused) == 5
+    assert refused[-1].endswith("(further refusals are counted, not logged)")
+    assert lines[-1] == "gpupool: 20 allocations refused in all, over the memory limit"
+    assert len(lines) == 6

@@ -319,6 +319,8 @@ def test_get_proc_address_answers_by_base_name_and_version(
     assert lookups[("cuNoSuchFunction", "")]["status"] == "1"
     assert lookups[("cuNoSuchFunction", "")]["rc"] == "500"
     assert lookups[("cuLaunchKernel", "")]["ptsz"] == "1"
+    assert lookups[("cuLaunchKernel", "6050")]["legacy"] == "1"
+    assert lookups[("cuLaunchKernel", "7000")]["ptsz"] == "1"
     assert lookups[("cuGetProcAddress", "")]["v2"] == "1"
     assert lookups[("cuGraphInstantiate", "")]["withflags"] == "1"
     assert records(result, "call")[0]["rc"] == "0"

@@ -25,7 +25,8 @@ from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
-from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied
+from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
+from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
@@ -40,6 +41,10 @@ class AgentConfig:
     cancel_grace_s: float = 10.0
     tick_s: float = 0.1
     sample_s: float = 1.0
+    #: bytes set aside per job and GPU for what the share does not count (its CUDA context);
+    #: None: node.DEFAULT_CONTEXT_RESERVE on real GPUs, nothing on a simulated node, whose
+    #: driver charges a context nothing
+    context_reserve: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in GPU_POLICIES:
@@ -60,7 +65,11 @@ class Agent:
         self._backend_lock = threading.Lock()
         snapshot = self._snapshot()
         self.launch_node = launch_node(backend)
-        self.capacity = node.capacity(snapshot)
+        default_reserve = 0 if backend.simulated else node.DEFAULT_CONTEXT_RESERVE
+        self.context_reserve: int = (
+            default_reserve if config.context_reserve is None else config.context_reserve
+        )
+        self.capacity = node.capacity(snapshot, self.context_reserve)
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.capacity
         self._lock = threading.RLock()
@@ -128,7 +137,16 @@ class Agent:
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
-        check_possible(spec.request(), self.inventory)
+        try:
+            check_possible(spec.request(), self.inventory)
+        except Unschedulable as err:
+            if not self.context_reserve:
+                raise
+            reserve = format_bytes(self.context_reserve)
+            raise Unschedulable(
+                f"{err} for shares (each job also needs {reserve} per GPU for its CUDA context: "
+                "gpupool serve --context-reserve)"
+            ) from None
         job = self.store.add(spec, uid, user)
         self._wake.set()
         return job
@@ -149,6 +167,11 @@ class Agent:
         data = job.to_json()
         data["events"] = self.store.events(job_id)
         data["waiting"] = list(self._waiting.get(job_id, ())) if job.state is State.QUEUED else []
+        if self.context_reserve and any(" memory " in line for line in data["waiting"]):
+            data["waiting"].append(
+                f"(free memory is net of {format_bytes(self.context_reserve)} per job and GPU "
+                "for CUDA contexts: gpupool serve --context-reserve)"
+            )
         if job.state is State.QUEUED and self.draining:
             data["waiting"].insert(0, "the node is draining: nothing new starts")
         return data
@@ -183,16 +206,25 @@ class Agent:
 
     def node_json(self) -> dict[str, Any]:
         running = self.store.jobs([State.RUNNING])
-        free = node.free_now(self.capacity, running)
+        free = node.free_now(self.capacity, running, self.context_reserve)
         gpus = []
         for cap, now in zip(self.capacity, free, strict=True):
+            # shares and their context reserves, summed (free room clips at zero)
+            admitted = sum(
+                memory + self.context_reserve
+                for job in running
+                for index, memory in zip(job.gpus, job.memory, strict=False)
+                if index == cap.index
+            )
             gpus.append(
                 {
                     "index": cap.index,
                     "model": cap.model,
                     "healthy": cap.healthy,
-                    "memory_total": cap.memory_total,
-                    "memory_admitted": cap.memory_total - now.memory_free,
+                    "memory_total": cap.memory_total + self.context_reserve
+                    if cap.memory_total
+                    else 0,
+                    "memory_admitted": admitted,
                     "compute_admitted": 1000 - now.compute_free,
                     "jobs": [j.id for j in running if cap.index in j.gpus],
                 }
@@ -201,6 +233,7 @@ class Agent:
             "policy": self.config.policy,
             "draining": self.draining,
             "simulated": self.backend.simulated,
+            "context_reserve": self.context_reserve,
             "gpus": gpus,
         }
 
@@ -282,9 +315,15 @@ class Agent:
             self._waiting = {}
             return
         running = self.store.jobs([State.RUNNING])
-        free = node.free_now(self.capacity, running)
+        free = node.free_now(self.capacity, running, self.context_reserve)
         decided = plan(
-            queued, running, free, self.capacity, self.config.policy, self._target(queued + running)
+            queued,
+            running,
+            free,
+            self.capacity,
+            self.config.policy,
+            self._target(queued + running),
+            self.context_reserve,
         )
         self._waiting = decided.waiting
         for start in decided.starts:
@@ -317,7 +356,7 @@ class Agent:
 
     def sample(self) -> None:
         snapshot = self._snapshot()
-        self.capacity = node.capacity(snapshot)
+        self.capacity = node.capacity(snapshot, self.context_reserve)
         running = self.store.jobs([State.RUNNING])
         groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
         usage = job_usage(snapshot, groups)

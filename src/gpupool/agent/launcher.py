@@ -50,7 +50,11 @@ class ShimLauncher:
     def env(
         self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
     ) -> dict[str, str]:
-        limits = ShareLimits(job.gpus, _share_memory(job), job.spec.compute)
+        # the queue's priority is also the compute arbiter's: a low job runs on a GPU only in
+        # the time high shares leave (`gpupool exec --priority` and jobs arbitrate together)
+        limits = ShareLimits(
+            job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority
+        )
         spec = build_launch_spec(
             job.spec.argv,
             limits,

@@ -1,4 +1,11 @@
-"""The node as admission sees it: each GPU's capacity, less what running jobs were admitted."""
+"""The node as admission sees it: each GPU's capacity, less what running jobs were admitted.
+
+Every process on a GPU also holds memory the interception library does not count: its CUDA
+context and loaded modules (about 480 MiB for PyTorch on an H100, measured). Admission therefore
+sets aside `reserve` bytes per job on each of its GPUs, on top of its share, so that shares that
+are admitted also fit physically: a GPU's capacity for shares is its memory less one reserve
+(the new job's own), and each running job takes its share plus a reserve.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +13,34 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpupool.agent.jobs import Job
+from gpupool.core.units import MiB
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.scheduler.gpus import GpuView
 
+#: the default reserve on a real GPU: a PyTorch process's context on an H100 took 484 MiB past
+#: its share (docs/benchmarks/daemon.md)
+DEFAULT_CONTEXT_RESERVE = 512 * MiB
 
-def capacity(snapshot: NodeSnapshot) -> tuple[GpuView, ...]:
-    """Every GPU idle; a GPU that reports no memory (lost) is unhealthy."""
+
+def capacity(snapshot: NodeSnapshot, reserve: int = 0) -> tuple[GpuView, ...]:
+    """Every GPU idle, with room for shares: its memory less one `reserve`; a GPU that reports
+    no more memory than that (lost) is unhealthy."""
     return tuple(
-        GpuView.idle(g.index, g.model, max(g.memory_total, 0), g.healthy and g.memory_total > 0)
+        GpuView.idle(
+            g.index,
+            g.model,
+            max(g.memory_total - reserve, 0),
+            g.healthy and g.memory_total > reserve,
+        )
         for g in snapshot.gpus
     )
 
 
-def free_now(gpus: Sequence[GpuView], running: Sequence[Job]) -> tuple[GpuView, ...]:
-    """`gpus` less the compute and memory admitted to `running` (never below zero)."""
+def free_now(
+    gpus: Sequence[GpuView], running: Sequence[Job], reserve: int = 0
+) -> tuple[GpuView, ...]:
+    """`gpus` less the compute and memory admitted to `running`, each job's memory with its
+    `reserve` (never below zero)."""
     compute = {gpu.index: gpu.compute_free for gpu in gpus}
     memory = {gpu.index: gpu.memory_free for gpu in gpus}
     for job in running:
@@ -27,7 +48,7 @@ def free_now(gpus: Sequence[GpuView], running: Sequence[Job]) -> tuple[GpuView, 
         for index, taken in zip(job.gpus, job.memory, strict=False):
             if index in compute:
                 compute[index] = max(0, compute[index] - request.compute)
-                memory[index] = max(0, memory[index] - taken)
+                memory[index] = max(0, memory[index] - taken - reserve)
     return tuple(
         replace(gpu, compute_free=compute[gpu.index], memory_free=memory[gpu.index]) for gpu in gpus
     )

@@ -7,6 +7,9 @@ fit beside it and every job behind it started on that GPU since it was submitted
 GPU's other occupants have ended; or could never use that GPU at all (its model, or a share
 larger than the GPU). So a backfilled job never takes room that a job ahead of it waits for:
 a blocked job waits only for what was already running when it was submitted.
+
+Memory a job takes on a GPU is its share plus the node's context reserve (agent/node.py); the
+GPUs passed in already leave one reserve aside for the job being placed.
 """
 
 from __future__ import annotations
@@ -58,18 +61,22 @@ def _order(job: Job) -> tuple[int, int]:
     return (PRIORITY_RANK[job.spec.priority], job.id)
 
 
-def _taken_by(jobs: Sequence[Job]) -> list[_Taken]:
+def _taken_by(jobs: Sequence[Job], reserve: int) -> list[_Taken]:
     taken = []
     for job in jobs:
         compute = job.spec.request().compute
         started = job.started_at if job.started_at is not None else math.inf
         for gpu, memory in zip(job.gpus, job.memory, strict=False):
-            taken.append(_Taken(gpu, started, _order(job), compute, memory))
+            taken.append(_Taken(gpu, started, _order(job), compute, memory + reserve))
     return taken
 
 
 def _delays(
-    blocked: Sequence[Job], gpu: GpuView, request: GpuRequest, taken: Sequence[_Taken]
+    blocked: Sequence[Job],
+    gpu: GpuView,
+    request: GpuRequest,
+    taken: Sequence[_Taken],
+    reserve: int,
 ) -> int | None:
     """The id of a blocked job that `request` on `gpu` would delay, or None.
 
@@ -87,7 +94,7 @@ def _delays(
             if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > _order(job)
         ]
         compute = request.compute + sum(t.compute for t in later)
-        memory = request.memory_on(gpu) + sum(t.memory for t in later)
+        memory = request.memory_on(gpu) + reserve + sum(t.memory for t in later)
         if compute > MILLI_PER_GPU or memory > gpu.memory_total:
             return job.id
         beside = replace(
@@ -101,6 +108,15 @@ def _delays(
     return None
 
 
+def _less_reserve(
+    gpus: Sequence[GpuView], chosen: Sequence[int], reserve: int
+) -> tuple[GpuView, ...]:
+    return tuple(
+        replace(gpu, memory_free=max(0, gpu.memory_free - reserve)) if gpu.index in chosen else gpu
+        for gpu in gpus
+    )
+
+
 def plan(
     queued: Sequence[Job],
     running: Sequence[Job],
@@ -108,13 +124,14 @@ def plan(
     capacity: Sequence[GpuView],
     policy: str,
     target: Target = (),
+    reserve: int = 0,
 ) -> Plan:
     """Start what may start on `now` (free room) in queue order; `capacity` is the idle node,
-    `running` the jobs on it."""
+    `running` the jobs on it, `reserve` the context reserve per job and GPU."""
     by_index = {gpu.index: gpu for gpu in capacity}
     views = tuple(now)
     blocked: list[Job] = []
-    taken = _taken_by(running)
+    taken = _taken_by(running, reserve)
     starts: list[Start] = []
     waiting: dict[int, tuple[str, ...]] = {}
     for job in queued:
@@ -124,7 +141,7 @@ def plan(
             waiting[job.id] = tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
             continue
-        delayed = [_delays(blocked, by_index[g], request, taken) for g in result.gpus]
+        delayed = [_delays(blocked, by_index[g], request, taken, reserve) for g in result.gpus]
         victim = next((d for d in delayed if d is not None), None)
         if victim is not None:
             waiting[job.id] = (f"it fits now, but would delay job {victim} queued ahead of it",)
@@ -132,9 +149,9 @@ def plan(
             continue
         memory = tuple(request.memory_on(by_index[g]) for g in result.gpus)
         taken.extend(
-            _Taken(g, math.inf, _order(job), request.compute, m)
+            _Taken(g, math.inf, _order(job), request.compute, m + reserve)
             for g, m in zip(result.gpus, memory, strict=True)
         )
-        views = take(views, request, result.gpus)
+        views = _less_reserve(take(views, request, result.gpus), result.gpus, reserve)
         starts.append(Start(job, result.gpus, memory, backfill=bool(blocked)))
     return Plan(tuple(starts), waiting)

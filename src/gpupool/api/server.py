@@ -22,6 +22,8 @@ from gpupool.api.app import OVER_TCP, PEER_UID
 from gpupool.core.errors import ConfigError, InvalidRequest
 
 Scope = MutableMapping[str, Any]
+#: sun_path is 108 bytes on Linux, one of them the terminating NUL
+MAX_SOCKET_PATH = 107
 Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
@@ -55,6 +57,11 @@ class PeerCredProtocol(H11Protocol):
 def unix_socket(path: Path) -> socket.socket:
     """A listening Unix socket at `path` (mode 0660); a stale file there is replaced (the
     caller holds the state dir's lock, so no live daemon owns it)."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"cannot listen on {path}: a Unix socket path may have at most {MAX_SOCKET_PATH} "
+            "bytes; use a shorter --state-dir"
+        )
     path.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

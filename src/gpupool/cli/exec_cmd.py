@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 from gpupool.core.errors import GpupoolError, InvalidRequest
+from gpupool.core.resources import Priority
 from gpupool.core.units import (
     MILLI_PER_GPU,
     MemoryShare,
@@ -67,7 +68,9 @@ def _run(spec: LaunchSpec) -> int:
     return 128 - status if status < 0 else status
 
 
-def _limits(gpu: str, memory: str | None, compute: str | None, policy: str) -> ShareLimits:
+def _limits(
+    gpu: str, memory: str | None, compute: str | None, policy: str, priority: str | None
+) -> ShareLimits:
     gpus = tuple(parse_int_range(gpu, "GPU index"))
     share: MemoryShare | None = parse_memory_share(memory) if memory is not None else None
     milli = parse_compute_milli(compute) if compute is not None else 1000
@@ -75,7 +78,11 @@ def _limits(gpu: str, memory: str | None, compute: str | None, policy: str) -> S
         chosen = ComputePolicy(policy)
     except ValueError as err:
         raise InvalidRequest(f"invalid compute policy {policy!r}: use cap or share") from err
-    return ShareLimits(gpus, share, milli, chosen)
+    try:
+        rank = Priority(priority) if priority is not None else None
+    except ValueError as err:
+        raise InvalidRequest(f"invalid priority {priority!r}: use high or low") from err
+    return ShareLimits(gpus, share, milli, chosen, rank)
 
 
 def _announce(node: LaunchNode, simulate: str | None) -> None:
@@ -114,7 +121,7 @@ def _prepare(
     node.check_memory_fits(limits.gpus, memory)
     spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
     _announce(node, simulate)
-    if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU:
+    if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU or limits.priority:
         typer.echo(f"gpupool: {_share_line(node, limits)}", err=True)
     return spec
 
@@ -129,7 +136,8 @@ def _share_line(node: LaunchNode, limits: ShareLimits) -> str:
             memory = f"{format_bytes(size or 0)} ({size} bytes)"
         parts.append(f"GPU {index} ({node.models[index]}): memory {memory}")
     percent = limits.compute_milli * 100 // MILLI_PER_GPU
-    return f"{'; '.join(parts)}; compute {percent}% ({limits.policy.value})"
+    line = f"{'; '.join(parts)}; compute {percent}% ({limits.policy.value})"
+    return line if limits.priority is None else f"{line}, priority {limits.priority.value}"
 
 
 def register(app: typer.Typer) -> None:
@@ -169,13 +177,18 @@ def register(app: typer.Typer) -> None:
             metavar="cap|share",
             help="cap: never above the share; share: may use an idle GPU.",
         ),
+        priority: str | None = typer.Option(
+            None,
+            "--priority",
+            metavar="high|low",
+            help="high: guaranteed; low: only while no high share on the GPU has work.",
+        ),
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
         # every value is checked before anything runs: syntax first, then against the node
         try:
-            spec = _prepare(
-                command, _limits(gpu, memory, compute, compute_policy), simulate, node_dir
-            )
+            limits = _limits(gpu, memory, compute, compute_policy, priority)
+            spec = _prepare(command, limits, simulate, node_dir)
         except GpupoolError as err:
             typer.echo(f"gpupool: error: {err}", err=True)
             raise typer.Exit(EXIT_EXEC_FAILED) from err

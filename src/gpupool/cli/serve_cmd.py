@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.core.units import format_bytes, parse_bytes
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
 
 
@@ -22,6 +23,15 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
     if not token:
         raise ConfigError(f"the token file {token_file} is empty")
     return token
+
+
+def _context_reserve(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except InvalidRequest as err:
+        raise InvalidRequest(f"--context-reserve: {err}") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +64,13 @@ def register(app: typer.Typer) -> None:
         cancel_grace: float = typer.Option(
             10.0, "--cancel-grace", metavar="SECONDS", help="SIGTERM to SIGKILL on cancel."
         ),
+        context_reserve: str | None = typer.Option(
+            None,
+            "--context-reserve",
+            metavar="SIZE",
+            help="Memory set aside per job and GPU for its CUDA context, beyond its share "
+            "(default 512Mi on real GPUs, 0 on a simulated node).",
+        ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
@@ -69,9 +86,12 @@ def register(app: typer.Typer) -> None:
             raise InvalidRequest(
                 f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
             )
+        reserve = _context_reserve(context_reserve)
         token = _token(token_file, listen)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
-        config = AgentConfig(root, policy=policy, cancel_grace_s=cancel_grace)
+        config = AgentConfig(
+            root, policy=policy, cancel_grace_s=cancel_grace, context_reserve=reserve
+        )
         lock = statedir.hold(root)
         sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]
         if listen is not None:
@@ -90,7 +110,8 @@ def register(app: typer.Typer) -> None:
                 [f"http://{listen}"] if listen else []
             )
             typer.echo(
-                f"gpupool serve: listening on {', '.join(where)} (policy {policy}, state {root})",
+                f"gpupool serve: listening on {', '.join(where)} (policy {policy}, context "
+                f"reserve {format_bytes(agent.context_reserve)} per job and GPU, state {root})",
                 err=True,
             )
             try:

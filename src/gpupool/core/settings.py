@@ -64,16 +64,24 @@ COMPUTE_POLICY = Setting(
     "`cap`: never above the compute share; `share`: use an idle GPU, back to the share under load.",
     Reader.NATIVE,
 )
+COMPUTE_PRIORITY = Setting(
+    "GPUPOOL_COMPUTE_PRIORITY",
+    None,
+    "`high`: guaranteed; `low`: runs only while no high share on the GPU has work (unset: "
+    "arbitrated with the other shares only when the share has a compute limit).",
+    Reader.NATIVE,
+)
 SHARED_REGION = Setting(
     "GPUPOOL_SHARED_REGION",
     None,
     "The accounting file shared by every process of one share (made by the launch).",
     Reader.NATIVE,
 )
-ACTIVITY_FILE = Setting(
-    "GPUPOOL_ACTIVITY_FILE",
+ARBITER_DIR = Setting(
+    "GPUPOOL_ARBITER_DIR",
     None,
-    "The node-wide file where shares stamp their GPU use (default: one per user in /dev/shm).",
+    "The node-wide directory of the GPUs' compute arbiters, one file per GPU (set by the launch: "
+    "a simulated node's directory, else /dev/shm).",
     Reader.NATIVE,
 )
 CONFIG_FILE = Setting(
@@ -126,8 +134,9 @@ ALL: tuple[Setting, ...] = (
     MEMORY_LIMIT,
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
+    COMPUTE_PRIORITY,
     SHARED_REGION,
-    ACTIVITY_FILE,
+    ARBITER_DIR,
     CONFIG_FILE,
     LOG_LEVEL,
     SIM_NODE,
@@ -142,9 +151,10 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     MEMORY_LIMIT,
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
+    COMPUTE_PRIORITY,
     SHARED_REGION,
     CONFIG_FILE,
-    ACTIVITY_FILE,
+    ARBITER_DIR,
 )
 
 

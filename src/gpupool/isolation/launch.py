@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpupool.core import settings
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 
@@ -30,12 +31,14 @@ class ComputePolicy(StrEnum):
 
 @dataclass(frozen=True)
 class ShareLimits:
-    """One share on a node: GPU indices, memory per GPU, compute per GPU."""
+    """One share on a node: GPU indices, memory per GPU, compute per GPU, and its priority
+    (None: arbitrated with other shares only when it has a compute limit)."""
 
     gpus: tuple[int, ...]
     memory: int | MemoryShare | None = None
     compute_milli: int = MILLI_PER_GPU
     policy: ComputePolicy = ComputePolicy.CAP
+    priority: Priority | None = None
 
     def __post_init__(self) -> None:
         if not self.gpus:
@@ -60,8 +63,8 @@ class LaunchSpec:
 
 
 #: a share's settings come only from its launch: inherited limits would apply to the wrong
-#: ordinals, an inherited settings file would override the share wholesale, and a stray activity
-#: file would hide this share's launches from the other shares of the node
+#: ordinals, an inherited settings file would override the share wholesale, and a stray arbiter
+#: directory would hide this share's launches from the other shares of the node
 _SHARE_VARIABLES = tuple(s.name for s in settings.SHARE_SETTINGS)
 
 
@@ -86,6 +89,13 @@ def new_shared_region(directory: Path | None = None) -> Path:
     return private / "region"
 
 
+def arbiter_dir(sim_node: Path | None) -> Path:
+    """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
+    for every launcher of the node (`gpupool exec`, the node daemon, the device plugin): a
+    simulated node's own directory, else /dev/shm."""
+    return sim_node if sim_node is not None else Path("/dev/shm")
+
+
 def share_env(
     limits: ShareLimits,
     gpu_totals: Sequence[int | None],
@@ -107,6 +117,8 @@ def share_env(
         limit = memory_bytes(limits.memory, total)
         if limit is not None:
             env[f"GPUPOOL_MEMORY_LIMIT_{ordinal}"] = str(limit)
+    if limits.priority is not None:
+        env["GPUPOOL_COMPUTE_PRIORITY"] = limits.priority.value
     if limits.compute_milli < MILLI_PER_GPU:
         percent = max(1, round(limits.compute_milli * 100 / MILLI_PER_GPU))
         env["GPUPOOL_COMPUTE_LIMIT"] = str(percent)
@@ -131,11 +143,12 @@ def build_launch_spec(
         raise InvalidRequest("one GPU total per GPU of the share is needed")
     env = dict(os.environ if base_env is None else base_env)
     # a share's settings come only from here: inherited limits would apply to the wrong
-    # ordinals, an inherited settings or activity file to another share
+    # ordinals, an inherited settings file or arbiter directory to another share
     for name in [n for n in env if n.startswith(_SHARE_VARIABLES)]:
         del env[name]
     region = shared_region if shared_region is not None else new_shared_region()
     env.update(share_env(limits, totals, region))
+    env[settings.ARBITER_DIR.name] = str(arbiter_dir(sim_node))
     env["LD_PRELOAD"] = _prepend_path(str(shim_library(native_dir)), env.get("LD_PRELOAD"), ":")
     if sim_node is not None:
         sim_dir = str(sim_driver_dir(native_dir))

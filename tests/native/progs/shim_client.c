@@ -21,8 +21,11 @@
  *   meminfo              cuMemGetInfo_v2                  -> "meminfo FREE TOTAL"
  *   totalmem             cuDeviceTotalMem_v2              -> "totalmem BYTES"
  *   run SECONDS KIND     launches for SECONDS of wall time, then synchronizes; KIND is kernel,
- *                        ex, coop, graph, or procgraph (cuGraphLaunch via cuGetProcAddress with
- *                        the per-thread stream flavour) -> "run LAUNCHES ELAPSED_NS"
+ *                        ex, coop, graph, procgraph (cuGraphLaunch via cuGetProcAddress with
+ *                        the per-thread stream flavour), or nocurrent (cuLaunchKernel on a stream
+ *                        of the context, while no context is current on the thread)
+ *                        -> "run LAUNCHES ELAPSED_NS"
+ *   exporttable          cuGetExportTable of an id of 16 bytes 0x01..0x10 -> "exporttable RC"
  *   ready                prints "ready" and waits for a line on stdin
  *   hold                 prints "holding" and sleeps until killed
  *   exec STEPS...        replaces itself (same pid) with a new client running STEPS
@@ -72,6 +75,9 @@ FN(cuMemAllocFromPoolAsync);
 FN(cuMemGetInfo_v2);
 FN(cuDeviceTotalMem_v2);
 FN(cuStreamSynchronize);
+FN(cuStreamCreate);
+FN(cuGetExportTable);
+FN(cuCtxGetCurrent);
 FN(cuModuleLoadData);
 FN(cuModuleGetFunction);
 FN(cuLaunchKernel);
@@ -126,6 +132,9 @@ static void load_driver(void) {
     LOAD(cuMemGetInfo_v2);
     LOAD(cuDeviceTotalMem_v2);
     LOAD(cuStreamSynchronize);
+    LOAD(cuStreamCreate);
+    LOAD(cuGetExportTable);
+    LOAD(cuCtxGetCurrent);
     LOAD(cuModuleLoadData);
     LOAD(cuModuleGetFunction);
     LOAD(cuLaunchKernel);
@@ -195,7 +204,9 @@ static CUgraphExec graph(void) {
 }
 
 static CUresult launch_once(const char *kind, CUgraphExec exec,
-                            CUresult (*graph_launch)(CUgraphExec, CUstream)) {
+                            CUresult (*graph_launch)(CUgraphExec, CUstream), CUstream stream) {
+    if (strcmp(kind, "nocurrent") == 0)
+        return p_cuLaunchKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, stream, NULL, NULL);
     if (strcmp(kind, "kernel") == 0)
         return p_cuLaunchKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
     if (strcmp(kind, "coop") == 0)
@@ -220,12 +231,20 @@ static void run(double seconds, const char *kind) {
         graph_launch = (CUresult(*)(CUgraphExec, CUstream))fn;
     }
     kernel();
+    CUstream stream = NULL;
+    CUcontext ctx = NULL;
+    if (strcmp(kind, "nocurrent") == 0) {
+        check(p_cuStreamCreate(&stream, 0), "cuStreamCreate");
+        check(p_cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+        check(p_cuCtxSetCurrent(NULL), "cuCtxSetCurrent");
+    }
     uint64_t start = now_ns(), until = start + (uint64_t)(seconds * 1e9);
     unsigned long long launches = 0;
     while (now_ns() < until) {
-        check(launch_once(kind, exec, graph_launch), "launch");
+        check(launch_once(kind, exec, graph_launch, stream), "launch");
         launches++;
     }
+    if (ctx != NULL) check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     check(p_cuCtxSynchronize(), "cuCtxSynchronize");
     printf("run %llu %llu\n", launches, (unsigned long long)(now_ns() - start));
 }
@@ -420,6 +439,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(step, "run") == 0) {
             run(strtod(arg, NULL), argv[i + 2]);
             i += 2;
+        } else if (strcmp(step, "exporttable") == 0) {
+            CUuuid id;
+            for (int b = 0; b < 16; b++) id.bytes[b] = (char)(b + 1);
+            const void *table = NULL;
+            printf("exporttable %d\n", (int)p_cuGetExportTable(&table, &id));
         } else if (strcmp(step, "ready") == 0) {
             printf("ready\n");
             char line[16];

@@ -316,6 +316,14 @@ static int cmd_procaddr(void)
     CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12040,
                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
     printf("lookup sym=cuLaunchKernel ptsz=%d\n", fn == dlsym(self, "cuLaunchKernel_ptsz"));
+    /* the per-thread flavour exists from CUDA 7.0 on (cudaTypedefs.h: PFN_cuLaunchKernel_v7000_ptsz) */
+    CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 6050,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+    printf("lookup sym=cuLaunchKernel v=6050 legacy=%d\n", fn == dlsym(self, "cuLaunchKernel"));
+    CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 7000,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+    printf("lookup sym=cuLaunchKernel v=7000 ptsz=%d\n",
+           fn == dlsym(self, "cuLaunchKernel_ptsz"));
     CK(cuGetProcAddress("cuGetProcAddress", &fn, 12000, 0));
     printf("lookup sym=cuGetProcAddress v2=%d\n", fn == dlsym(self, "cuGetProcAddress_v2"));
     CK(cuGetProcAddress("cuGraphInstantiate", &fn, 12040, 0));

@@ -1,0 +1,91 @@
+"""The context reserve: admission sets memory aside per job and GPU for what a share does not
+count (a CUDA context), so that admitted shares also fit physically."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.agent.conftest import _kill_jobs
+from tests.agent.daemon_support import Daemon, cli
+
+from gpupool.core.errors import Unschedulable
+from gpupool.core.units import GiB
+
+
+@pytest.fixture
+def reserved(tmp_path: Path) -> Iterator[Daemon]:
+    running = Daemon(tmp_path, "1xA100-40GB", ("--context-reserve", "1Gi")).start()
+    yield running
+    running.stop()
+    _kill_jobs(running)
+
+
+def test_each_job_takes_its_share_and_the_reserve(reserved: Daemon) -> None:
+    gpu = reserved.call("GET", "/v1/node")
+    assert gpu["context_reserve"] == GiB
+    total = gpu["gpus"][0]["memory_total"]
+    assert total == 40 * GiB  # the GPU's own size, not net of the reserve
+    # 19 + 1 + 19 + 1: exactly the GPU; a third job of any size must wait
+    first = reserved.submit(["sleep", "30"], memory="19Gi", compute=10)
+    second = reserved.submit(["sleep", "30"], memory="19Gi", compute=10)
+    third = reserved.submit(["sleep", "30"], memory="1Mi", compute=10)
+    reserved.wait(first, ("running",))
+    reserved.wait(second, ("running",))
+    described = reserved.call("GET", f"/v1/jobs/{third}")
+    assert reserved.job(third)["state"] == "queued"
+    waiting = "\n".join(described["waiting"])
+    assert "memory 1MiB needed, 0B free" in waiting
+    assert "1GiB per job and GPU for CUDA contexts" in waiting
+    assert reserved.call("GET", "/v1/node")["gpus"][0]["memory_admitted"] == total
+    reserved.call("POST", f"/v1/jobs/{first}/cancel")
+    assert reserved.wait(third, ("running",))["state"] == "running"
+
+
+def test_a_share_that_leaves_no_room_for_its_context_never_fits(reserved: Daemon) -> None:
+    refused = cli("submit", "--memory", "40Gi", "--", "true", url=reserved.url)
+    assert refused.returncode == Unschedulable.exit_code
+    assert refused.stderr.count("\n") == 1
+    assert "39GiB" in refused.stderr and "1GiB per GPU for its CUDA context" in refused.stderr
+    assert reserved.call("GET", "/v1/jobs", params={"all": True})["jobs"] == []
+    fits = reserved.submit(["true"], memory="39Gi")
+    assert reserved.wait(fits)["state"] == "succeeded"
+
+
+def test_the_reserve_holds_after_a_restart(reserved: Daemon) -> None:
+    running = reserved.submit(["sleep", "30"], memory="30Gi", compute=10)
+    reserved.wait(running, ("running",))
+    reserved.kill()
+    reserved.start()
+    waits = reserved.submit(["true"], memory="9Gi", compute=10)  # 30 + 1 + 9 + 1 > 40
+    fits = reserved.submit(["true"], memory="8Gi", compute=10)  # backfilled: 30 + 1 + 8 + 1
+    assert reserved.wait(fits)["state"] == "succeeded"
+    assert reserved.job(waits)["state"] == "queued"
+
+
+def test_a_simulated_node_reserves_nothing_by_default(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, "1xA30").start()
+    try:
+        assert daemon.call("GET", "/v1/node")["context_reserve"] == 0
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("bad", ["3x", "-1Gi", "lots"])
+def test_a_bad_reserve_is_one_line_and_starts_nothing(tmp_path: Path, bad: str) -> None:
+    state = tmp_path / "state"
+    result = cli(
+        "serve",
+        "--simulate",
+        "1xA30",
+        "--state-dir",
+        str(state),
+        "--context-reserve",
+        bad,
+        url="unix:///nonexistent",
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpupool: error: --context-reserve:")
+    assert result.stderr.count("\n") == 1
+    assert not state.exists()

@@ -1,0 +1,155 @@
+"""The compute arbiter: shares busy at the same time on one simulated GPU.
+
+Every share runs its own client (its own region, as separate `gpupool exec` launches would) and
+all of them find the GPU's arbiter in the node's directory. Each launches 1 ms kernels back to
+back for a fixed wall time; a share's result is its throughput over the same loop's exclusive
+throughput. The simulated GPU runs one kernel at a time, in order, across processes, so without
+the arbiter each share is charged for the others' kernels too and every share falls short
+(30/70 gave 21/54).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from shim_support import PROGS, Result, compile_prog, make_node, run_client, shim_env, start_client
+
+SECONDS = 2.0
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("progs") / "shim_client"
+    return compile_prog(PROGS / "shim_client.c", out)
+
+
+def throughput(result: Result) -> float:
+    assert result.returncode == 0, result.stderr
+    ((launches, elapsed_ns),) = result.step("run")
+    return int(launches) * 1e9 / int(elapsed_ns)
+
+
+def together(
+    client: Path, node: Path, tmp_path: Path, shares: Sequence[tuple[int, str]]
+) -> list[float]:
+    """Each share's throughput over exclusive throughput, all busy at once."""
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    results: list[Result | None] = [None] * len(shares)
+
+    def one(i: int, percent: int, policy: str) -> None:
+        env = shim_env(
+            node,
+            COMPUTE_LIMIT=str(percent),
+            COMPUTE_POLICY=policy,
+            SHARED_REGION=str(tmp_path / f"region-{i}"),
+        )
+        results[i] = run_client(client, env, "run", SECONDS, "kernel")
+
+    threads = [
+        threading.Thread(target=one, args=(i, p, policy)) for i, (p, policy) in enumerate(shares)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [throughput(r) / base for r in results if r is not None]
+
+
+@pytest.mark.parametrize("shares", [(30, 70), (10, 90)])
+def test_two_capped_shares_busy_together_each_get_their_share(
+    client: Path, tmp_path: Path, shares: tuple[int, int]
+) -> None:
+    node = make_node(tmp_path / "node")
+    got = together(client, node, tmp_path, [(p, "cap") for p in shares])
+    for ratio, percent in zip(got, shares, strict=True):
+        assert abs(ratio - percent / 100) <= TOLERANCE, f"{shares}: {got}"
+    assert sum(got) >= 0.90, f"the GPU idle while both wanted more: {got}"
+
+
+def test_four_shares_of_a_quarter_each_get_a_quarter(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    got = together(client, node, tmp_path, [(25, "cap")] * 4)
+    assert all(abs(ratio - 0.25) <= TOLERANCE for ratio in got), got
+
+
+def test_share_policy_holds_its_share_next_to_a_busy_share(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    mine, other = together(client, node, tmp_path, [(30, "share"), (70, "cap")])
+    assert abs(mine - 0.30) <= TOLERANCE, (mine, other)
+    assert abs(other - 0.70) <= TOLERANCE, (mine, other)
+
+
+def test_share_policy_uses_what_a_capped_neighbour_leaves(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    mine, other = together(client, node, tmp_path, [(30, "share"), (10, "cap")])
+    assert mine >= 0.85 - TOLERANCE, (mine, other)
+    assert abs(other - 0.10) <= TOLERANCE, (mine, other)
+
+
+def test_a_share_killed_while_busy_leaves_the_gpu_to_the_others(
+    client: Path, tmp_path: Path
+) -> None:
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    doomed_env = shim_env(node, COMPUTE_LIMIT="90", SHARED_REGION=str(tmp_path / "doomed"))
+    doomed = start_client(client, doomed_env, "run", 30, "kernel")
+    try:
+        time.sleep(0.5)  # busy, and holding the lease most of the time
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
+        env = shim_env(node, COMPUTE_LIMIT="50", SHARED_REGION=str(tmp_path / "survivor"))
+        ratio = throughput(run_client(client, env, "run", SECONDS, "kernel")) / base
+    finally:
+        doomed.kill()
+        doomed.communicate()
+    assert abs(ratio - 0.50) <= TOLERANCE, ratio
+
+
+def test_a_corrupt_arbiter_stops_the_workload_with_one_line(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    env = shim_env(node, COMPUTE_LIMIT="50")
+    assert run_client(client, env, "run", 0.05, "kernel").returncode == 0
+    (arbiter,) = node.glob("gpupool-arbiter-*")
+    arbiter.write_bytes(b"\xff" * arbiter.stat().st_size)
+    result = run_client(client, env, "run", 0.05, "kernel")
+    assert result.returncode == 2
+    assert result.step("run") == []  # it never ran unarbitrated
+    assert result.stderr == [
+        f"gpupool: {arbiter} is not a compute arbiter of this gpupool version: remove it when "
+        "no workload runs on this GPU"
+    ]
+
+
+def prioritized(
+    client: Path, node: Path, tmp_path: Path, priority: str, seconds: float = SECONDS
+) -> Result:
+    env = shim_env(node, COMPUTE_PRIORITY=priority, SHARED_REGION=str(tmp_path / priority))
+    return run_client(client, env, "run", seconds, "kernel")
+
+
+def test_a_low_share_gives_the_gpu_to_a_busy_high_share(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    results: dict[str, Result] = {}
+    low = threading.Thread(
+        target=lambda: results.update(low=prioritized(client, node, tmp_path, "low", SECONDS + 1))
+    )
+    low.start()
+    time.sleep(0.5)  # the low share has the GPU to itself, then the high one comes
+    high = throughput(prioritized(client, node, tmp_path, "high")) / base
+    low.join()
+    assert high >= 0.95 - TOLERANCE, high
+    # low ran alone for about 0.5 s and 0.5 s after high was done, of 3 s: about a third
+    assert throughput(results["low"]) / base <= 1 / 3 + 2 * TOLERANCE
+
+
+def test_a_low_share_alone_uses_the_whole_gpu(client: Path, tmp_path: Path) -> None:
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    assert throughput(prioritized(client, node, tmp_path, "low")) / base >= 0.95 - TOLERANCE
