@@ -96,7 +96,8 @@ def _run_container(response: Any, argv: list[str]) -> subprocess.CompletedProces
     for mount in response.mounts:
         target = Path(mount.container_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(mount.host_path)
+        if not target.is_symlink():  # a second process of the same container
+            target.symlink_to(mount.host_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
     env.update(response.envs)
     # what /etc/ld.so.preload and /etc/gpupool/shim.conf do for every process of a container
@@ -191,7 +192,13 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         "ld.so.preload": True,
         "shim.conf": True,
         "share": False,
+        "arbiter": False,
     }
+    # the node's compute arbiters: one host directory for every container, named in the
+    # read-only settings; the pod asked for no priority, so it is a high share
+    arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert response.envs["GPUPOOL_ARBITER_DIR"] == arbiter.container_path
+    assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "high"
 
     result = _run_container(
         response, [str(shim_client), "meminfo", "alloc", str(11 * GiB), "alloc", str(4 * GiB)]
@@ -202,6 +209,11 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         f"alloc {CUDA_OUT_OF_MEMORY}",
         "alloc 0",
     ]
+    # its kernels take turns through the GPU's arbiter file in the shared host directory
+    busy = _run_container(response, [str(shim_client), "run", "0.3", "kernel"])
+    assert busy.returncode == 0, busy.stderr
+    files = [p.name for p in Path(arbiter.host_path).iterdir()]
+    assert len(files) == 1 and files[0].startswith("gpupool-arbiter-"), files
 
 
 def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
@@ -289,3 +301,23 @@ def test_the_files_of_a_finished_pod_are_removed(
     api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
     plugin.collect_garbage()
     assert plugin.files.keys() == {"uid-default-keep"}
+
+
+def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
+    api: InMemoryKube, plugin: DevicePlugin, kubelet: TestKubelet
+) -> None:
+    api.add_pod(
+        gpu_pod("batch", memory="10Gi", compute="30", annotations={names.ANN_PRIORITY: "low"})
+    )
+    with ExtenderServer(Extender(api)) as http:
+        bind = {"podName": "batch", "podNamespace": "default", "podUID": "uid-default-batch"}
+        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
+    arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert Path(arbiter.host_path) == plugin.files.arbiter_dir()

@@ -4,7 +4,10 @@ The same share a `gpupool exec` launch gets (isolation/'s share_env), but in a c
 workload must not be able to drop it: the interception library is named in /etc/ld.so.preload
 and the share's settings are in /etc/gpupool/shim.conf, both mounted read-only; the library reads
 that file instead of the environment. The accounting region lives in a per-container host
-directory, mounted read-write, so the node sees every share's use.
+directory, mounted read-write, so the node sees every share's use. The GPUs' compute arbiters
+(one file per GPU, shared by every share on it) live in one host directory of the plugin,
+mounted read-write into every container at the same path, so shares of different pods take
+turns on a GPU as `gpupool exec` and the node daemon's shares do on a server.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.core import settings
 from gpupool.isolation.launch import ShareLimits, share_env
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 from gpupool.k8s.inventory import GpuInfo
@@ -23,6 +27,7 @@ CONTAINER_LIBRARY = "/usr/lib/gpupool/libgpupool-cuda.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_CONFIG = "/etc/gpupool/shim.conf"
 CONTAINER_SHARE_DIR = "/var/run/gpupool/share"
+CONTAINER_ARBITER_DIR = "/var/run/gpupool/arbiter"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,13 @@ class ShareFiles:
         os.chmod(region, 0o1777)
         return conf, region
 
+    def arbiter_dir(self) -> Path:
+        """The node's compute arbiters, shared by all containers (any user may join one)."""
+        path = self.state_dir / "arbiter"
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o1777)
+        return path
+
     def keys(self) -> set[str]:
         """The containers that have files here."""
         return {p.name for kind in ("conf", "regions") for p in (self.state_dir / kind).glob("*")}
@@ -96,8 +108,9 @@ def container_share(
     conf_dir, region_dir = files.share_dirs(key)
     region = files.in_container(CONTAINER_SHARE_DIR) / "region"
     env = share_env(limits, [g.memory for g in gpus], region)
-    settings = {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}
-    (conf_dir / "shim.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    env[settings.ARBITER_DIR.name] = str(files.in_container(CONTAINER_ARBITER_DIR))
+    conf = {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}
+    (conf_dir / "shim.conf").write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
     os.chmod(conf_dir / "shim.conf", 0o444)
     if sim_node is None:
         # the container runtime shows only these GPUs; UUIDs name them whatever their ordinals
@@ -112,5 +125,6 @@ def container_share(
         Mount(str(files.in_container(CONTAINER_PRELOAD)), str(files.preload_file()), True),
         Mount(str(files.in_container(CONTAINER_CONFIG)), str(conf_dir / "shim.conf"), True),
         Mount(str(files.in_container(CONTAINER_SHARE_DIR)), str(region_dir), False),
+        Mount(str(files.in_container(CONTAINER_ARBITER_DIR)), str(files.arbiter_dir()), False),
     )
     return ContainerShare(env, mounts)

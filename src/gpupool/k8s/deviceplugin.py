@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from gpupool.core.errors import GpupoolError, KubeApiError
+from gpupool.core.resources import Priority
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.simulated import SimulatedBackend
 from gpupool.isolation.launch import ShareLimits
@@ -229,8 +230,12 @@ class DevicePlugin:
             indices = tuple(int(i) for i in ann[names.ANN_GPUS].split(","))
             by_index = {g.index: g for g in self.gpus}
             gpus = [by_index[i] for i in indices]
+            # the pod's priority is its compute arbiter priority, as a daemon job's is
             limits = ShareLimits(
-                indices, int(ann[names.ANN_MEMORY_BYTES]), int(ann[names.ANN_COMPUTE_MILLI])
+                indices,
+                int(ann[names.ANN_MEMORY_BYTES]),
+                int(ann[names.ANN_COMPUTE_MILLI]),
+                priority=Priority(ann.get(names.ANN_PRIORITY, Priority.HIGH.value)),
             )
         except (KeyError, ValueError, GpupoolError) as err:
             raise AllocateRefused(f"pod {pod_key(pod)}: bad gpupool annotations: {err}") from err
