@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean native
+.PHONY: test demo lint typecheck venv clean native proto
 
 venv: $(STAMP)
 
@@ -36,3 +36,8 @@ typecheck: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# the kubelet device-plugin stubs, committed (tests/k8s/test_proto.py checks they are current)
+proto: $(STAMP)
+	cd src && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		--grpc_python_out=. gpupool/k8s/proto/api.proto

@@ -11,6 +11,7 @@ def all_commands(app: typer.Typer) -> None:
         exec_cmd,
         gpus_cmd,
         jobs_cmd,
+        k8s_cmd,
         mig_cmd,
         serve_cmd,
         sim_cmd,
@@ -24,3 +25,4 @@ def all_commands(app: typer.Typer) -> None:
     sim_cmd.register(app)
     serve_cmd.register(app)
     jobs_cmd.register(app)
+    k8s_cmd.register(app)

@@ -109,3 +109,9 @@ class DaemonError(GpupoolError):
     """The node daemon cannot be reached, refused to start, or answered with a failure."""
 
     exit_code = 7
+
+
+class KubeApiError(GpupoolError):
+    """The Kubernetes API server failed or timed out; the cause from the client is chained."""
+
+    exit_code = 8

@@ -1,1 +1,1 @@
-"""Kubernetes: device plugin, scheduler extender, webhook, the API client seam."""
+"""Kubernetes: device plugin (kubelet gRPC), scheduler extender (HTTP), webhook, API seam."""

@@ -1,0 +1,146 @@
+"""`gpupool k8s ...`: the device plugin, the scheduler extender and the webhook."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpupool.core.errors import ConfigError, InvalidRequest
+
+k8s_app = typer.Typer(help="Kubernetes: device plugin, scheduler extender, webhook.")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest(f"invalid --listen {text!r}: use HOST:PORT, e.g. 0.0.0.0:8888")
+    return host or "0.0.0.0", int(port)
+
+
+def _require_extra() -> None:
+    """The k8s commands need the k8s extra; without it, one line says how to get it."""
+    import importlib.util
+
+    missing = [
+        m for m in ("grpc", "kubernetes", "fastapi", "uvicorn") if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        raise ConfigError(
+            f"the Kubernetes commands need {', '.join(missing)}: pip install 'gpupool[k8s]'"
+        )
+
+
+def _logging() -> None:
+    _require_extra()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+
+def _serve(app: Any, listen: str, cert: Path | None = None, key: Path | None = None) -> None:
+    import uvicorn
+
+    host, port = _listen(listen)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        ssl_certfile=str(cert) if cert else None,
+        ssl_keyfile=str(key) if key else None,
+    )
+
+
+@k8s_app.command("device-plugin")
+def device_plugin(
+    simulate: str | None = typer.Option(
+        None, "--simulate", metavar="SPEC", help="Serve a simulated node, e.g. 2xH100."
+    ),
+    kubelet_dir: Path = typer.Option(
+        Path("/var/lib/kubelet/device-plugins"),
+        "--kubelet-dir",
+        metavar="DIR",
+        help="Where kubelet.sock is and where the plugin puts its socket.",
+    ),
+    state_dir: Path = typer.Option(
+        Path("/var/lib/gpupool/k8s"),
+        "--state-dir",
+        metavar="DIR",
+        help="Host directory for the containers' shim.conf and accounting regions.",
+    ),
+    node_name: str | None = typer.Option(
+        None, "--node-name", help="This node's name (default: $NODE_NAME, else the host name)."
+    ),
+) -> None:
+    """Run the kubelet device plugin for gpupool.io/gpu on this node."""
+    from gpupool.devices.factory import open_backend
+    from gpupool.k8s.allocation import ShareFiles
+    from gpupool.k8s.deviceplugin import DevicePlugin, default_node_name
+    from gpupool.k8s.kubeclient import OfficialKube
+
+    _logging()
+    if not kubelet_dir.is_dir():
+        raise InvalidRequest(f"invalid --kubelet-dir {kubelet_dir}: not a directory")
+    api = OfficialKube()
+    with open_backend(simulate) as backend:
+        if backend.simulated:
+            typer.echo(f"gpupool: simulated node {simulate}: no real GPU is used", err=True)
+        plugin = DevicePlugin(
+            api, node_name or default_node_name(), backend, kubelet_dir, ShareFiles(state_dir)
+        )
+        signal.signal(signal.SIGTERM, lambda *_: plugin.stop())
+        try:
+            plugin.run()
+        except KeyboardInterrupt:
+            plugin.stop()
+
+
+@k8s_app.command("extender")
+def extender(
+    listen: str = typer.Option("0.0.0.0:8888", "--listen", metavar="HOST:PORT"),
+    policy: str = typer.Option("gpupool", "--policy", help="gpupool, binpack or spread."),
+    resync: float = typer.Option(
+        30.0, "--resync", metavar="SECONDS", help="How often to re-read nodes and pods."
+    ),
+) -> None:
+    """Run the scheduler extender (filter, prioritize, bind) over HTTP."""
+    from gpupool.k8s.extender import Extender
+    from gpupool.k8s.extender_http import create_app
+    from gpupool.k8s.fleet import check_policy
+    from gpupool.k8s.kubeclient import OfficialKube
+
+    _logging()
+    _listen(listen)
+    check_policy(policy)
+    if resync <= 0:
+        raise InvalidRequest(f"invalid --resync {resync}: must be positive")
+    ext = Extender(OfficialKube(), policy)
+    ext.start_background(resync)
+    _serve(create_app(ext), listen)
+
+
+@k8s_app.command("webhook")
+def webhook(
+    listen: str = typer.Option("0.0.0.0:8443", "--listen", metavar="HOST:PORT"),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", metavar="FILE"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", metavar="FILE"),
+    scheduler: str = typer.Option("gpupool-scheduler", "--scheduler-name"),
+) -> None:
+    """Run the mutating webhook that sends gpupool pods to gpupool's scheduler."""
+    from gpupool.k8s.webhook import create_app
+
+    _logging()
+    _listen(listen)
+    for path in (tls_cert, tls_key):
+        if path is not None and not path.is_file():
+            raise InvalidRequest(f"invalid TLS file {path}: not found")
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidRequest("give both --tls-cert and --tls-key, or neither")
+    _serve(create_app(scheduler), listen, tls_cert, tls_key)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `k8s` to the app."""
+    app.add_typer(k8s_app, name="k8s")

@@ -1,0 +1,37 @@
+"""The names gpupool uses on Kubernetes objects: resources, annotations, the scheduler."""
+
+from __future__ import annotations
+
+#: GPUs to share (device-plugin slots: one per GPU a pod shares)
+RESOURCE_GPU = "gpupool.io/gpu"
+#: memory per GPU, a Kubernetes quantity (10Gi); not a device-plugin resource, read by the extender
+RESOURCE_MEMORY = "gpupool.io/gpu-memory"
+#: compute per GPU in percent (1..100)
+RESOURCE_COMPUTE = "gpupool.io/gpu-compute"
+RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_COMPUTE)
+
+#: optional request annotations
+ANN_MODE = "gpupool.io/mode"
+ANN_PRIORITY = "gpupool.io/priority"
+ANN_GPU_MODEL = "gpupool.io/gpu-model"
+ANN_MIG_PROFILE = "gpupool.io/mig-profile"
+
+#: written by the extender before it binds: the node and the GPU indices chosen on it
+ANN_NODE = "gpupool.io/node"
+ANN_GPUS = "gpupool.io/gpus"
+#: the memory (bytes) and compute (milli-GPU) the pod holds on each of its GPUs
+ANN_MEMORY_BYTES = "gpupool.io/memory-bytes"
+ANN_COMPUTE_MILLI = "gpupool.io/compute-milli"
+#: nanoseconds since the epoch at bind: the device plugin serves the oldest bound pod first
+ANN_BIND_TIME = "gpupool.io/bind-time"
+#: set by the device plugin once Allocate has served the pod
+ANN_ALLOCATED = "gpupool.io/allocated"
+
+#: on a Node: its GPU inventory as JSON, written by the device plugin
+ANN_NODE_GPUS = "gpupool.io/gpu-inventory"
+
+#: device-plugin slots per GPU: at most this many pods share one GPU
+SLOTS_PER_GPU = 10
+
+#: the scheduler profile that calls the extender (the webhook points pods at it)
+SCHEDULER_NAME = "gpupool-scheduler"

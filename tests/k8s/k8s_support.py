@@ -1,0 +1,139 @@
+"""A test kubelet speaking the real device-plugin gRPC, and the extender served over real HTTP."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import uvicorn
+
+from gpupool.k8s import names
+from gpupool.k8s.extender import Extender
+from gpupool.k8s.extender_http import create_app
+from gpupool.k8s.proto import api_pb2 as pb
+from gpupool.k8s.proto import api_pb2_grpc as pb_grpc
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class TestKubelet(pb_grpc.RegistrationServicer):
+    """The kubelet's side: a Registration server on kubelet.sock; on Register it dials the
+    plugin's socket and keeps a ListAndWatch stream open, as the kubelet's device manager does."""
+
+    __test__ = False
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.registrations: list[Any] = []
+        self.device_lists: list[list[tuple[str, str]]] = []
+        self.plugin: pb_grpc.DevicePluginStub | None = None
+        self._channel: grpc.Channel | None = None
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_RegistrationServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
+
+    def start(self) -> TestKubelet:
+        self._server.start()
+        return self
+
+    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
+        assert request.version == "v1beta1"
+        self.registrations.append(request)
+        channel = grpc.insecure_channel(f"unix://{self.directory / request.endpoint}")
+        self._channel = channel
+        self.plugin = pb_grpc.DevicePluginStub(channel)
+        stream = self.plugin.ListAndWatch(pb.Empty())
+        threading.Thread(target=self._watch, args=(stream,), daemon=True).start()
+        return pb.Empty()
+
+    def _watch(self, stream: Any) -> None:
+        try:
+            for response in stream:
+                self.device_lists.append([(d.ID, d.health) for d in response.devices])
+        except grpc.RpcError:
+            pass  # the plugin or this kubelet went away
+
+    def stop(self) -> None:
+        """Stop as a restarting kubelet does: its socket and the plugins' sockets go away."""
+        self._server.stop(grace=None).wait()
+        if self._channel is not None:
+            self._channel.close()
+        for sock in self.directory.glob("*.sock"):
+            sock.unlink()
+
+    def latest_devices(self) -> list[tuple[str, str]]:
+        return self.device_lists[-1] if self.device_lists else []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ExtenderServer:
+    """The extender's FastAPI app under uvicorn on 127.0.0.1, in a thread."""
+
+    def __init__(self, extender: Extender) -> None:
+        # as `gpupool k8s extender` does: read the nodes and pods, then serve
+        extender.resync()
+        extender.start_background(interval=0.2)
+        self.extender = extender
+        self.port = free_port()
+        config = uvicorn.Config(
+            create_app(extender), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> httpx.Client:
+        self.thread.start()
+        wait_for(lambda: self.server.started, what="the extender to listen")
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        return self.client
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.extender.stop()
+
+
+def gpu_pod(
+    name: str,
+    gpus: str = "1",
+    memory: str | None = None,
+    compute: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits = {names.RESOURCE_GPU: gpus}
+    if memory is not None:
+        limits[names.RESOURCE_MEMORY] = memory
+    if compute is not None:
+        limits[names.RESOURCE_COMPUTE] = compute
+    return {
+        "metadata": {"name": name, "namespace": "default", "annotations": dict(annotations or {})},
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+        },
+    }

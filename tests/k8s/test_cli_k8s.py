@@ -1,0 +1,43 @@
+"""`gpupool k8s ...`: bad input is one line and a non-zero exit, before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def gpupool(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(home / "no-such-kubeconfig")
+    env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool", "k8s", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["extender", "--listen", "8888"], "invalid --listen '8888': use HOST:PORT"),
+        (["extender", "--policy", "fastest"], "unknown policy 'fastest'"),
+        (["extender", "--resync", "0"], "invalid --resync 0.0: must be positive"),
+        (["extender"], "no Kubernetes configuration: not in a cluster and no kubeconfig"),
+        (["device-plugin", "--kubelet-dir", "/no/such/dir"], "invalid --kubelet-dir"),
+        (["webhook", "--tls-cert", "/no/cert.pem"], "invalid TLS file /no/cert.pem: not found"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:
+    result = gpupool(*args, home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("gpupool: error: ")
+    assert line in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,323 @@
+"""A pod from filter to a running share, without a cluster.
+
+The test kubelet speaks the real registration and device-plugin gRPC over Unix sockets, the
+extender answers over real HTTP, the API server is the in-memory one, and the container's
+process runs on the simulated driver with exactly the environment and files Allocate gave it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from k8s_support import ExtenderServer, TestKubelet, gpu_pod, wait_for
+
+from gpupool.core.units import GiB, MiB
+from gpupool.devices.simstate import FLAG_LOST
+from gpupool.devices.simulated import SimulatedBackend
+from gpupool.k8s import names
+from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
+from gpupool.k8s.deviceplugin import DevicePlugin
+from gpupool.k8s.extender import Extender
+from gpupool.k8s.inventory import decode
+from gpupool.k8s.kubeapi import InMemoryKube
+from gpupool.k8s.proto import api_pb2 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = REPO / "tests" / "native" / "progs" / "shim_client.c"
+CUDA_OUT_OF_MEMORY = 2
+_SCRUB = ("GPUPOOL_", "LD_PRELOAD", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    """The kubelet's device-plugin directory (short: Unix socket paths are limited to 107)."""
+    directory = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimulatedBackend]:
+    backend = SimulatedBackend.open("2xH100-80GB", tmp_path / "node")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def api() -> InMemoryKube:
+    kube = InMemoryKube()
+    kube.add_node("gpu-1")
+    kube.add_node("cpu-1")
+    return kube
+
+
+@pytest.fixture
+def kubelet(sockets: Path) -> Iterator[TestKubelet]:
+    kubelet = TestKubelet(sockets).start()
+    yield kubelet
+    kubelet.stop()
+
+
+@pytest.fixture
+def plugin(
+    api: InMemoryKube, node: SimulatedBackend, sockets: Path, kubelet: TestKubelet, tmp_path: Path
+) -> Iterator[DevicePlugin]:
+    files = ShareFiles(tmp_path / "state", container_root=tmp_path / "container")
+    plugin = DevicePlugin(api, "gpu-1", node, sockets, files)
+    thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
+    thread.start()
+    wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
+    yield plugin
+    plugin.stop()
+    thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def shim_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("prog") / "shim_client"
+    include = REPO / "native" / "include"
+    cmd = ["gcc", "-O2", "-pthread", f"-I{include}", "-o", str(out), str(CLIENT), "-ldl"]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def _run_container(response: Any, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Start a process as the runtime would start the container: the envs, and the mounts in
+    place (links from the container's paths to the host's files)."""
+    for mount in response.mounts:
+        target = Path(mount.container_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.is_symlink():  # a second process of the same container
+            target.symlink_to(mount.host_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    env.update(response.envs)
+    # what /etc/ld.so.preload and /etc/gpupool/shim.conf do for every process of a container
+    mounts = {Path(m.container_path).name: m for m in response.mounts}
+    env["LD_PRELOAD"] = Path(mounts[Path(CONTAINER_PRELOAD).name].host_path).read_text().strip()
+    env["GPUPOOL_CONFIG_FILE"] = mounts[Path(CONTAINER_CONFIG).name].container_path
+    # the workload tries to raise its own limit: the read-only settings file wins
+    env["GPUPOOL_MEMORY_LIMIT_0"] = "70Gi"
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
+    api: InMemoryKube,
+    plugin: DevicePlugin,
+    kubelet: TestKubelet,
+    shim_client: Path,
+) -> None:
+    inventory = decode(api.nodes["gpu-1"]["metadata"]["annotations"][names.ANN_NODE_GPUS])
+    assert [(g.index, g.model, g.memory) for g in inventory] == [
+        (0, "H100-80GB", 81559 * MiB),
+        (1, "H100-80GB", 81559 * MiB),
+    ]
+    assert len(kubelet.latest_devices()) == 2 * names.SLOTS_PER_GPU
+    # a pod already on GPU 1: the 10Gi pod goes next to it under the gpupool policy
+    api.add_pod(gpu_pod("other", memory="20Gi", compute="50"))
+    pod = api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
+    extender = Extender(api)
+    with ExtenderServer(extender) as http:
+        first = http.post(
+            "/bind",
+            json={
+                "podName": "other",
+                "podNamespace": "default",
+                "podUID": "uid-default-other",
+                "node": "gpu-1",
+            },
+        )
+        assert first.json() == {}
+        args = {"pod": pod, "nodenames": ["gpu-1", "cpu-1"]}
+        filtered = http.post("/filter", json=args).json()
+        assert filtered["nodenames"] == ["gpu-1"]
+        assert "cpu-1" in filtered["failedAndUnresolvableNodes"]
+        scores = http.post("/prioritize", json=args).json()
+        assert [s["host"] for s in scores] == ["gpu-1", "cpu-1"]
+        assert 0 < scores[0]["score"] <= 10 and scores[1]["score"] == 0
+        bound = http.post(
+            "/bind",
+            json={
+                "podName": "train",
+                "podNamespace": "default",
+                "podUID": "uid-default-train",
+                "node": "gpu-1",
+            },
+        )
+        assert bound.json() == {}
+    stored = api.pods[("default", "train")]
+    assert stored["spec"]["nodeName"] == "gpu-1"
+    ann = stored["metadata"]["annotations"]
+    other_gpu = api.pods[("default", "other")]["metadata"]["annotations"][names.ANN_GPUS]
+    assert ann[names.ANN_GPUS] == other_gpu
+    assert ann[names.ANN_MEMORY_BYTES] == str(10 * GiB)
+    assert ann[names.ANN_COMPUTE_MILLI] == "300"
+
+    # the kubelet admits "other" first (bound first), then "train"
+    assert kubelet.plugin is not None
+    slots = [d for d, health in kubelet.latest_devices() if health == "Healthy"]
+    preferred = (
+        kubelet.plugin.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=slots, allocation_size=1
+                    )
+                ]
+            )
+        )
+        .container_responses[0]
+        .deviceIDs
+    )
+    assert len(preferred) == 1 and preferred[0] in slots
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=list(preferred))]
+    )
+    kubelet.plugin.Allocate(request)
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    assert api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_ALLOCATED] == "true"
+    assert response.envs["CUDA_VISIBLE_DEVICES"] == ann[names.ANN_GPUS]
+    assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(10 * GiB)
+    assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
+    assert {m.container_path.rsplit("/", 1)[-1]: m.read_only for m in response.mounts} == {
+        "libgpupool-cuda.so": True,
+        "ld.so.preload": True,
+        "shim.conf": True,
+        "share": False,
+        "arbiter": False,
+    }
+    # the node's compute arbiters: one host directory for every container, named in the
+    # read-only settings; the pod asked for no priority, so it is a high share
+    arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert response.envs["GPUPOOL_ARBITER_DIR"] == arbiter.container_path
+    assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "high"
+
+    result = _run_container(
+        response, [str(shim_client), "meminfo", "alloc", str(11 * GiB), "alloc", str(4 * GiB)]
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"meminfo {10 * GiB} {10 * GiB}",
+        f"alloc {CUDA_OUT_OF_MEMORY}",
+        "alloc 0",
+    ]
+    # its kernels take turns through the GPU's arbiter file in the shared host directory
+    busy = _run_container(response, [str(shim_client), "run", "0.3", "kernel"])
+    assert busy.returncode == 0, busy.stderr
+    files = [p.name for p in Path(arbiter.host_path).iterdir()]
+    assert len(files) == 1 and files[0].startswith("gpupool-arbiter-"), files
+
+
+def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
+) -> None:
+    api.add_pod({**gpu_pod("stray"), "spec": {**gpu_pod("stray")["spec"], "nodeName": "gpu-1"}})
+    assert kubelet.plugin is not None
+    slot = kubelet.latest_devices()[0][0]
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        kubelet.plugin.Allocate(request)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod bound to gpu-1 by the gpupool extender" in str(caught.value.details())
+
+
+def test_a_lost_gpu_becomes_unhealthy(
+    plugin: DevicePlugin, kubelet: TestKubelet, node: SimulatedBackend, api: InMemoryKube
+) -> None:
+    node.node.state.set_flags(1, FLAG_LOST)
+
+    def unhealthy() -> set[str]:
+        return {d.split("::")[0] for d, h in kubelet.latest_devices() if h == "Unhealthy"}
+
+    lost = wait_for(unhealthy, what="an Unhealthy update")
+    assert lost == {plugin.gpus[1].uuid}
+    published = api.nodes["gpu-1"]["metadata"]["annotations"][names.ANN_NODE_GPUS]
+    assert [g.healthy for g in decode(published)] == [True, False]
+
+
+def test_a_restarted_kubelet_gets_the_plugin_registered_again(
+    plugin: DevicePlugin, kubelet: TestKubelet, sockets: Path
+) -> None:
+    assert len(kubelet.registrations) == 1
+    kubelet.stop()
+    restarted = TestKubelet(sockets).start()
+    try:
+        wait_for(lambda: restarted.registrations and restarted.device_lists, what="re-register")
+        assert restarted.registrations[0].resource_name == names.RESOURCE_GPU
+        assert len(restarted.latest_devices()) == 2 * names.SLOTS_PER_GPU
+    finally:
+        restarted.stop()
+
+
+def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
+) -> None:
+    api.add_pod(gpu_pod("late", memory="4Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        args = {"podName": "late", "podNamespace": "default", "podUID": "uid-default-late"}
+        assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = kubelet.latest_devices()[0][0]
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    api.fail_next = 1
+    with pytest.raises(grpc.RpcError) as caught:
+        kubelet.plugin.Allocate(request)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "timed out" in str(caught.value.details())
+    assert names.ANN_ALLOCATED not in api.pods[("default", "late")]["metadata"]["annotations"]
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
+
+
+def test_the_files_of_a_finished_pod_are_removed(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
+) -> None:
+    for name in ("keep", "done"):
+        api.add_pod(gpu_pod(name, memory="1Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        for name in ("keep", "done"):
+            args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
+            assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = kubelet.latest_devices()[0][0]
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    for _ in range(2):
+        kubelet.plugin.Allocate(request)
+    assert plugin.files.keys() == {"uid-default-keep", "uid-default-done"}
+    api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
+    plugin.collect_garbage()
+    assert plugin.files.keys() == {"uid-default-keep"}
+
+
+def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
+    api: InMemoryKube, plugin: DevicePlugin, kubelet: TestKubelet
+) -> None:
+    api.add_pod(
+        gpu_pod("batch", memory="10Gi", compute="30", annotations={names.ANN_PRIORITY: "low"})
+    )
+    with ExtenderServer(Extender(api)) as http:
+        bind = {"podName": "batch", "podNamespace": "default", "podUID": "uid-default-batch"}
+        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
+    arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert Path(arbiter.host_path) == plugin.files.arbiter_dir()
