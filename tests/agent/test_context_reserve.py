@@ -3,12 +3,14 @@ count (a CUDA context), so that admitted shares also fit physically."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon, cli
+from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
 
 from gpupool.core.errors import Unschedulable
 from gpupool.core.units import GiB
@@ -89,3 +91,14 @@ def test_a_bad_reserve_is_one_line_and_starts_nothing(tmp_path: Path, bad: str) 
     assert result.stderr.startswith("gpupool: error: --context-reserve:")
     assert result.stderr.count("\n") == 1
     assert not state.exists()
+
+
+def test_describe_shows_live_memory_and_the_part_over_the_share(reserved: Daemon) -> None:
+    job_id = reserved.submit([sys.executable, CUDA_JOB, "30", "256"], memory="1Gi", compute=10)
+    reserved.wait(job_id, ("running",))
+    deadline = time.monotonic() + 20
+    while not reserved.job(job_id).get("live_memory") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    described = cli("describe", str(job_id), url=reserved.url, check=True).stdout
+    # the simulated driver charges a context nothing: the job's 256 MiB are inside its share
+    assert "using:    256MiB now (0B over the share)" in described

@@ -29,6 +29,15 @@ def _memory(job: dict[str, Any]) -> str:
     return job["memory_request"] or "-"
 
 
+def _over_share(job: dict[str, Any]) -> str:
+    """The driver's figure beyond the share: mostly CUDA contexts, which the shim does not
+    count and the daemon's context reserve covers."""
+    if job["memory"] is None or not job["gpus"]:
+        return ""
+    over = job["live_memory"] - job["memory"] * len(job["gpus"])
+    return f" ({format_bytes(max(0, over))} over the share)"
+
+
 def _row(job: dict[str, Any], now: float) -> list[str]:
     gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
     state = job["state"]
@@ -96,7 +105,8 @@ def print_job(job: dict[str, Any]) -> None:
     ]
     if job.get("live_memory") is not None:
         lines.append(
-            f"  using:    {_bytes(job['live_memory'])} now, peak {_bytes(job['peak_memory'])}"
+            f"  using:    {_bytes(job['live_memory'])} now{_over_share(job)},"
+            f" peak {_bytes(job['peak_memory'])}"
         )
     elif job.get("peak_memory"):
         lines.append(f"  peak:     {_bytes(job['peak_memory'])}")
