@@ -232,3 +232,51 @@ def test_a_bad_watchdog_action_is_one_line_and_starts_nothing(
     assert result.stderr.startswith("gpupool: error: invalid watchdog action")
     assert "use report or kill" in result.stderr and result.stderr.count("\n") == 1
     assert not state.exists()
+
+
+def test_gpus_marks_each_process_with_its_job_and_share(
+    reporting: Daemon, dlvsym_prog: Path, tmp_path: Path
+) -> None:
+    foreign = foreign_process(reporting.node_dir)
+    try:
+        escaping = reporting.submit(
+            escape_command("unset LD_PRELOAD", tmp_path / "scratch", dlvsym_prog),
+            memory=SHARE,
+            compute=10,
+        )
+        within = reporting.submit([sys.executable, CUDA_JOB, "60", "256"], memory="1Gi", compute=10)
+        wait_for_event(reporting, lambda e: e["kind"] == "over_share")
+        wait_for_event(reporting, lambda e: e["kind"] == "no_job")
+        wait_for_line(job_stdout(reporting, within), "holding 256 MiB")
+        time.sleep(1.5)  # a pass that has seen the last one too
+        shown = cli(
+            "gpus", "--node-dir", str(reporting.node_dir), url=reporting.url, check=True
+        ).stdout
+        rows = {line.split()[1]: line.rstrip() for line in shown.splitlines() if "python" in line}
+        assert rows[str(foreign.pid)].endswith("no job")
+        marks = sorted(line.split("  ")[-1].strip() for line in rows.values())
+        assert marks == [
+            f"job {escaping}, over 2GiB share",
+            f"job {escaping}, over 2GiB share",
+            f"job {within}, 1GiB share",
+            "no job",
+        ]
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def test_gpus_without_a_daemon_shows_no_marks_and_says_why(tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    args = ("gpus", "--simulate", "1xA30", "--node-dir", str(node))
+    nowhere = f"unix://{tmp_path / 'none.sock'}"
+    assert "no job marks" not in cli(*args, url=nowhere, check=True).stdout  # nothing to mark
+    foreign = foreign_process(node)
+    try:
+        assert foreign.stdout is not None and foreign.stdout.readline().startswith("holding")
+        shown = cli(*args, url=nowhere, check=True).stdout
+        assert f"no job marks: no gpupool daemon at {nowhere}" in " ".join(shown.split())
+        assert "Job" not in shown.split("Processes")[1]
+    finally:
+        foreign.kill()
+        foreign.wait()
