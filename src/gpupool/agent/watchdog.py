@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -145,12 +145,8 @@ def classify(
                 findings.append(
                     Finding(OVER_SHARE, gpu.index, tuple(processes), job_id, used, allowed)
                 )
-            seen.extend(_with_over(p, over) for p in processes)
+            seen.extend(replace(p, over_share=over) for p in processes)
     return seen, findings
-
-
-def _with_over(process: GpuProcess, over: bool) -> GpuProcess:
-    return GpuProcess(**{**process.__dict__, "over_share": over}) if over else process
 
 
 def kill(pid: int, start: int) -> str:
