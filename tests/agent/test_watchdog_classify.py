@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, JobSpec, State
-from gpupool.agent.owners import Owners
+from gpupool.agent.owners import Owners, identified
 from gpupool.agent.watchdog import NO_JOB, OVER_SHARE, classify
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot, ProcessInfo
@@ -103,6 +106,26 @@ def test_owners_by_group_session_and_parent() -> None:
         # this test's own process descends from no job
         assert ours.job_of(os.getpid()) is None
         assert Owners([]).job_of(leader.pid) is None
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_a_job_just_launched_is_known_by_its_directory(tmp_path: Path) -> None:
+    # the store learns a job's pids on the loop's next pass; its processes may be on a GPU first
+    job = _job(7, (0,), GiB)
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        directory = JobDir(tmp_path / "7")
+        assert identified(job, lambda _: directory).supervisor_pid is None
+        assert directory.claim()
+        (directory.path / "claim").write_text(str(leader.pid))  # what the supervisor writes
+        assert Owners([identified(job, lambda _: directory)]).job_of(leader.pid) == 7
+        (directory.path / "pids.json").write_text(
+            json.dumps({"supervisor": 1, "supervisor_start": 0, "job": leader.pid, "job_start": 0})
+        )
+        known = identified(job, lambda _: directory)
+        assert (known.job_pid, known.supervisor_pid) == (leader.pid, 1)
     finally:
         leader.kill()
         leader.wait()

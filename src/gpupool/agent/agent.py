@@ -73,7 +73,7 @@ class Agent:
             default_reserve if config.context_reserve is None else config.context_reserve
         )
         self.capacity = node.capacity(snapshot, self.context_reserve)
-        self.watchdog = Watchdog(self.store, config.watchdog, self.context_reserve)
+        self.watchdog = Watchdog(self.store, config.watchdog, self.context_reserve, self.jobdir)
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.capacity
         self._lock = threading.RLock()

@@ -9,10 +9,11 @@ itself re-parented (a double fork) belongs to no job, which is what the watchdog
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
 
 #: how far up the parent chain to look (a deeper chain is no job's: init is never that far)
@@ -37,6 +38,19 @@ def lineage(pid: int) -> Lineage | None:
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
     fields = stat[stat.rindex(")") + 2 :].split()
     return Lineage(int(fields[1]), int(fields[2]), int(fields[3]))
+
+
+def identified(job: Job, jobdir: Callable[[int], JobDir]) -> Job:
+    """`job` with its pids even when just launched: the store learns them on the loop's next
+    pass, but the job may already be on a GPU by then, and must not be taken for a stranger.
+    Its directory has them (`pids.json`), or at least its supervisor's (the claim)."""
+    if job.job_pid is not None:
+        return job
+    directory = jobdir(job.id)
+    pids = directory.pids()
+    if pids is not None:
+        return replace(job, job_pid=pids.job, supervisor_pid=pids.supervisor)
+    return replace(job, supervisor_pid=directory.claimant())
 
 
 class Owners:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
-from gpupool.agent.owners import Owners
+from gpupool.agent.owners import Owners, identified
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
@@ -176,8 +177,11 @@ def kill(pid: int, start: int) -> str:
 class Watchdog:
     """Runs a pass per sample (on the sampler's snapshot) and records what it finds, once."""
 
-    def __init__(self, store: Store, action: Action, reserve: int) -> None:
+    def __init__(
+        self, store: Store, action: Action, reserve: int, jobdir: Callable[[int], JobDir]
+    ) -> None:
         self.store = store
+        self.jobdir = jobdir
         self.action = action
         self.reserve = reserve
         self.processes: list[GpuProcess] = []
@@ -188,6 +192,7 @@ class Watchdog:
 
     def check(self, snapshot: NodeSnapshot, running: Sequence[Job]) -> list[Finding]:
         """One pass; the findings that are new (recorded, and acted on under `kill`)."""
+        running = [identified(job, self.jobdir) for job in running]
         owners = Owners(running)
         processes, findings = classify(snapshot, running, self.reserve, owners.job_of, self._ignore)
         self.processes = processes
