@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from gpupool.agent.jobs import JobSpec, State
-from gpupool.agent.store import SCHEMA_VERSION, Store
+from gpupool.agent.store import MIGRATIONS, SCHEMA_VERSION, Store
 from gpupool.core.errors import ConfigError, DaemonError, NotFound
 
 
@@ -60,3 +61,28 @@ def test_a_store_that_cannot_be_written_is_one_error_and_unchanged(tmp_path: Pat
     with pytest.raises(DaemonError):
         store.add(JobSpec(("true",), name="y" * 5000), 0, "root")
     assert len(store.jobs()) == before
+
+
+def test_a_first_version_store_gains_the_watchdog_events_and_keeps_its_jobs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)
+    db.executescript(MIGRATIONS[0] + "PRAGMA user_version = 1;")
+    db.execute(
+        "INSERT INTO jobs (spec, uid, user, state, rank, submitted_at) VALUES (?, 0, 'a', ?, 0, 1)",
+        (json.dumps(JobSpec(("true",)).to_json()), State.QUEUED.value),
+    )
+    db.execute("INSERT INTO events (job_id, at, kind) VALUES (1, 2.0, 'over_share')")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.job(1).state is State.QUEUED
+    store.node_event("no_job", 42, 0, "GPU 0: pid 42 (x) belongs to no job, 1GiB")
+    events = store.node_events(("over_share",))
+    assert [(e["kind"], e["job_id"], e["pid"]) for e in events] == [
+        ("over_share", 1, None),
+        ("no_job", None, 42),
+    ]
+    assert store.job_ids_with("over_share") == {1}
+    assert store.node_events(("over_share",), limit=1)[0]["kind"] == "no_job"  # the newest

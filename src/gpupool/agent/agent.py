@@ -25,6 +25,7 @@ from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
+from gpupool.agent.watchdog import Action, Watchdog
 from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -45,6 +46,8 @@ class AgentConfig:
     #: None: node.DEFAULT_CONTEXT_RESERVE on real GPUs, nothing on a simulated node, whose
     #: driver charges a context nothing
     context_reserve: int | None = None
+    #: what the watchdog does with a GPU process of no job or a job over its share
+    watchdog: Action = Action.REPORT
 
     def __post_init__(self) -> None:
         if self.policy not in GPU_POLICIES:
@@ -70,6 +73,7 @@ class Agent:
             default_reserve if config.context_reserve is None else config.context_reserve
         )
         self.capacity = node.capacity(snapshot, self.context_reserve)
+        self.watchdog = Watchdog(self.store, config.watchdog, self.context_reserve, self.jobdir)
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.capacity
         self._lock = threading.RLock()
@@ -366,3 +370,4 @@ class Agent:
                 self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
         if usage:
             self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
+        self.watchdog.check(snapshot, running)

@@ -76,6 +76,14 @@ class JobDir:
         os.close(fd)
         return True
 
+    def claimant(self) -> int | None:
+        """The pid of the supervisor that claimed the job (its session id), known before
+        `pids.json` is; None when unclaimed, or claimed by a daemon checking for a cut launch."""
+        try:
+            return int((self.path / "claim").read_text())
+        except (OSError, ValueError):
+            return None
+
     def unclaim(self) -> None:
         (self.path / "claim").unlink(missing_ok=True)
 

@@ -52,6 +52,19 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_job ON events (job_id, id);
     CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # the watchdog: events of the node (a GPU process of no job), and job events by kind
+    """
+    CREATE TABLE node_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        pid INTEGER,
+        gpu INTEGER,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX node_events_at ON node_events (at);
+    CREATE INDEX events_kind ON events (kind, at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -163,6 +176,29 @@ class Store:
                 "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
             ).fetchall()
         return [{"at": r["at"], "kind": r["kind"], "detail": r["detail"]} for r in rows]
+
+    def job_ids_with(self, kind: str) -> set[int]:
+        """The jobs that have at least one event of `kind`."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT job_id FROM events WHERE kind = ?", (kind,)
+            ).fetchall()
+        return {int(row["job_id"]) for row in rows}
+
+    def node_events(
+        self, job_kinds: Sequence[str], since: float = 0.0, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The node's events and the jobs' events of `job_kinds` since `since`, the newest
+        `limit` of them, oldest first."""
+        marks = ",".join("?" * len(job_kinds)) or "NULL"
+        query = (
+            "SELECT at, kind, NULL AS job_id, pid, gpu, detail FROM node_events WHERE at >= ? "
+            "UNION ALL SELECT at, kind, job_id, NULL, NULL, detail FROM events "
+            f"WHERE kind IN ({marks}) AND at >= ? ORDER BY at DESC LIMIT ?"
+        )
+        with self._lock:
+            rows = self._db.execute(query, (since, *job_kinds, since, limit)).fetchall()
+        return [dict(row) for row in reversed(rows)]
 
     def setting(self, key: str) -> str | None:
         with self._lock:
@@ -276,6 +312,13 @@ class Store:
     def note(self, job_id: int, kind: str, detail: str = "") -> None:
         with self.transaction() as db:
             _event(db, job_id, kind, detail)
+
+    def node_event(self, kind: str, pid: int | None, gpu: int | None, detail: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO node_events (at, kind, pid, gpu, detail) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), kind, pid, gpu, detail),
+            )
 
     def record_peak(self, peaks: dict[int, int]) -> None:
         with self.transaction() as db:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from gpupool import __version__
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, JobSpec
+from gpupool.api import watchdog_routes
 from gpupool.core.errors import (
     DaemonError,
     DeviceError,
@@ -136,6 +137,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         live = agent.live(job.id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
+        data["over_share"] = job.id in agent.watchdog.flagged
         return data
 
     @app.get("/v1/health")
@@ -157,6 +159,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         live = agent.live(job_id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
+        data["over_share"] = job_id in agent.watchdog.flagged
         return data
 
     @app.post("/v1/jobs/{job_id}/cancel")
@@ -193,6 +196,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     def node(_: int = Depends(caller)) -> dict[str, Any]:
         return agent.node_json()
 
+    watchdog_routes.register(app, agent, caller)
     return app
 
 

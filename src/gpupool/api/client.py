@@ -39,19 +39,21 @@ def resolve_url(url: str | None) -> str:
 class Client:
     """One connection to one daemon."""
 
-    def __init__(self, url: str | None = None, token: str | None = None) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout: float = TIMEOUT_S
+    ) -> None:
         self.url = resolve_url(url)
         if self.url.startswith("unix://"):
             self._where = self.url.removeprefix("unix://")
             transport = httpx.HTTPTransport(uds=self._where)
             self._http = httpx.Client(
-                transport=transport, base_url="http://gpupool", timeout=TIMEOUT_S
+                transport=transport, base_url="http://gpupool", timeout=timeout
             )
         elif self.url.startswith(("http://", "https://")):
             self._where = self.url
             secret = token if token is not None else settings.TOKEN.read(os.environ)
             headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT_S)
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         else:
             raise InvalidRequest(
                 f"invalid daemon URL {self.url!r}: use unix:///path/to.sock or http://host:port"

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -98,35 +99,46 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
     return table
 
 
-def process_table(snapshot: NodeSnapshot) -> Table:
+def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> Table:
+    """The GPU processes; with `marks` (the daemon's), each one's job and share too."""
     table = Table(title="Processes", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("GPU", "PID", "Name", "Memory", "SM util"):
-        table.add_column(column, justify="right" if column != "Name" else "left")
+    columns = ("GPU", "PID", "Name", "Memory", "SM util") + (("Job",) if marks is not None else ())
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("Name", "Job") else "right")
     for gpu in snapshot.gpus:
         for process in gpu.processes:
-            table.add_row(
+            row = [
                 str(gpu.index),
                 str(process.pid),
                 process.name,
                 _memory(process.memory_used),
                 _optional(process.gpu_utilization, "%"),
-            )
+            ]
+            if marks is not None:
+                row.append(marks.get((gpu.index, process.pid), UNSEEN))
+            table.add_row(*row)
     if not table.row_count:
-        table.add_row("", "", "no processes", "", "")
+        table.add_row("", "", "no processes", *[""] * (len(columns) - 3))
     return table
 
 
-def render(snapshot: NodeSnapshot) -> RenderableType:
-    """The whole nvidia-smi-like view of one snapshot."""
+def render(snapshot: NodeSnapshot, url: str | None = None) -> RenderableType:
+    """The whole nvidia-smi-like view of one snapshot, processes marked by the daemon at `url`."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
     migs = mig_table(snapshot)
     if migs is not None:
         parts.append(migs)
-    parts.append(process_table(snapshot))
+    busy = any(gpu.processes for gpu in snapshot.gpus)
+    marks, why_not = daemon_marks(url) if busy else (None, "")
+    parts.append(process_table(snapshot, marks))
+    if why_not:
+        parts.append(Text(why_not, style="dim"))
     return Group(*parts)
 
 
-def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console) -> None:
+def _watch(
+    backend: GpuBackend, seconds: float, as_json: bool, console: Console, url: str | None
+) -> None:
     """Refresh until Ctrl-C; JSON mode prints one document per line per refresh."""
     try:
         if as_json:
@@ -134,11 +146,11 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console)
                 typer.echo(json.dumps(backend.snapshot().to_json()))
                 time.sleep(seconds)
         # a node taller than the terminal scrolls rather than losing its last GPUs
-        first = render(backend.snapshot())
+        first = render(backend.snapshot(), url)
         with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
             while True:
                 time.sleep(seconds)
-                live.update(render(backend.snapshot()), refresh=True)
+                live.update(render(backend.snapshot(), url), refresh=True)
     except KeyboardInterrupt:
         return
 
@@ -164,6 +176,12 @@ def register(app: typer.Typer) -> None:
         seconds: float | None = typer.Argument(
             None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
         ),
+        url: str | None = typer.Option(
+            None,
+            "--url",
+            metavar="URL",
+            help="The node daemon that marks each process's job (default: $GPUPOOL_URL).",
+        ),
     ) -> None:
         """Show the GPUs, their MIG instances and processes (NVML, or simulated GPUs)."""
         if seconds is not None and not watch:
@@ -174,8 +192,8 @@ def register(app: typer.Typer) -> None:
         console = Console()
         with open_backend(simulate, node_dir) as backend:
             if watch:
-                _watch(backend, interval, as_json, console)
+                _watch(backend, interval, as_json, console, url)
             elif as_json:
                 typer.echo(json.dumps(backend.snapshot().to_json(), indent=2))
             else:
-                console.print(render(backend.snapshot()))
+                console.print(render(backend.snapshot(), url))

@@ -45,6 +45,8 @@ def _row(job: dict[str, Any], now: float) -> list[str]:
         state += f" ({job['exit_code']})"
     if job.get("oom"):
         state += " oom"
+    if job.get("over_share"):
+        state += " over-share"
     util = job.get("utilization")
     return [
         str(job["id"]),
@@ -112,6 +114,10 @@ def print_job(job: dict[str, Any]) -> None:
         lines.append(f"  peak:     {_bytes(job['peak_memory'])}")
     if job.get("oom"):
         lines.append("  oom:      the shim refused an allocation past the share")
+    if job.get("over_share"):
+        lines.append(
+            "  watchdog: the driver saw it over its memory share (events below; gpupool events)"
+        )
     if job.get("waiting"):
         lines.append("  waiting because:")
         lines.extend(f"    {reason}" for reason in job["waiting"])

@@ -8,6 +8,7 @@ import typer
 def all_commands(app: typer.Typer) -> None:
     """Add every command group to `app` (one line per module keeps merges trivial)."""
     from gpupool.cli import (
+        events_cmd,
         exec_cmd,
         gpus_cmd,
         jobs_cmd,
@@ -26,3 +27,4 @@ def all_commands(app: typer.Typer) -> None:
     serve_cmd.register(app)
     jobs_cmd.register(app)
     k8s_cmd.register(app)
+    events_cmd.register(app)

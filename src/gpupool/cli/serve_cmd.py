@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
 
+from gpupool.core import settings
 from gpupool.core.errors import ConfigError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
@@ -71,11 +73,19 @@ def register(app: typer.Typer) -> None:
             help="Memory set aside per job and GPU for its CUDA context, beyond its share "
             "(default 512Mi on real GPUs, 0 on a simulated node).",
         ),
+        watchdog: str | None = typer.Option(
+            None,
+            "--watchdog",
+            metavar="report|kill",
+            help="A GPU process of no job, or a job over its memory share: record it, or also "
+            "SIGKILL it (default: $GPUPOOL_WATCHDOG, else report).",
+        ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
         from gpupool.agent import statedir
         from gpupool.agent.agent import Agent, AgentConfig
+        from gpupool.agent.watchdog import Action
         from gpupool.api import server
         from gpupool.api.app import create_app
         from gpupool.devices.factory import open_backend
@@ -87,10 +97,15 @@ def register(app: typer.Typer) -> None:
                 f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
             )
         reserve = _context_reserve(context_reserve)
+        action = Action.parse(watchdog or settings.WATCHDOG.read(os.environ) or "report")
         token = _token(token_file, listen)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
         config = AgentConfig(
-            root, policy=policy, cancel_grace_s=cancel_grace, context_reserve=reserve
+            root,
+            policy=policy,
+            cancel_grace_s=cancel_grace,
+            context_reserve=reserve,
+            watchdog=action,
         )
         lock = statedir.hold(root)
         sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]
@@ -111,7 +126,8 @@ def register(app: typer.Typer) -> None:
             )
             typer.echo(
                 f"gpupool serve: listening on {', '.join(where)} (policy {policy}, context "
-                f"reserve {format_bytes(agent.context_reserve)} per job and GPU, state {root})",
+                f"reserve {format_bytes(agent.context_reserve)} per job and GPU, watchdog "
+                f"{action}, state {root})",
                 err=True,
             )
             try:

@@ -128,6 +128,13 @@ TOKEN = Setting(
     "The bearer token clients send to a daemon over TCP (`gpupool serve --token-file`).",
     Reader.PYTHON,
 )
+WATCHDOG = Setting(
+    "GPUPOOL_WATCHDOG",
+    "report",
+    "What `gpupool serve` does with a GPU process of no job or a job over its memory share: "
+    "`report` (an event) or `kill` (SIGKILL to the process, recorded too).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -144,6 +151,7 @@ ALL: tuple[Setting, ...] = (
     DEBUG,
     URL,
     TOKEN,
+    WATCHDOG,
 )
 
 #: the settings that make up a share; only a launch may set them

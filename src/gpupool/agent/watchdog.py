@@ -1,0 +1,220 @@
+"""The watchdog: the driver's own view of the GPUs checked against the jobs, about every second.
+
+Interception can be escaped (a process without the preload, with its own accounting file or
+settings, or that fetches the real driver entry points itself), but the driver sees every process
+and its memory: NVML on real GPUs, the simulated driver's process slots on a simulated node. Two
+findings come out of each pass:
+- `no_job`: a GPU process that belongs to no running job (foreign, or escaped from its job's
+  process tree), a node event;
+- `over_share`: a job whose processes hold more memory on a GPU than its share there plus one
+  context reserve per process (each process has its own CUDA context, which the share does not
+  count), a job event. A GPU the job was not placed on is a share of 0.
+Each is recorded once: a process (pid and start time) once per kind, a job once per GPU while
+it stays over (again if it comes back under and goes over once more). With action `kill`, each
+offending process gets SIGKILL (for a job over its share, all its processes on that GPU: the
+driver cannot tell which one escaped), and the kill is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from gpupool.agent.jobdir import JobDir
+from gpupool.agent.jobs import Job
+from gpupool.agent.owners import Owners, identified
+from gpupool.agent.store import Store
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.units import format_bytes
+from gpupool.devices.procfs import process_start_time
+from gpupool.devices.snapshot import NodeSnapshot
+
+NO_JOB = "no_job"
+OVER_SHARE = "over_share"
+KILLED = "watchdog_kill"
+#: the event kinds the watchdog writes (job events and node events alike)
+KINDS = (NO_JOB, OVER_SHARE, KILLED)
+
+
+class Action(StrEnum):
+    REPORT = "report"
+    KILL = "kill"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        try:
+            return cls(text)
+        except ValueError:
+            raise InvalidRequest(
+                f"invalid watchdog action {text!r} (--watchdog, GPUPOOL_WATCHDOG): "
+                "use report or kill"
+            ) from None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process on one GPU, as the last pass saw it."""
+
+    gpu: int
+    pid: int
+    start: int
+    name: str
+    memory: int | None  # the driver's figure; None where it does not say
+    job: int | None
+    share: int | None  # the job's memory share on this GPU (0 on a GPU it was not placed on)
+    over_share: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "pid": self.pid,
+            "name": self.name,
+            "memory": self.memory,
+            "job": self.job,
+            "share": self.share,
+            "over_share": self.over_share,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    gpu: int
+    processes: tuple[GpuProcess, ...]
+    job: int | None = None
+    memory: int = 0
+    allowed: int = 0
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What makes it the same finding as last pass's: the process, or the job and GPU."""
+        if self.job is None:
+            return (self.kind, self.processes[0].pid, self.processes[0].start)
+        return (self.kind, self.job, self.gpu)
+
+    def detail(self) -> str:
+        pids = ", ".join(f"{p.pid} ({p.name or '?'})" for p in self.processes)
+        if self.kind == NO_JOB:
+            held = self.processes[0].memory
+            memory = "memory unknown" if held is None else format_bytes(held)
+            return f"GPU {self.gpu}: pid {pids} belongs to no job, {memory}"
+        return (
+            f"GPU {self.gpu}: {format_bytes(self.memory)} in the driver, share and context "
+            f"reserve {format_bytes(self.allowed)}; pid {pids}"
+        )
+
+
+def classify(
+    snapshot: NodeSnapshot,
+    jobs: Sequence[Job],
+    reserve: int,
+    job_of: Callable[[int], int | None],
+    ignore: frozenset[int] = frozenset(),
+) -> tuple[list[GpuProcess], list[Finding]]:
+    """Every GPU process with its job and share, and what is wrong among them."""
+    by_id = {job.id: job for job in jobs}
+    seen: list[GpuProcess] = []
+    findings: list[Finding] = []
+    for gpu in snapshot.gpus:
+        per_job: dict[int, list[GpuProcess]] = {}
+        for process in gpu.processes:
+            start = process_start_time(process.pid)
+            if start is None or process.pid in ignore:
+                continue  # gone since the driver listed it: nothing to report or kill
+            job_id = job_of(process.pid)
+            job = by_id.get(job_id) if job_id is not None else None
+            share = dict(zip(job.gpus, job.memory, strict=False)).get(gpu.index, 0) if job else None
+            entry = GpuProcess(
+                gpu.index, process.pid, start, process.name, process.memory_used, job_id, share
+            )
+            if job_id is None:
+                findings.append(Finding(NO_JOB, gpu.index, (entry,)))
+                seen.append(entry)
+            else:
+                per_job.setdefault(job_id, []).append(entry)
+        for job_id, processes in per_job.items():
+            used = sum(p.memory or 0 for p in processes)
+            allowed = (processes[0].share or 0) + reserve * len(processes)
+            over = used > allowed
+            if over:
+                findings.append(
+                    Finding(OVER_SHARE, gpu.index, tuple(processes), job_id, used, allowed)
+                )
+            seen.extend(replace(p, over_share=over) for p in processes)
+    return seen, findings
+
+
+def kill(pid: int, start: int) -> str:
+    """SIGKILL to `pid` if it is still the process that started at `start`; what happened.
+
+    A pidfd pins the process, so a pid reused between the check and the signal is never hit.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return "it had already exited"
+    except OSError as err:
+        return f"it could not be signalled: {err.strerror}"
+    try:
+        if process_start_time(pid) != start:
+            return "it had already exited"
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return "killed with SIGKILL"
+    except ProcessLookupError:
+        return "it had already exited"
+    except OSError as err:
+        return f"it could not be killed: {err.strerror}"
+    finally:
+        os.close(fd)
+
+
+class Watchdog:
+    """Runs a pass per sample (on the sampler's snapshot) and records what it finds, once."""
+
+    def __init__(
+        self, store: Store, action: Action, reserve: int, jobdir: Callable[[int], JobDir]
+    ) -> None:
+        self.store = store
+        self.jobdir = jobdir
+        self.action = action
+        self.reserve = reserve
+        self.processes: list[GpuProcess] = []
+        #: jobs that went over their share at least once (the mark in `ps`)
+        self.flagged: set[int] = store.job_ids_with(OVER_SHARE)
+        self._open: set[tuple[str, int, int]] = set()
+        self._ignore = frozenset({os.getpid()})
+
+    def check(self, snapshot: NodeSnapshot, running: Sequence[Job]) -> list[Finding]:
+        """One pass; the findings that are new (recorded, and acted on under `kill`)."""
+        running = [identified(job, self.jobdir) for job in running]
+        owners = Owners(running)
+        processes, findings = classify(snapshot, running, self.reserve, owners.job_of, self._ignore)
+        self.processes = processes
+        current = {finding.key for finding in findings}
+        new = [finding for finding in findings if finding.key not in self._open]
+        self._open = current
+        for finding in new:
+            self._record(finding, finding.kind, finding.detail())
+            if self.action is Action.KILL:
+                for process in finding.processes:
+                    outcome = kill(process.pid, process.start)
+                    self._record(finding, KILLED, f"pid {process.pid}: {outcome}", process.pid)
+        return new
+
+    def _record(self, finding: Finding, kind: str, detail: str, pid: int | None = None) -> None:
+        line = f"gpupool serve: watchdog: {kind}: {detail}"
+        if finding.job is not None:
+            self.store.note(finding.job, kind, detail)
+            self.flagged.add(finding.job)
+            line += f" (job {finding.job})"
+        else:
+            first = finding.processes[0].pid
+            self.store.node_event(kind, first if pid is None else pid, finding.gpu, detail)
+        with contextlib.suppress(OSError):  # a closed stderr must not stop the watchdog
+            print(line, file=sys.stderr, flush=True)
