@@ -34,11 +34,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpupool_arbiter.h"
 #include "shim.h"
 
-#define GP_ARB_MAGIC 0x3142524150505047ULL /* "GPPARB1" read as little-endian u64 */
-#define GP_ARB_VERSION 2u
-#define GP_ARB_SHARES 64
+#define GP_ARB_SHARES GPUPOOL_ARBITER_SHARES
 #define GP_LEASE_NS (20 * GP_NS_PER_MS)
 #define GP_WANT_NS (3 * GP_NS_PER_MS)  /* a share that asked this recently still wants the GPU */
 /* a high share asks at every slice while it has work: one that has not asked for this long is
@@ -50,30 +49,8 @@
 #define GP_STALE_NS (10 * GP_NS_PER_S)     /* a share slot this old may be reused */
 #define GP_POLL_NS (200 * 1000ULL)
 
-typedef struct {
-    uint64_t share_id; /* 0: free */
-    uint32_t weight;   /* percent */
-    uint32_t priority; /* gp_priority */
-    uint64_t vtime;     /* GPU ns x 100 / weight */
-    uint64_t wanted_ns; /* the last time it asked for the lease */
-} gp_arb_share;
-
-typedef struct {
-    uint64_t magic;
-    uint32_t version;
-    uint32_t size;
-    union {
-        pthread_mutex_t mutex;
-        char pad[128];
-    } lock;
-    int32_t holder_pid; /* 0: free */
-    uint32_t holder_slot;
-    uint64_t holder_start; /* /proc/PID/stat start time: a reused pid is not the holder */
-    uint64_t granted_ns;
-    uint64_t last_launch_ns;
-    uint64_t busy_until_ns; /* the holder's estimate of when its queued work ends */
-    gp_arb_share share[GP_ARB_SHARES];
-} gp_arb_file;
+typedef gpupool_arbiter_share gp_arb_share;
+typedef gpupool_arbiter_file gp_arb_file;
 
 typedef struct {
     int state; /* 0 unknown, 1 ready, -1 none */
@@ -108,9 +85,9 @@ static void init_file(gp_arb_file *map) {
     pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
     pthread_mutex_init(&map->lock.mutex, &attr);
     pthread_mutexattr_destroy(&attr);
-    map->version = GP_ARB_VERSION;
+    map->version = GPUPOOL_ARBITER_VERSION;
     map->size = sizeof *map;
-    __atomic_store_n(&map->magic, GP_ARB_MAGIC, __ATOMIC_RELEASE);
+    __atomic_store_n(&map->magic, GPUPOOL_ARBITER_MAGIC, __ATOMIC_RELEASE);
 }
 
 static gp_arb_file *map_file(const char *path) {
@@ -132,7 +109,7 @@ static gp_arb_file *map_file(const char *path) {
     gp_arb_file *map = mem;
     if (fresh) {
         init_file(map);
-    } else if (map->magic != GP_ARB_MAGIC || map->version != GP_ARB_VERSION ||
+    } else if (map->magic != GPUPOOL_ARBITER_MAGIC || map->version != GPUPOOL_ARBITER_VERSION ||
                map->size != sizeof *map) {
         gp_fatal("%s is not a compute arbiter of this gpupool version: remove it when no "
                  "workload runs on this GPU",
@@ -217,6 +194,8 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
     s->wanted_ns = now;
     s->weight = weight;
     s->priority = priority;
+    s->policy = (uint32_t)gp_region_policy();
+    s->pid = getpid();
     if (f->holder_pid == getpid()) return 1;
     const gp_arb_share *holder = &f->share[f->holder_slot % GP_ARB_SHARES];
     /* a high share takes the GPU from a low holder at once: the low one finds it gone at its
@@ -310,7 +289,10 @@ void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight) {
     if (d == NULL || d->slot < 0 || weight == 0) return;
     lock(d->file);
     gp_arb_share *s = &d->file->share[d->slot];
-    if (s->share_id == gp_region_share_id()) s->vtime += busy_ns * 100 / weight;
+    if (s->share_id == gp_region_share_id()) {
+        s->vtime += busy_ns * 100 / weight;
+        s->busy_ns += busy_ns;
+    }
     pthread_mutex_unlock(&d->file->lock.mutex);
 }
 
