@@ -41,7 +41,7 @@ def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_pa
         procs[percent] = start_client(client, env, "run", 4, "kernel")
     try:
         time.sleep(1.0)
-        uses = compute_use(arbiter_file(node, GPU), 1.5)
+        (uses,) = compute_use([arbiter_file(node, GPU)], 1.5)
     finally:
         for proc in procs.values():
             proc.communicate(timeout=30)
@@ -65,7 +65,7 @@ def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_pa
 
 def test_a_gpu_without_an_arbiter_has_no_shares(tmp_path: Path) -> None:
     assert read_shares(arbiter_file(tmp_path, GPU)) == []
-    assert compute_use(arbiter_file(tmp_path, GPU), 0.01) == []
+    assert compute_use([arbiter_file(tmp_path, GPU)], 0.01) == [[]]
     assert region_share_id(tmp_path / "no-region") is None
 
 

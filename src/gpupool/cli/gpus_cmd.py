@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -116,14 +117,26 @@ def process_table(snapshot: NodeSnapshot) -> Table:
     return table
 
 
-def render(snapshot: NodeSnapshot) -> RenderableType:
-    """The whole nvidia-smi-like view of one snapshot."""
+def render(snapshot: NodeSnapshot, shares: list[ShareRow] | None = None) -> RenderableType:
+    """The whole nvidia-smi-like view of one snapshot (and its compute shares' use)."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
     migs = mig_table(snapshot)
     if migs is not None:
         parts.append(migs)
     parts.append(process_table(snapshot))
+    compute = shares_table(shares or [])
+    if compute is not None:
+        parts.append(compute)
     return Group(*parts)
+
+
+def _document(snapshot: NodeSnapshot) -> dict[str, object]:
+    """`--json`: the snapshot and its compute shares' use."""
+    return snapshot.to_json() | {"compute_shares": shares_json(sample_shares(snapshot))}
+
+
+def _view(snapshot: NodeSnapshot) -> RenderableType:
+    return render(snapshot, sample_shares(snapshot))
 
 
 def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console) -> None:
@@ -131,14 +144,14 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console)
     try:
         if as_json:
             while True:
-                typer.echo(json.dumps(backend.snapshot().to_json()))
+                typer.echo(json.dumps(_document(backend.snapshot())))
                 time.sleep(seconds)
         # a node taller than the terminal scrolls rather than losing its last GPUs
-        first = render(backend.snapshot())
+        first = _view(backend.snapshot())
         with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
             while True:
                 time.sleep(seconds)
-                live.update(render(backend.snapshot()), refresh=True)
+                live.update(_view(backend.snapshot()), refresh=True)
     except KeyboardInterrupt:
         return
 
@@ -165,7 +178,7 @@ def register(app: typer.Typer) -> None:
             None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
         ),
     ) -> None:
-        """Show the GPUs, their MIG instances and processes (NVML, or simulated GPUs)."""
+        """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."""
         if seconds is not None and not watch:
             raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
         interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds
@@ -176,6 +189,6 @@ def register(app: typer.Typer) -> None:
             if watch:
                 _watch(backend, interval, as_json, console)
             elif as_json:
-                typer.echo(json.dumps(backend.snapshot().to_json(), indent=2))
+                typer.echo(json.dumps(_document(backend.snapshot()), indent=2))
             else:
-                console.print(render(backend.snapshot()))
+                console.print(_view(backend.snapshot()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,21 +121,25 @@ def live_shares(path: Path) -> list[ArbitratedShare]:
     return [s for s in read_shares(path) if s.wanted_ns >= cutoff and _alive(s.pid)]
 
 
-def compute_use(path: Path, window_s: float) -> list[ComputeUse]:
-    """Each live share's GPU use over the next `window_s` seconds, in percent of the GPU."""
-    before = {s.share_id: s for s in live_shares(path)}
-    if not before:
-        return []
+def compute_use(paths: Sequence[Path], window_s: float) -> list[list[ComputeUse]]:
+    """For the arbiter of each GPU in `paths`: each live share's GPU use over the next
+    `window_s` seconds, in percent of the GPU (one wait for all; none if no share is live)."""
+    before = [{s.share_id: s for s in live_shares(path)} for path in paths]
+    if not any(before):
+        return [[] for _ in paths]
     time.sleep(window_s)
-    uses = []
-    for share in live_shares(path):
-        first = before.get(share.share_id)
-        if first is None:
-            continue
-        elapsed = share.read_ns - first.read_ns
-        used = 100.0 * (share.busy_ns - first.busy_ns) / elapsed if elapsed > 0 else 0.0
-        uses.append(ComputeUse(share, used))
-    return uses
+    result = []
+    for path, earlier in zip(paths, before, strict=True):
+        uses = []
+        for share in live_shares(path) if earlier else []:
+            first = earlier.get(share.share_id)
+            if first is None:
+                continue
+            elapsed = share.read_ns - first.read_ns
+            used = 100.0 * (share.busy_ns - first.busy_ns) / elapsed if elapsed > 0 else 0.0
+            uses.append(ComputeUse(share, used))
+        result.append(uses)
+    return result
 
 
 def region_share_id(region: Path) -> int | None:
