@@ -32,6 +32,6 @@ def test_the_priority_case_runs_alone_on_the_simulated_driver(tmp_path: Path) ->
         "| high request loop next to a busy low share: p99 latency",
         "| low share beside it: GPU time it gets of what high leaves",
     ]
-    # the low share uses the high loop's gaps (the p99 row is left to the GPU: on the simulated
-    # driver a 2 s run's tail is the shared machine's jitter)
-    assert rows[1].endswith("| yes |"), rows
+    # the figures themselves are checked by tests/native/test_shim_arbiter.py with a loop that
+    # holds on a loaded machine; here, that both were measured
+    assert " ms alone (" in rows[0] and "% idle |" in rows[1], rows
