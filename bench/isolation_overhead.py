@@ -35,6 +35,7 @@ LABELS = {
     "free": "cuMemFree_v2",
     "launch": "cuLaunchKernel",
     "loop": "launch-bound loop (per launch)",
+    "arbitrated": "launch-bound loop (per launch), compute arbiter engaged",
 }
 
 
@@ -269,7 +270,12 @@ def main() -> None:
             engaged += measure(program, arbitrated(envs, work), case, runs)
         compute = compute_accuracy(work, node, args.seconds)
     command = " ".join(["python bench/isolation_overhead.py", *sys.argv[1:]])
-    result = f"{table(rows)}\n\n{loop_overheads(rows, engaged)}\n"
+    arbitrated_loops = [
+        Row(r.case, "arbitrated", r.without_ns, r.with_ns, r.pair_differences)
+        for r in engaged
+        if r.call == "loop"
+    ]
+    result = f"{table(rows + arbitrated_loops)}\n\n{loop_overheads(rows, engaged)}\n"
     print(result)
     print(compute)
     args.out.parent.mkdir(parents=True, exist_ok=True)
