@@ -19,10 +19,12 @@ share at least half of what the high one leaves. About 5 minutes on a GPU with t
 
 It never changes the GPU's modes, clocks or limits. `--simulate` runs the same steps on the
 simulated driver (a C stand-in for the nvcc program and for PyTorch, kernels of the same length),
-so the script is never run blind on the GPU:
+so the script is never run blind on the GPU. `--only paths|together|priority` runs one group
+(the priority pair alone takes about a minute on a GPU):
 
     PYTHONPATH=src python bench/gpu/compute_together.py --out compute.md
     PYTHONPATH=src python bench/gpu/compute_together.py --simulate --out compute-sim.md
+    PYTHONPATH=src python bench/gpu/compute_together.py --only priority --out priority.md
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -57,12 +60,17 @@ for _ in range(10):
     torch.mm(a, b, out=c)
 torch.cuda.synchronize()
 start = time.perf_counter()
+began = time.monotonic()
 count = 0
+marks = []
 while time.perf_counter() - start < seconds:
+    if not marks or time.monotonic() - marks[-1][0] >= 0.05:
+        marks.append([time.monotonic(), count])
     torch.mm(a, b, out=c)
     count += 1
 torch.cuda.synchronize()
-print("RESULT " + json.dumps({"kernels": count, "seconds": time.perf_counter() - start}))
+result = {"kernels": count, "seconds": time.perf_counter() - start}
+print("RESULT " + json.dumps(result | {"start": began, "end": time.monotonic(), "marks": marks}))
 """
 
 REQUESTS = """
@@ -77,6 +85,7 @@ with torch.no_grad():
         model(x)
     torch.cuda.synchronize()
     start = time.perf_counter()
+    began = time.monotonic()
     while time.perf_counter() - start < seconds:
         asked = time.perf_counter()
         model(x)
@@ -87,11 +96,14 @@ elapsed = time.perf_counter() - start
 latencies.sort()
 p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1e3
 result = {"kernels": len(latencies), "seconds": elapsed, "p99_ms": p99}
+result |= {"start": began, "end": time.monotonic()}
 print("RESULT " + json.dumps(result | {"busy_ms": sum(latencies) * 1e3}))
 """
 #: idle time between two requests of the high-priority loop, ms (and, simulated, a request's time)
 THINK_MS = 2.0
 P99_TARGET = 1.10
+#: the groups of cases `--only` picks from
+CASES = ("paths", "together", "priority")
 
 _LAUNCHES = re.compile(r"gpupool: launches seen: (.*)")
 _ENTRY = re.compile(r"(\w+) (\d+) \((\d+) held\)")
@@ -188,13 +200,24 @@ class Bench:
         return [sys.executable, "-c", MATMUL, str(seconds)]
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[dict[str, float], str]:
+def finish(proc: subprocess.Popen[str]) -> tuple[dict[str, Any], str]:
     stdout, stderr = proc.communicate(timeout=900)
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            result: dict[str, float] = json.loads(line[len("RESULT ") :])
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
             return result, stderr
     raise RuntimeError(f"a workload failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+
+
+def rate_between(result: dict[str, Any], start: float, end: float) -> float:
+    """A busy loop's kernels per second between two times (of another workload's run), from its
+    marks: the low share ran alone before and after the high one, which must not count."""
+    marks = [(float(t), int(n)) for t, n in result["marks"]]
+    inside = [(t, n) for t, n in marks if start <= t <= end]
+    if len(inside) < 2:
+        raise RuntimeError("the busy loop did not run all through the other workload's run")
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return (n1 - n0) / (t1 - t0)
 
 
 def launches(stderr: str) -> tuple[int, int, str]:
@@ -254,9 +277,13 @@ def together(bench: Bench, shares: Sequence[int], seconds: float, policy: str) -
     return [100.0 * r["kernels"] / r["seconds"] / bench.exclusive_rate for r in results]
 
 
-def together_rows(bench: Bench, seconds: float) -> list[Row]:
+def measure_exclusive(bench: Bench, seconds: float) -> None:
+    """The busy loop's throughput alone on the GPU: what every share's throughput is over."""
     result, _ = finish(bench.start(None, bench.busy_loop(seconds), 1.0))
     bench.exclusive_rate = result["kernels"] / result["seconds"]
+
+
+def together_rows(bench: Bench, seconds: float) -> list[Row]:
     rows = []
     for shares in PAIRS:
         got = together(bench, shares, seconds, "cap")
@@ -290,13 +317,16 @@ def requests(bench: Bench, seconds: float) -> list[str]:
 
 def priority_rows(bench: Bench, seconds: float) -> list[Row]:
     """A high-priority request loop alone, then next to a busy low-priority share."""
+    if bench.exclusive_rate == 0.0:
+        measure_exclusive(bench, seconds)
     alone, _ = finish(bench.start(None, requests(bench, seconds), THINK_MS, priority="high"))
     low = bench.start(None, bench.busy_loop(seconds + 2.0), 1.0, priority="low")
     beside, _ = finish(bench.start(None, requests(bench, seconds), THINK_MS, priority="high"))
     low_result, _ = finish(low)
     busy_ms = alone["busy_ms"] if "busy_ms" in alone else alone["kernels"] * alone["ms"]
     busy = busy_ms / (alone["seconds"] * 1000.0)
-    low_share = 100.0 * low_result["kernels"] / low_result["seconds"] / bench.exclusive_rate
+    low_share = 100.0 * rate_between(low_result, beside["start"], beside["end"])
+    low_share /= bench.exclusive_rate
     left = 100.0 * (1.0 - busy)
     ratio = beside["p99_ms"] / alone["p99_ms"]
     return [
@@ -349,6 +379,13 @@ def main() -> int:
     parser.add_argument("--simulate", action="store_true", help="run on the simulated driver")
     parser.add_argument("--seconds", type=float, default=None, help="length of each short run")
     parser.add_argument("--long-seconds", type=float, default=None, help="long-kernel runs")
+    parser.add_argument(
+        "--only",
+        choices=CASES,
+        default=None,
+        help="run one group of cases (default: all): the nvcc launch paths and long kernels, "
+        "shares busy together, or the high/low priority pair",
+    )
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.simulate else 5.0)
     long_seconds = args.long_seconds or (4.0 if args.simulate else 12.0)
@@ -358,8 +395,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpupool-compute-"))
     try:
         bench = Bench(work, args.simulate)
-        rows = path_rows(bench, seconds, long_seconds) + together_rows(bench, 2 * seconds)
-        rows += priority_rows(bench, 2 * seconds)
+        rows = []
+        if args.only in (None, "paths"):
+            rows += path_rows(bench, seconds, long_seconds)
+        if args.only in (None, "together"):
+            measure_exclusive(bench, 2 * seconds)
+            rows += together_rows(bench, 2 * seconds)
+        if args.only in (None, "priority"):
+            rows += priority_rows(bench, 2 * seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     command = "PYTHONPATH=src python bench/gpu/compute_together.py " + " ".join(sys.argv[1:])

@@ -11,9 +11,14 @@
  * again at the earliest clock of the others: idle time is never banked. A holder that stopped
  * launching (and whose work should be over), or whose process is gone, loses the lease.
  *
- * Priorities: a `low` share takes the lease only while no `high` share wants it, and gives it back
- * at its next batch when one does (its batches are small and one at a time, so little of its work
- * is in flight then); a high share never yields to a low one.
+ * Priorities: a `low` share takes the lease only while no `high` share wants it; a high share
+ * that asks takes the lease from a low holder at once (the low one finds it gone at its next
+ * batch; next to an active high share its batches are small, about GP_BATCH_NS, and one at a
+ * time, so a high request waits for at most that, and for one low kernel: kernels are not
+ * preempted). A high share wants the GPU only while it asks at every batch (within
+ * GP_HIGH_WANT_NS), and a high holder whose work is done lets a waiting low share in after
+ * GP_HIGH_HOLD_IDLE_NS: a latency-bound service's gaps between requests go to the low shares
+ * instead of idling. A high share never yields to a low one.
  *
  * A file that is not an arbiter of this version stops the workload (exit 2): it never runs
  * unarbitrated by mistake.
@@ -29,42 +34,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpupool_arbiter.h"
 #include "shim.h"
 
-#define GP_ARB_MAGIC 0x3142524150505047ULL /* "GPPARB1" read as little-endian u64 */
-#define GP_ARB_VERSION 1u
-#define GP_ARB_SHARES 64
+#define GP_ARB_SHARES GPUPOOL_ARBITER_SHARES
 #define GP_LEASE_NS (20 * GP_NS_PER_MS)
 #define GP_WANT_NS (3 * GP_NS_PER_MS)  /* a share that asked this recently still wants the GPU */
+/* a high share asks at every slice while it has work: one that has not asked for this long is
+ * between requests, and the low shares may use the GPU */
+#define GP_HIGH_WANT_NS (800 * 1000ULL)
 #define GP_HOLD_IDLE_NS (3 * GP_NS_PER_MS) /* a holder this long without launching lets go */
+#define GP_HIGH_HOLD_IDLE_NS (500 * 1000ULL) /* a high holder, when a low share waits */
 #define GP_IDLE_NS (50 * GP_NS_PER_MS)     /* a share idle this long starts afresh */
 #define GP_STALE_NS (10 * GP_NS_PER_S)     /* a share slot this old may be reused */
 #define GP_POLL_NS (200 * 1000ULL)
 
-typedef struct {
-    uint64_t share_id; /* 0: free */
-    uint32_t weight;   /* percent */
-    uint32_t low;      /* a low-priority share */
-    uint64_t vtime;     /* GPU ns x 100 / weight */
-    uint64_t wanted_ns; /* the last time it asked for the lease */
-} gp_arb_share;
-
-typedef struct {
-    uint64_t magic;
-    uint32_t version;
-    uint32_t size;
-    union {
-        pthread_mutex_t mutex;
-        char pad[128];
-    } lock;
-    int32_t holder_pid; /* 0: free */
-    uint32_t holder_slot;
-    uint64_t holder_start; /* /proc/PID/stat start time: a reused pid is not the holder */
-    uint64_t granted_ns;
-    uint64_t last_launch_ns;
-    uint64_t busy_until_ns; /* the holder's estimate of when its queued work ends */
-    gp_arb_share share[GP_ARB_SHARES];
-} gp_arb_file;
+typedef gpupool_arbiter_share gp_arb_share;
+typedef gpupool_arbiter_file gp_arb_file;
 
 typedef struct {
     int state; /* 0 unknown, 1 ready, -1 none */
@@ -85,8 +71,11 @@ void gp_arbiter_configure(const char *dir, gp_priority chosen) {
 
 gp_priority gp_arbiter_priority(void) { return priority; }
 
+static int is_low(const gp_arb_share *s) { return s->priority == GP_PRIORITY_LOW; }
+
 static int wants(const gp_arb_share *s, uint64_t now) {
-    return s->share_id != 0 && s->wanted_ns + GP_WANT_NS >= now;
+    uint64_t window = s->priority == GP_PRIORITY_HIGH ? GP_HIGH_WANT_NS : GP_WANT_NS;
+    return s->share_id != 0 && s->wanted_ns + window >= now;
 }
 
 static void init_file(gp_arb_file *map) {
@@ -96,9 +85,9 @@ static void init_file(gp_arb_file *map) {
     pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
     pthread_mutex_init(&map->lock.mutex, &attr);
     pthread_mutexattr_destroy(&attr);
-    map->version = GP_ARB_VERSION;
+    map->version = GPUPOOL_ARBITER_VERSION;
     map->size = sizeof *map;
-    __atomic_store_n(&map->magic, GP_ARB_MAGIC, __ATOMIC_RELEASE);
+    __atomic_store_n(&map->magic, GPUPOOL_ARBITER_MAGIC, __ATOMIC_RELEASE);
 }
 
 static gp_arb_file *map_file(const char *path) {
@@ -120,7 +109,7 @@ static gp_arb_file *map_file(const char *path) {
     gp_arb_file *map = mem;
     if (fresh) {
         init_file(map);
-    } else if (map->magic != GP_ARB_MAGIC || map->version != GP_ARB_VERSION ||
+    } else if (map->magic != GPUPOOL_ARBITER_MAGIC || map->version != GPUPOOL_ARBITER_VERSION ||
                map->size != sizeof *map) {
         gp_fatal("%s is not a compute arbiter of this gpupool version: remove it when no "
                  "workload runs on this GPU",
@@ -204,15 +193,24 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
     }
     s->wanted_ns = now;
     s->weight = weight;
-    s->low = priority == GP_PRIORITY_LOW;
+    s->priority = priority;
+    s->policy = (uint32_t)gp_region_policy();
+    s->pid = getpid();
     if (f->holder_pid == getpid()) return 1;
-    int idle = now > f->last_launch_ns + GP_HOLD_IDLE_NS && now > f->busy_until_ns;
-    if (!holder_gone(f) && !idle) return 0;
+    const gp_arb_share *holder = &f->share[f->holder_slot % GP_ARB_SHARES];
+    /* a high share takes the GPU from a low holder at once: the low one finds it gone at its
+     * next slice, and what it has in flight then is one small slice */
+    int preempt = priority == GP_PRIORITY_HIGH && is_low(holder);
+    /* a high holder between requests lets a waiting low share in soon: its work is done */
+    uint64_t hold_idle = holder->priority == GP_PRIORITY_HIGH && is_low(s) ? GP_HIGH_HOLD_IDLE_NS
+                                                                           : GP_HOLD_IDLE_NS;
+    int idle = now > f->last_launch_ns + hold_idle && now > f->busy_until_ns;
+    if (!holder_gone(f) && !idle && !preempt) return 0;
     for (int i = 0; i < GP_ARB_SHARES; i++) {
         const gp_arb_share *o = &f->share[i];
         if (i == me || !wants(o, now)) continue;
         /* a high share goes first; within a class, the earliest clock */
-        if (o->low < s->low || (o->low == s->low && o->vtime < s->vtime)) return 0;
+        if (is_low(o) < is_low(s) || (is_low(o) == is_low(s) && o->vtime < s->vtime)) return 0;
     }
     f->holder_pid = getpid();
     f->holder_start = my_start;
@@ -246,8 +244,8 @@ int gp_arbiter_should_yield(int dev, uint64_t now) {
         const gp_arb_share *o = &f->share[i];
         if (i == d->slot || !wants(o, now)) continue;
         /* a low holder yields to a high share at once; nobody yields to a low one */
-        if (low && !o->low) return 1;
-        if (expired && o->low == (uint32_t)low) return 1;
+        if (low && !is_low(o)) return 1;
+        if (expired && is_low(o) == low) return 1;
     }
     return 0;
 }
@@ -257,7 +255,7 @@ int gp_arbiter_high_active(int dev, uint64_t now) {
     if (d == NULL) return 0;
     for (int i = 0; i < GP_ARB_SHARES; i++) {
         const gp_arb_share *o = &d->file->share[i];
-        if (i == d->slot || o->share_id == 0 || o->low) continue;
+        if (i == d->slot || o->share_id == 0 || is_low(o)) continue;
         if (__atomic_load_n(&o->wanted_ns, __ATOMIC_RELAXED) + GP_IDLE_NS >= now) return 1;
     }
     return 0;
@@ -291,7 +289,10 @@ void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight) {
     if (d == NULL || d->slot < 0 || weight == 0) return;
     lock(d->file);
     gp_arb_share *s = &d->file->share[d->slot];
-    if (s->share_id == gp_region_share_id()) s->vtime += busy_ns * 100 / weight;
+    if (s->share_id == gp_region_share_id()) {
+        s->vtime += busy_ns * 100 / weight;
+        s->busy_ns += busy_ns;
+    }
     pthread_mutex_unlock(&d->file->lock.mutex);
 }
 

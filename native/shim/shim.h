@@ -141,6 +141,7 @@ void gp_memory_report_refusals(void);
 typedef struct {
     int dev;    /* -1: not throttled, the launch passes straight through */
     int pushed; /* the stream's context was made current for the launch (none was) */
+    uint64_t now; /* when the launch was made (after any wait for its turn) */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);

@@ -322,9 +322,10 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
         t->open = 1;
         t->stream = stream;
         t->ptsz = is_ptsz;
-        t->submit_ns = gp_now_ns();
+        t->submit_ns = now = gp_now_ns();
         t->launches = 0;
     }
+    launch->now = now;
     launch->dev = dev; /* the lock stays held until gp_throttle_after */
 }
 
@@ -333,7 +334,8 @@ void gp_throttle_after(gp_launch *launch, CUresult rc) {
     gp_throttle *t = &throttles[launch->dev];
     if (rc == CUDA_SUCCESS) {
         t->launches++;
-        t->last_launch_ns = gp_now_ns();
+        /* the launch's start, not its end: one clock read a launch is a measurable cost */
+        t->last_launch_ns = launch->now;
         gp_arbiter_launched(launch->dev, t->last_launch_ns, t->avg_launch_ns);
         if (t->launches >= t->batch_target) close_batch(t, 0);
     } else if (t->launches == 0) {

@@ -23,8 +23,10 @@ def test_kill_9_loses_nothing_and_runs_nothing_twice(daemon: Daemon, tmp_path: P
     marks = tmp_path / "marks"
     marks.mkdir()
     script = f"echo run >> {marks}/$0; sleep $1; exit $2"
+    # `b` runs until released, so it outlives the daemon however slowly the daemon restarts
+    held = f"echo run >> {marks}/$0; until [ -e {marks}/release ]; do sleep 0.05; done"
     ends_while_down = daemon.submit(["sh", "-c", script, "a", "0.5", "4"], compute=30)
-    outlives = daemon.submit(["sh", "-c", script, "b", "3", "0"], compute=30)
+    outlives = daemon.submit(["sh", "-c", held, "b"], compute=30)
     queued = daemon.submit(["sh", "-c", script, "c", "0", "0"], gpus=2, compute=100)
     daemon.wait(outlives, ("running",))
     daemon.kill()
@@ -33,6 +35,7 @@ def test_kill_9_loses_nothing_and_runs_nothing_twice(daemon: Daemon, tmp_path: P
         daemon.job(outlives)
     daemon.start()
     assert daemon.wait(ends_while_down)["exit_code"] == 4
+    (marks / "release").write_text("")
     assert daemon.wait(outlives)["exit_code"] == 0
     assert daemon.wait(queued)["exit_code"] == 0
     kinds = [e["kind"] for e in daemon.job(outlives)["events"]]

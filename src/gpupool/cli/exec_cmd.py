@@ -6,12 +6,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
 from typer.core import TyperCommand
 
+from gpupool.cli.compute_view import exec_use_lines
 from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.resources import Priority
 from gpupool.core.units import (
@@ -26,6 +28,7 @@ from gpupool.isolation.launch import (
     ComputePolicy,
     LaunchSpec,
     ShareLimits,
+    arbiter_dir,
     build_launch_spec,
     memory_bytes,
 )
@@ -113,7 +116,7 @@ class _ExecCommand(TyperCommand):
 
 def _prepare(
     command: list[str], limits: ShareLimits, simulate: str | None, node_dir: Path | None
-) -> LaunchSpec:
+) -> tuple[LaunchSpec, LaunchNode]:
     """Check every value against the node, announce a simulated one, and build the launch."""
     node = open_launch_node(simulate, node_dir)
     totals = node.totals_of(limits.gpus)
@@ -123,7 +126,20 @@ def _prepare(
     _announce(node, simulate)
     if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU or limits.priority:
         typer.echo(f"gpupool: {_share_line(node, limits)}", err=True)
-    return spec
+    return spec, node
+
+
+def _report_use(spec: LaunchSpec, node: LaunchNode, limits: ShareLimits, seconds: float) -> None:
+    """On stderr, what the share used of each GPU against its share (stdout is the command's)."""
+    if spec.shared_region is None or not node.uuids:
+        return
+    gpus = [(index, node.uuids[index]) for index in limits.gpus]
+    try:
+        lines = exec_use_lines(spec.shared_region, arbiter_dir(node.sim_node), gpus, seconds)
+    except GpupoolError as err:
+        lines = [f"compute use unknown: {err}"]
+    for line in lines:
+        typer.echo(f"gpupool: {line}", err=True)
 
 
 def _share_line(node: LaunchNode, limits: ShareLimits) -> str:
@@ -188,12 +204,14 @@ def register(app: typer.Typer) -> None:
         # every value is checked before anything runs: syntax first, then against the node
         try:
             limits = _limits(gpu, memory, compute, compute_policy, priority)
-            spec = _prepare(command, limits, simulate, node_dir)
+            spec, node = _prepare(command, limits, simulate, node_dir)
         except GpupoolError as err:
             typer.echo(f"gpupool: error: {err}", err=True)
             raise typer.Exit(EXIT_EXEC_FAILED) from err
         try:
+            started = time.monotonic()
             code = _run(spec)
+            _report_use(spec, node, limits, time.monotonic() - started)
         finally:
             if spec.shared_region is not None:
                 shutil.rmtree(spec.shared_region.parent, ignore_errors=True)

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
@@ -122,8 +123,11 @@ def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> Table:
     return table
 
 
-def render(snapshot: NodeSnapshot, url: str | None = None) -> RenderableType:
-    """The whole nvidia-smi-like view of one snapshot, processes marked by the daemon at `url`."""
+def render(
+    snapshot: NodeSnapshot, url: str | None = None, shares: list[ShareRow] | None = None
+) -> RenderableType:
+    """The whole nvidia-smi-like view of one snapshot: processes marked by the daemon at `url`,
+    and the compute shares' use."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
     migs = mig_table(snapshot)
     if migs is not None:
@@ -133,7 +137,19 @@ def render(snapshot: NodeSnapshot, url: str | None = None) -> RenderableType:
     parts.append(process_table(snapshot, marks))
     if why_not:
         parts.append(Text(why_not, style="dim"))
+    compute = shares_table(shares or [])
+    if compute is not None:
+        parts.append(compute)
     return Group(*parts)
+
+
+def _document(snapshot: NodeSnapshot) -> dict[str, object]:
+    """`--json`: the snapshot and its compute shares' use."""
+    return snapshot.to_json() | {"compute_shares": shares_json(sample_shares(snapshot))}
+
+
+def _view(snapshot: NodeSnapshot, url: str | None) -> RenderableType:
+    return render(snapshot, url, sample_shares(snapshot))
 
 
 def _watch(
@@ -143,14 +159,14 @@ def _watch(
     try:
         if as_json:
             while True:
-                typer.echo(json.dumps(backend.snapshot().to_json()))
+                typer.echo(json.dumps(_document(backend.snapshot())))
                 time.sleep(seconds)
         # a node taller than the terminal scrolls rather than losing its last GPUs
-        first = render(backend.snapshot(), url)
+        first = _view(backend.snapshot(), url)
         with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
             while True:
                 time.sleep(seconds)
-                live.update(render(backend.snapshot(), url), refresh=True)
+                live.update(_view(backend.snapshot(), url), refresh=True)
     except KeyboardInterrupt:
         return
 
@@ -183,7 +199,7 @@ def register(app: typer.Typer) -> None:
             help="The node daemon that marks each process's job (default: $GPUPOOL_URL).",
         ),
     ) -> None:
-        """Show the GPUs, their MIG instances and processes (NVML, or simulated GPUs)."""
+        """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."""
         if seconds is not None and not watch:
             raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
         interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds
@@ -194,6 +210,6 @@ def register(app: typer.Typer) -> None:
             if watch:
                 _watch(backend, interval, as_json, console, url)
             elif as_json:
-                typer.echo(json.dumps(backend.snapshot().to_json(), indent=2))
+                typer.echo(json.dumps(_document(backend.snapshot()), indent=2))
             else:
-                console.print(render(backend.snapshot(), url))
+                console.print(_view(backend.snapshot(), url))

@@ -26,6 +26,8 @@ class LaunchNode:
     sim_node: Path | None = None
     #: the simulated node's spec as it was created (`2xH100`), None on real GPUs
     sim_spec: str | None = None
+    #: each GPU's UUID (its compute arbiter's name)
+    uuids: tuple[str, ...] = ()
 
     def totals_of(self, gpus: Sequence[int]) -> list[int | None]:
         """The memory of each GPU in `gpus`; an index the node lacks is one line naming it."""
@@ -57,10 +59,11 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
     totals = tuple(
         g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
     )
+    uuids = tuple(g.uuid for g in snapshot.gpus)
     sim = backend.simulated_node()
     if sim is None:
-        return LaunchNode(models, totals)
-    return LaunchNode(models, totals, sim.directory, sim.spec)
+        return LaunchNode(models, totals, uuids=uuids)
+    return LaunchNode(models, totals, sim.directory, sim.spec, uuids)
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:

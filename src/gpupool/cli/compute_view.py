@@ -1,0 +1,108 @@
+"""Each compute share's measured use against its share, from the GPUs' arbiters: a table of
+`gpupool gpus` and the closing line of `gpupool exec`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.isolation.arbiter import (
+    ArbitratedShare,
+    arbiter_file,
+    compute_use,
+    find_share,
+    region_share_id,
+)
+from gpupool.isolation.launch import arbiter_dir
+
+#: how long `gpupool gpus` watches the shares' GPU time (only when a share runs)
+WINDOW_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class ShareRow:
+    gpu: int
+    share: ArbitratedShare
+    used_percent: float
+
+
+def _directory(snapshot: NodeSnapshot) -> Path:
+    simulated = Path(snapshot.node_dir) if snapshot.simulated and snapshot.node_dir else None
+    return arbiter_dir(simulated)
+
+
+def sample_shares(snapshot: NodeSnapshot, window_s: float = WINDOW_SECONDS) -> list[ShareRow]:
+    """Every running compute share of the node's GPUs and its use over `window_s`."""
+    directory = _directory(snapshot)
+    gpus = [gpu for gpu in snapshot.gpus if gpu.uuid]
+    uses = compute_use([arbiter_file(directory, gpu.uuid) for gpu in gpus], window_s)
+    return [
+        ShareRow(gpu.index, use.share, use.used_percent)
+        for gpu, per_gpu in zip(gpus, uses, strict=True)
+        for use in per_gpu
+    ]
+
+
+def _share(share: ArbitratedShare) -> str:
+    return f"{share.percent}% {share.policy}"
+
+
+def shares_table(rows: Sequence[ShareRow]) -> Table | None:
+    """The compute shares table, or None when no share runs."""
+    if not rows:
+        return None
+    table = Table(title="Compute shares", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("GPU", "PID", "Share", "Priority", "Used"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            str(row.gpu),
+            str(row.share.pid),
+            _share(row.share),
+            row.share.priority or "-",
+            f"{row.used_percent:.1f}%",
+        )
+    return table
+
+
+def shares_json(rows: Sequence[ShareRow]) -> list[dict[str, Any]]:
+    """The `compute_shares` list of `gpupool gpus --json`."""
+    return [
+        {
+            "gpu": row.gpu,
+            "pid": row.share.pid,
+            "percent": row.share.percent,
+            "policy": row.share.policy,
+            "priority": row.share.priority,
+            "used_percent": round(row.used_percent, 1),
+        }
+        for row in rows
+    ]
+
+
+def exec_use_lines(
+    region: Path, directory: Path, gpus: Sequence[tuple[int, str]], seconds: float
+) -> list[str]:
+    """What a finished `gpupool exec` share used of each of its GPUs over its `seconds` of run,
+    against its share; nothing where it was not arbitrated (it never launched under a share)."""
+    share_id = region_share_id(region)
+    if share_id is None or seconds <= 0:
+        return []
+    lines = []
+    for index, uuid in gpus:
+        share = find_share(directory, uuid, share_id)
+        if share is None:
+            continue
+        used = 100.0 * share.busy_ns / (seconds * 1e9)
+        priority = f", priority {share.priority}" if share.priority else ""
+        lines.append(
+            f"compute use on GPU {index}: {used:.1f}% of the GPU over {seconds:.1f} s "
+            f"(share {_share(share)}{priority})"
+        )
+    return lines

@@ -1,0 +1,164 @@
+"""The GPUs' compute arbiters, read: Python's side of native/include/gpupool_arbiter.h.
+
+Every compute share on a GPU has a slot in the GPU's arbiter file (in the node's arbiter
+directory), where the interception library keeps its percent, priority, policy, the latest of its
+processes and the GPU time measured for it. `gpupool gpus` shows each live share's use against its
+share; `gpupool exec` says what its own share used. Offsets here and in the header change together
+(bump VERSION); a test compares them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.core.errors import ConfigError
+
+MAGIC = 0x3142524150505047  # b"GPPARB1" as a little-endian u64
+VERSION = 2
+SHARES = 64
+HEADER = struct.Struct("<QII")  # magic, version, size
+SHARES_OFFSET = 184
+SHARE = struct.Struct("<QIIQQQiI")  # share_id .. policy
+FILE_SIZE = SHARES_OFFSET + SHARES * SHARE.size
+FILE_PREFIX = "gpupool-arbiter-"
+
+#: the library's numbers for a share's priority and policy
+PRIORITIES = {0: None, 1: "high", 2: "low"}
+POLICIES = {0: "cap", 1: "share"}
+
+#: the accounting region of a share (native/shim/region.c): its id, which names its arbiter slots
+REGION_MAGIC = 0x314E474552505047  # b"GPPREGN1"
+REGION_VERSION = 2
+_REGION_HEAD = struct.Struct("<QIIQ")  # magic, version, size, share_id
+
+#: a share whose processes last asked for a GPU this long ago is not shown as running
+LIVE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ArbitratedShare:
+    """One share's slot in a GPU's arbiter, as read at `read_ns` (CLOCK_MONOTONIC)."""
+
+    share_id: int
+    percent: int
+    priority: str | None
+    policy: str
+    pid: int
+    busy_ns: int
+    wanted_ns: int
+    read_ns: int
+
+
+@dataclass(frozen=True)
+class ComputeUse:
+    """A share's measured GPU use over a window, against its share."""
+
+    share: ArbitratedShare
+    used_percent: float
+
+
+def arbiter_file(directory: Path, gpu_uuid: str) -> Path:
+    """The arbiter of the GPU `gpu_uuid` ("GPU-xxxxxxxx-..."): its 32 hex digits, as the library
+    names it from cuDeviceGetUuid."""
+    digits = gpu_uuid.removeprefix("GPU-").replace("-", "").lower()
+    return directory / f"{FILE_PREFIX}{digits}"
+
+
+def read_shares(path: Path) -> list[ArbitratedShare]:
+    """Every share with a slot in the arbiter at `path`; none if the GPU has no arbiter yet."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise ConfigError(f"cannot read the compute arbiter {path}: {err.strerror}") from err
+    now = time.monotonic_ns()
+    magic, version, size = HEADER.unpack_from(data) if len(data) >= HEADER.size else (0, 0, 0)
+    if magic != MAGIC or version != VERSION or size != FILE_SIZE or len(data) != FILE_SIZE:
+        raise ConfigError(
+            f"{path} is not a compute arbiter of this gpupool version (it reads version "
+            f"{VERSION}): remove it when no workload runs on this GPU"
+        )
+    shares = []
+    for slot in range(SHARES):
+        share_id, weight, priority, _vtime, wanted, busy, pid, policy = SHARE.unpack_from(
+            data, SHARES_OFFSET + slot * SHARE.size
+        )
+        if share_id != 0:
+            shares.append(
+                ArbitratedShare(
+                    share_id,
+                    weight,
+                    PRIORITIES.get(priority),
+                    POLICIES.get(policy, "cap"),
+                    pid,
+                    busy,
+                    wanted,
+                    now,
+                )
+            )
+    return shares
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return pid > 0
+
+
+def live_shares(path: Path) -> list[ArbitratedShare]:
+    """The shares whose processes still run and asked for the GPU recently."""
+    cutoff = time.monotonic_ns() - int(LIVE_SECONDS * 1e9)
+    return [s for s in read_shares(path) if s.wanted_ns >= cutoff and _alive(s.pid)]
+
+
+def compute_use(paths: Sequence[Path], window_s: float) -> list[list[ComputeUse]]:
+    """For the arbiter of each GPU in `paths`: each live share's GPU use over the next
+    `window_s` seconds, in percent of the GPU (one wait for all; none if no share is live)."""
+    before = [{s.share_id: s for s in live_shares(path)} for path in paths]
+    if not any(before):
+        return [[] for _ in paths]
+    time.sleep(window_s)
+    result = []
+    for path, earlier in zip(paths, before, strict=True):
+        uses = []
+        for share in live_shares(path) if earlier else []:
+            first = earlier.get(share.share_id)
+            if first is None:
+                continue
+            elapsed = share.read_ns - first.read_ns
+            used = 100.0 * (share.busy_ns - first.busy_ns) / elapsed if elapsed > 0 else 0.0
+            uses.append(ComputeUse(share, used))
+        result.append(uses)
+    return result
+
+
+def region_share_id(region: Path) -> int | None:
+    """The id of the share whose accounting region is at `region`; None if it was never created
+    (the command never used a GPU) or is not one of this version."""
+    try:
+        with region.open("rb") as f:
+            head = f.read(_REGION_HEAD.size)
+    except OSError:
+        return None
+    if len(head) < _REGION_HEAD.size:
+        return None
+    magic, version, _size, share_id = _REGION_HEAD.unpack(head)
+    return share_id if magic == REGION_MAGIC and version == REGION_VERSION else None
+
+
+def find_share(directory: Path, gpu_uuid: str, share_id: int) -> ArbitratedShare | None:
+    """The slot of share `share_id` in the arbiter of `gpu_uuid`, if it has one."""
+    for share in read_shares(arbiter_file(directory, gpu_uuid)):
+        if share.share_id == share_id:
+            return share
+    return None
