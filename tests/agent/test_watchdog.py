@@ -125,6 +125,9 @@ def test_a_process_the_daemon_did_not_start_is_reported(reporting: Daemon) -> No
         shown = cli("events", url=reporting.url, check=True).stdout
         assert "watchdog action: report" in shown
         assert f"node      no_job         GPU 0: pid {foreign.pid}" in shown
+        for bad in (("--limit", "0"), ("--since", "-1")):
+            refused = cli("events", *bad, url=reporting.url)
+            assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     finally:
         foreign.kill()
         foreign.wait()

@@ -196,15 +196,15 @@ class Watchdog:
         owners = Owners(running)
         processes, findings = classify(snapshot, running, self.reserve, owners.job_of, self._ignore)
         self.processes = processes
-        current = {finding.key for finding in findings}
         new = [finding for finding in findings if finding.key not in self._open]
-        self._open = current
         for finding in new:
             self._record(finding, finding.kind, finding.detail())
             if self.action is Action.KILL:
                 for process in finding.processes:
                     outcome = kill(process.pid, process.start)
                     self._record(finding, KILLED, f"pid {process.pid}: {outcome}", process.pid)
+        # only now: a store that failed half-way leaves the rest to be recorded next pass
+        self._open = {finding.key for finding in findings}
         return new
 
     def _record(self, finding: Finding, kind: str, detail: str, pid: int | None = None) -> None:
