@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from gpupool import __version__
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, JobSpec
+from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import (
     DaemonError,
     DeviceError,
@@ -193,6 +194,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     def node(_: int = Depends(caller)) -> dict[str, Any]:
         return agent.node_json()
 
+    app.include_router(metrics_router(agent, caller))
     return app
 
 
