@@ -60,3 +60,17 @@ def test_a_store_that_cannot_be_written_is_one_error_and_unchanged(tmp_path: Pat
     with pytest.raises(DaemonError):
         store.add(JobSpec(("true",), name="y" * 5000), 0, "root")
     assert len(store.jobs()) == before
+
+
+def test_recent_events_span_jobs_newest_first(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    first = store.add(JobSpec(("true",)), 1000, "alice")
+    second = store.add(JobSpec(("true",)), 1001, "bob")
+    store.note(first.id, "oom", "refused 1GiB")
+    recent = store.recent_events(limit=2)
+    assert [(e["job_id"], e["kind"]) for e in recent] == [
+        (first.id, "oom"),
+        (second.id, "submitted"),
+    ]
+    assert recent[0]["detail"] == "refused 1GiB" and recent[0]["at"] >= recent[1]["at"]
+    assert len(store.recent_events()) == 3

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from gpupool import __version__
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, JobSpec
+from gpupool.api.dashboard import dashboard_router
 from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import (
     DaemonError,
@@ -195,6 +196,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         return agent.node_json()
 
     app.include_router(metrics_router(agent, caller))
+    app.include_router(dashboard_router(agent, token, caller))
     return app
 
 
