@@ -15,6 +15,7 @@ def all_commands(app: typer.Typer) -> None:
         mig_cmd,
         serve_cmd,
         sim_cmd,
+        top_cmd,
         version_cmd,
     )
 
@@ -26,3 +27,4 @@ def all_commands(app: typer.Typer) -> None:
     serve_cmd.register(app)
     jobs_cmd.register(app)
     k8s_cmd.register(app)
+    top_cmd.register(app)
