@@ -32,8 +32,9 @@ Caller = Callable[[Request], Awaitable[int]]
 
 
 def recent_events(agent: Agent, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
-    """The events panel's rows, newest first: {at, job_id, kind, detail}. Every source of events
-    is merged here, so the page and `top` show them all."""
+    """The events panel's rows, newest first: {at, job_id, kind, detail}, job_id None for an
+    event of the node rather than of a job. Every source of events is merged here, so the page
+    shows them all."""
     return agent.store.recent_events(limit)
 
 

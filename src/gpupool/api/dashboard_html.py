@@ -174,12 +174,18 @@ def history_html(data: dict[str, Any]) -> str:
     )
 
 
+def _source(event: dict[str, Any]) -> str:
+    """A link to the event's job, or "node" for an event of no job (job_id None)."""
+    if event.get("job_id") is None:
+        return '<span class="node">node</span>'
+    return f'<a href="/jobs/{event["job_id"]}">job {event["job_id"]}</a>'
+
+
 def events_html(data: dict[str, Any]) -> str:
     if not data["events"]:
         return '<p class="empty">no events yet</p>'
     rows = "".join(
-        f'<li class="event {escape(e["kind"])}"><time>{_clock(e["at"])}</time>'
-        f'<a href="/jobs/{e["job_id"]}">job {e["job_id"]}</a>'
+        f'<li class="event {escape(e["kind"])}"><time>{_clock(e["at"])}</time>{_source(e)}'
         f'<span class="badge {escape(e["kind"])}">{escape(e["kind"])}</span>'
         f"<span>{escape(e['detail'])}</span></li>"
         for e in data["events"]

@@ -177,7 +177,7 @@ class AgentCollector(Collector):
             ),
             _histogram(
                 "gpupool_scheduling_latency_seconds",
-                "Time of one scheduling pass over a non-empty queue",
+                "Time of one scheduling decision over a non-empty queue (launches not included)",
                 observed.scheduling.read(),
             ),
         ]
