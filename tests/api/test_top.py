@@ -99,3 +99,22 @@ def test_bad_input_and_no_daemon_are_one_line() -> None:
     assert (
         gone.returncode == 7 and gone.stderr.count("\n") == 1 and "no gpupool daemon" in gone.stderr
     )
+
+
+def test_the_live_view_outlives_a_daemon_restart(daemon: Daemon) -> None:
+    daemon.submit(["sleep", "60"], compute=10, name="steady")
+    process, controller = _run_in_pty(daemon)
+    try:
+        assert b"steady" in _read_until(controller, b"steady")
+        daemon.kill()
+        assert b"daemon not answering" in _read_until(controller, b"daemon not answering")
+        assert process.poll() is None
+        daemon.start()
+        daemon.submit(["sleep", "60"], compute=10, name="after-restart")
+        assert b"after-restart" in _read_until(controller, b"after-restart")
+        os.write(controller, b"q")
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(controller)
