@@ -53,5 +53,7 @@ class AnyPythonWheel(bdist_wheel):
 setup(
     cmdclass={"build_py": BuildNativeThenPy, "bdist_wheel": AnyPythonWheel},
     distclass=PlatformDistribution,
-    package_data={"gpupool": ["_native/*.so", "_native/sim/libcuda.so.1"]},
+    package_data={
+        "gpupool": ["_native/*.so", "_native/sim/libcuda.so.1", "api/static/*"]
+    },
 )

@@ -86,3 +86,17 @@ def test_a_first_version_store_gains_the_watchdog_events_and_keeps_its_jobs(
     ]
     assert store.job_ids_with("over_share") == {1}
     assert store.node_events(("over_share",), limit=1)[0]["kind"] == "no_job"  # the newest
+
+
+def test_recent_events_span_jobs_newest_first(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    first = store.add(JobSpec(("true",)), 1000, "alice")
+    second = store.add(JobSpec(("true",)), 1001, "bob")
+    store.note(first.id, "oom", "refused 1GiB")
+    recent = store.recent_events(limit=2)
+    assert [(e["job_id"], e["kind"]) for e in recent] == [
+        (first.id, "oom"),
+        (second.id, "submitted"),
+    ]
+    assert recent[0]["detail"] == "refused 1GiB" and recent[0]["at"] >= recent[1]["at"]
+    assert len(store.recent_events()) == 3

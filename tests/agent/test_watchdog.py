@@ -5,6 +5,7 @@ with `--watchdog kill` the offending processes die and the kill is recorded."""
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
 from tests.agent.watchdog_support import (
@@ -280,6 +283,39 @@ def test_gpus_without_a_daemon_shows_no_marks_and_says_why(tmp_path: Path) -> No
         shown = cli(*args, url=nowhere, check=True).stdout
         assert f"no job marks: no gpupool daemon at {nowhere}" in " ".join(shown.split())
         assert "Job" not in shown.split("Processes")[1]
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def _metric(daemon: Daemon, name: str) -> dict[str, float]:
+    """`name`'s samples in one scrape of /metrics, by their label values joined with ','."""
+    transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
+    with httpx.Client(transport=transport, base_url="http://gpupool") as client:
+        text = client.get("/metrics").text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[",".join(sample.labels.values())] = sample.value
+    return found
+
+
+def test_the_metrics_and_the_dashboard_show_what_the_watchdog_found(
+    reporting: Daemon, dlvsym_prog: Path, tmp_path: Path
+) -> None:
+    command = escape_command("unset LD_PRELOAD", tmp_path / "scratch", dlvsym_prog)
+    job_id = reporting.submit(command, memory=SHARE, compute=10, name="leaky")
+    foreign = foreign_process(reporting.node_dir)
+    try:
+        wait_for_event(reporting, lambda e: e["kind"] == "over_share" and e["job_id"] == job_id)
+        wait_for_event(reporting, lambda e: e["kind"] == "no_job")
+        over = _metric(reporting, "gpupool_job_over_share")
+        assert over == {f"{job_id},leaky,{pwd.getpwuid(os.getuid()).pw_name}": 1.0}, over
+        assert _metric(reporting, "gpupool_gpu_processes_without_job") == {"0": 1.0}
+        events = reporting.call("GET", "/v1/dashboard")["events"]
+        kinds = {(e["kind"], e["job_id"]) for e in events}
+        assert {("over_share", job_id), ("no_job", None)} <= kinds
     finally:
         foreign.kill()
         foreign.wait()

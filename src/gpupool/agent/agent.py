@@ -22,6 +22,7 @@ from typing import Any
 from gpupool.agent import launcher, node
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.observe import Observations
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
@@ -84,6 +85,9 @@ class Agent:
         self._waiting: dict[int, tuple[str, ...]] = {}
         self._cancel_at: dict[int, float] = {}
         self._threads: list[threading.Thread] = []
+        #: for /metrics, the dashboard and `top`
+        self.observed = Observations(sample_s=config.sample_s)
+        self.observed.sampled(snapshot, {})
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -318,6 +322,7 @@ class Agent:
         if not queued:
             self._waiting = {}
             return
+        began = time.perf_counter()
         running = self.store.jobs([State.RUNNING])
         free = node.free_now(self.capacity, running, self.context_reserve)
         decided = plan(
@@ -330,7 +335,9 @@ class Agent:
             self.context_reserve,
         )
         self._waiting = decided.waiting
+        self.observed.scheduling.observe(time.perf_counter() - began)
         for start in decided.starts:
+            self.observed.started(start.job.submitted_at)
             where = ", ".join(str(g) for g in start.gpus)
             detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
             job = self.store.start(start.job, start.gpus, start.memory, detail)
@@ -364,6 +371,7 @@ class Agent:
         running = self.store.jobs([State.RUNNING])
         groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
         usage = job_usage(snapshot, groups)
+        self.observed.sampled(snapshot, groups)
         with self._lock:
             self._live = usage
             for job_id, now in usage.items():

@@ -200,6 +200,17 @@ class Store:
             rows = self._db.execute(query, (since, *job_kinds, since, limit)).fetchall()
         return [dict(row) for row in reversed(rows)]
 
+    def recent_events(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The last `limit` events of all jobs, newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, job_id, kind, detail FROM events ORDER BY id DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [
+            {"at": r["at"], "job_id": r["job_id"], "kind": r["kind"], "detail": r["detail"]}
+            for r in rows
+        ]
+
     def setting(self, key: str) -> str | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()

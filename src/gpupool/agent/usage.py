@@ -19,7 +19,8 @@ class Usage:
     utilization: int | None  # percent, the highest of its GPUs
 
 
-def _group(pid: int) -> int | None:
+def process_group(pid: int) -> int | None:
+    """The process group of `pid`, None when it has gone."""
     try:
         return os.getpgid(pid)
     except OSError:
@@ -32,7 +33,7 @@ def job_usage(snapshot: NodeSnapshot, groups: Mapping[int, int]) -> dict[int, Us
     utilization: dict[int, int | None] = {}
     for gpu in snapshot.gpus:
         for process in gpu.processes:
-            job = groups.get(_group(process.pid) or -1)
+            job = groups.get(process_group(process.pid) or -1)
             if job is None:
                 continue
             memory[job] = memory.get(job, 0) + (process.memory_used or 0)

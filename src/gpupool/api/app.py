@@ -21,6 +21,8 @@ from gpupool import __version__
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, JobSpec
 from gpupool.api import watchdog_routes
+from gpupool.api.dashboard import dashboard_router
+from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import (
     DaemonError,
     DeviceError,
@@ -197,6 +199,8 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         return agent.node_json()
 
     watchdog_routes.register(app, agent, caller)
+    app.include_router(metrics_router(agent, caller))
+    app.include_router(dashboard_router(agent, token, caller))
     return app
 
 

@@ -16,6 +16,7 @@ def all_commands(app: typer.Typer) -> None:
         mig_cmd,
         serve_cmd,
         sim_cmd,
+        top_cmd,
         version_cmd,
     )
 
@@ -28,3 +29,4 @@ def all_commands(app: typer.Typer) -> None:
     jobs_cmd.register(app)
     k8s_cmd.register(app)
     events_cmd.register(app)
+    top_cmd.register(app)

@@ -1,0 +1,18 @@
+"""A fresh daemon per test on a simulated 2x A100-40GB node (as tests/agent's fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.agent.conftest import _kill_jobs
+from tests.agent.daemon_support import Daemon
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    running = Daemon(tmp_path, "2xA100-40GB").start()
+    yield running
+    running.stop()
+    _kill_jobs(running)

@@ -1,0 +1,111 @@
+"""/metrics on a real daemon with busy jobs on a simulated node; the collector on a closed store."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.agent.daemon_support import CUDA_JOB, Daemon
+
+from gpupool.agent.agent import Agent, AgentConfig
+from gpupool.api.metrics import AgentCollector
+from gpupool.core.units import GiB
+from gpupool.devices.factory import open_backend
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+T = TypeVar("T")
+
+
+def scrape(daemon: Daemon) -> Samples:
+    transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
+    with httpx.Client(transport=transport, base_url="http://gpupool") as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+def job_values(samples: Samples, name: str) -> dict[str, float]:
+    return {labels["job_id"]: value for labels, value in samples.get(name, [])}
+
+
+def until(check: Callable[[], T], timeout: float = 20.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.2)
+
+
+def test_busy_jobs_show_their_use_and_share_and_vanish_when_they_end(daemon: Daemon) -> None:
+    ids = [
+        daemon.submit([sys.executable, CUDA_JOB, "60", str(hold)], memory="2Gi", compute=30)
+        for hold in (256, 768)
+    ]
+    queued = daemon.submit([sys.executable, CUDA_JOB, "1"], gpus=2, compute=100)
+
+    def busy() -> Samples | None:
+        samples = scrape(daemon)
+        used = job_values(samples, "vGPU_device_memory_usage_in_bytes")
+        util = job_values(samples, "gpupool_job_compute_utilization_percent")
+        ready = all(used.get(str(i), 0) > 0 and util.get(str(i), 0) > 0 for i in ids)
+        return samples if ready else None
+
+    samples = until(busy)
+    assert samples, scrape(daemon)
+    used = job_values(samples, "vGPU_device_memory_usage_in_bytes")
+    assert used == {str(ids[0]): 256 << 20, str(ids[1]): 768 << 20}
+    limits = job_values(samples, "vGPU_device_memory_limit_in_bytes")
+    assert limits == {str(i): 2 * GiB for i in ids}
+    shares = job_values(samples, "gpupool_job_compute_share_percent")
+    assert shares == {str(i): 30 for i in ids}
+    states = {labels["job_id"]: labels["state"] for labels, _ in samples["gpupool_job_state"]}
+    assert states == {str(ids[0]): "running", str(ids[1]): "running", str(queued): "queued"}
+    assert {lab["priority"]: v for lab, v in samples["gpupool_queue_length"]}["high"] == 1
+    (gpu0,) = [v for lab, v in samples["DCGM_FI_DEV_FB_USED"] if lab["gpu"] == "0"]
+    assert gpu0 == 1024  # MiB, as dcgm-exporter
+    assert {lab["UUID"] for lab, _ in samples["DCGM_FI_DEV_GPU_UTIL"]} == {
+        lab["UUID"] for lab, _ in samples["gpupool_gpu_healthy"]
+    }
+    assert samples["gpupool_up"] == [({}, 1.0)]
+    (count,) = [v for _, v in samples["gpupool_scheduling_latency_seconds_count"]]
+    assert count >= 1
+
+    daemon.call("POST", f"/v1/jobs/{ids[0]}/cancel")
+    daemon.wait(ids[0])
+
+    def gone() -> bool:
+        samples = scrape(daemon)
+        return str(ids[0]) not in job_values(samples, "vGPU_device_memory_limit_in_bytes") and (
+            str(ids[0]) not in job_values(samples, "gpupool_job_state")
+        )
+
+    assert until(gone)
+
+
+def test_a_scrape_of_a_closed_store_says_down_and_raises_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "state").mkdir()
+    with open_backend("1xA30", tmp_path / "node") as backend:
+        agent = Agent(AgentConfig(tmp_path / "state"), backend)
+        collector = AgentCollector(agent)
+        names = {family.name for family in collector.collect()}
+        assert {"DCGM_FI_DEV_FB_USED", "gpupool_jobs", "gpupool_up"} <= names
+        agent.store.close()  # what a stopping daemon's last scrape may meet
+        for _ in range(3):
+            (up,) = list(collector.collect())
+            assert up.name == "gpupool_up" and up.samples[0].value == 0
+    err = capsys.readouterr().err
+    assert err.count("/metrics: ProgrammingError") == 1  # logged once, not once per scrape
