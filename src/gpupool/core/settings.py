@@ -128,6 +128,13 @@ TOKEN = Setting(
     "The bearer token clients send to a daemon over TCP (`gpupool serve --token-file`).",
     Reader.PYTHON,
 )
+MPS_CONTROL = Setting(
+    "GPUPOOL_MPS_CONTROL",
+    None,
+    "The MPS control program the daemon starts per GPU for `--mode mps` jobs (default: "
+    "nvidia-cuda-mps-control on real GPUs, gpupool's simulated twin on a simulated node).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -144,6 +151,7 @@ ALL: tuple[Setting, ...] = (
     DEBUG,
     URL,
     TOKEN,
+    MPS_CONTROL,
 )
 
 #: the settings that make up a share; only a launch may set them
