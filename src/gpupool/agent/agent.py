@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent import launcher, node
+from gpupool.agent import launcher, mps, node
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
 from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
+from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.isolation.node import launch_node
@@ -80,6 +81,13 @@ class Agent:
         self._waiting: dict[int, tuple[str, ...]] = {}
         self._cancel_at: dict[int, float] = {}
         self._threads: list[threading.Thread] = []
+        self.mps = mps.MpsControl(
+            config.state_dir / "mps",
+            mps.control_command(backend.simulated),
+            [gpu.uuid for gpu in snapshot.gpus],
+        )
+        #: MPS jobs killed because their server died, and why (their end is a failure)
+        self._mps_failed: dict[int, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -268,19 +276,53 @@ class Agent:
             started = self._cancel_at.get(job.id)
             if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
                 self._signal(job, signal.SIGKILL)
+        self._watch_mps()
+
+    def _watch_mps(self) -> None:
+        """Fail the clients of a server that died (MPS's failure: one fatal fault takes down
+        every client of the server), and quit control daemons no running job uses any more."""
+        in_use: set[int] = set()
+        for job in self.store.jobs([State.RUNNING]):
+            if job.spec.mode is not Mode.MPS:
+                continue
+            server = mps.recorded(self.jobdir(job.id).path)
+            in_use.update(job.gpus)
+            if server is None or job.id in self._mps_failed or server.alive():
+                continue
+            reason = (
+                f"its MPS server (pid {server.pid}) on GPU {server.gpu} died, "
+                "failing every client of that server"
+            )
+            self._mps_failed[job.id] = reason
+            self.store.note(job.id, "mps", reason)
+            self._signal(job, signal.SIGKILL)
+        for gpu in self.mps.active_gpus():
+            if gpu not in in_use:
+                self.mps.stop(gpu)
+
+    def mps_server(self, job: Job) -> int | None:
+        """The pid of the MPS server a job is (or was) a client of."""
+        if job.spec.mode is not Mode.MPS:
+            return None
+        server = mps.recorded(self.jobdir(job.id).path)
+        return server.pid if server is not None else None
 
     def _finish(
         self, job: Job, jobdir: JobDir, code: int | None, at: float, detail: str = ""
     ) -> None:
+        mps_failure = self._mps_failed.pop(job.id, "")
         if job.cancel_requested:
             state = State.CANCELLED
+        elif mps_failure:
+            state = State.FAILED
         else:
             state = State.SUCCEEDED if code == 0 else State.FAILED
         with self._lock:
             peak = self._peaks.pop(job.id, None)
             self._live.pop(job.id, None)
             self._cancel_at.pop(job.id, None)
-        words = detail or (f"exit code {code}" if code is not None else "exit code unknown")
+        words = detail or mps_failure
+        words = words or (f"exit code {code}" if code is not None else "exit code unknown")
         self.store.finish(
             job.id,
             state,
@@ -331,7 +373,7 @@ class Agent:
             detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
             job = self.store.start(start.job, start.gpus, start.memory, detail)
             try:
-                launcher.launch(job, self.launch_node, self.jobdir(job.id))
+                launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
             except (GpupoolError, OSError) as err:
                 self.store.finish(
                     job.id,

@@ -70,7 +70,7 @@ def _spec(body: SubmitBody) -> JobSpec:
     try:
         mode = Mode(body.mode)
     except ValueError:
-        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim or exclusive") from None
+        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim, mps or exclusive") from None
     try:
         priority = Priority(body.priority)
     except ValueError:
@@ -136,6 +136,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         live = agent.live(job.id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
+        data["mps_server"] = agent.mps_server(job)
         return data
 
     @app.get("/v1/health")
@@ -154,6 +155,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     @app.get("/v1/jobs/{job_id}")
     def describe(job_id: int, _: int = Depends(caller)) -> dict[str, Any]:
         data = agent.describe(job_id)
+        data["mps_server"] = agent.mps_server(agent.job(job_id))
         live = agent.live(job_id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
