@@ -75,6 +75,11 @@ def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
     server = node.job(low)["mps_server"]
     assert server and node.job(high)["mps_server"] == server
     assert f"mps:{server}" in cli("ps", url=node.url, check=True).stdout
+    [gpu0] = [gpu for gpu in node.call("GET", "/v1/node")["gpus"] if gpu["mps"]]
+    assert gpu0["index"] == 0 and gpu0["mps"]["server"] == server
+    assert sorted(c["job"] for c in gpu0["mps"]["clients"]) == [low, high]
+    shown = cli("gpus", "--node-dir", str(node.node_dir), url=node.url, check=True).stdout
+    assert "MPS servers" in shown and f"{low}:" in shown and str(server) in shown
     assert node.wait(low)["state"] == node.wait(high)["state"] == "succeeded"
     # both ran at once, each at its share of the SMs
     assert 0.35 < kernels(node, low) / kernels(node, high) < 0.5

@@ -235,6 +235,7 @@ class Agent:
                     "memory_admitted": admitted,
                     "compute_admitted": 1000 - now.compute_free,
                     "jobs": [j.id for j in running if cap.index in j.gpus],
+                    "mps": self._mps_of_gpu(cap.index, running),
                 }
             )
         return {
@@ -299,6 +300,17 @@ class Agent:
         for gpu in self.mps.active_gpus():
             if gpu not in in_use:
                 self.mps.stop(gpu)
+
+    def _mps_of_gpu(self, gpu: int, running: list[Job]) -> dict[str, Any] | None:
+        """A GPU's MPS server and its clients (job ids and pids), None when it has none."""
+        server = None
+        clients = []
+        for job in running:
+            recorded = mps.recorded(self.jobdir(job.id).path) if job.spec.mode is Mode.MPS else None
+            if recorded is not None and recorded.gpu == gpu and recorded.alive():
+                server = recorded.pid
+                clients.append({"job": job.id, "pid": job.job_pid})
+        return None if server is None else {"server": server, "clients": clients}
 
     def mps_server(self, job: Job) -> int | None:
         """The pid of the MPS server a job is (or was) a client of."""

@@ -64,6 +64,18 @@ def recorded(jobdir: Path) -> MpsServer | None:
         return None
 
 
+def process_uid(pid: int) -> int | None:
+    """The real uid a process runs as, None when it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
 def control_command(simulated: bool, environ: dict[str, str] | None = None) -> list[str]:
     """The control program: GPUPOOL_MPS_CONTROL, else the twin on a simulated node, else
     NVIDIA's."""
@@ -187,6 +199,12 @@ class MpsControl:
             if not before:
                 self.stop(gpu)
             raise DeviceError(f"the MPS server of GPU {gpu} did not start: {tail}")
+        owner = process_uid(fresh[0])
+        if owner is not None and owner != uid and os.geteuid() == 0:
+            raise DeviceError(
+                f"GPU {gpu}'s MPS server (pid {fresh[0]}) runs for uid {owner}: MPS serves one "
+                "user per GPU at a time; run this job when that user's MPS jobs there are done"
+            )
         return MpsServer(gpu, fresh[0], start)
 
     def stop(self, gpu: int) -> None:

@@ -14,7 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpupool.core.errors import InvalidRequest
+from gpupool.api.client import Client
+from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.factory import open_backend
@@ -116,6 +117,26 @@ def process_table(snapshot: NodeSnapshot) -> Table:
     return table
 
 
+def mps_table() -> Table | None:
+    """Each GPU's MPS server and its client jobs, as the node daemon (if one answers) runs them;
+    None when no daemon answers or none runs an MPS server."""
+    try:
+        with Client() as client:
+            node = client.call("GET", "/v1/node")
+    except GpupoolError:
+        return None
+    servers = [(gpu["index"], gpu["mps"]) for gpu in node.get("gpus", []) if gpu.get("mps")]
+    if not servers:
+        return None
+    table = Table(title="MPS servers (node daemon)", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("GPU", "Server PID", "Clients (job:pid)"):
+        table.add_column(column, justify="left" if column.startswith("Clients") else "right")
+    for index, mps in servers:
+        clients = ", ".join(f"{c['job']}:{c['pid']}" for c in mps["clients"])
+        table.add_row(str(index), str(mps["server"]), clients)
+    return table
+
+
 def render(snapshot: NodeSnapshot) -> RenderableType:
     """The whole nvidia-smi-like view of one snapshot."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
@@ -123,6 +144,9 @@ def render(snapshot: NodeSnapshot) -> RenderableType:
     if migs is not None:
         parts.append(migs)
     parts.append(process_table(snapshot))
+    mps = mps_table()
+    if mps is not None:
+        parts.append(mps)
     return Group(*parts)
 
 
