@@ -75,6 +75,8 @@ def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
     server = node.job(low)["mps_server"]
     assert server and node.job(high)["mps_server"] == server
     assert f"mps:{server}" in cli("ps", url=node.url, check=True).stdout
+    described = cli("describe", str(low), url=node.url, check=True).stdout
+    assert f"a client of the MPS server pid {server}" in described
     [gpu0] = [gpu for gpu in node.call("GET", "/v1/node")["gpus"] if gpu["mps"]]
     assert gpu0["index"] == 0 and gpu0["mps"]["server"] == server
     assert sorted(c["job"] for c in gpu0["mps"]["clients"]) == [low, high]

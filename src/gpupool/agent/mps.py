@@ -125,7 +125,9 @@ class MpsControl:
 
     def ask(self, gpu: int, *commands: str) -> str | None:
         """The control daemon's answers to `commands`, or None when none answers."""
-        if not self.pipe_dir(gpu).is_dir():
+        # a running control daemon has its `control` pipe (the twin: socket) in its directory;
+        # without it, a client invocation would only say it found no daemon
+        if not (self.pipe_dir(gpu) / "control").exists():
             return None
         try:
             done = subprocess.run(
@@ -155,15 +157,11 @@ class MpsControl:
             return None
         return [int(word) for word in answer.split() if word.isdigit()]
 
-    def clients(self, gpu: int, server: int) -> list[int]:
-        answer = self.ask(gpu, f"get_client_list {server}") or ""
-        return [int(word) for word in answer.split() if word.isdigit()]
-
     def _start_control(self, gpu: int) -> None:
         self.pipe_dir(gpu).mkdir(parents=True, exist_ok=True, mode=0o755)
         self.log_dir(gpu).mkdir(parents=True, exist_ok=True)
         try:
-            subprocess.run(
+            started = subprocess.run(
                 [*self.command, "-d"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -178,7 +176,7 @@ class MpsControl:
             raise DeviceError(f"cannot run the MPS control program {program}: {err}") from err
         deadline = time.monotonic() + _START_TIMEOUT_S
         while self.servers(gpu) is None:
-            if time.monotonic() > deadline:
+            if started.returncode != 0 or time.monotonic() > deadline:
                 tail = self.log_tail(gpu)
                 self.stop(gpu)
                 raise DeviceError(f"the MPS control daemon of GPU {gpu} did not start: {tail}")
