@@ -63,8 +63,8 @@ def control_gone(daemon: Daemon, gpu: int, timeout: float = 20) -> bool:
 
 
 def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
-    low = node.submit([sys.executable, CUDA_JOB, "3", "256"], mode="mps", compute=30)
-    high = node.submit([sys.executable, CUDA_JOB, "3", "256"], mode="mps", compute=70)
+    low = node.submit([sys.executable, CUDA_JOB, "8", "256"], mode="mps", compute=30)
+    high = node.submit([sys.executable, CUDA_JOB, "8", "256"], mode="mps", compute=70)
     low_env, high_env = environ(running_pid(node, low)), environ(running_pid(node, high))
     assert low_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert high_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70"
@@ -82,7 +82,10 @@ def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
     assert sorted(c["job"] for c in gpu0["mps"]["clients"]) == [low, high]
     shown = cli("gpus", "--node-dir", str(node.node_dir), url=node.url, check=True).stdout
     assert "MPS servers" in shown and f"{low}:" in shown and str(server) in shown
-    assert node.wait(low)["state"] == node.wait(high)["state"] == "succeeded"
+    done_low, done_high = node.wait(low), node.wait(high)
+    assert done_low["state"] == done_high["state"] == "succeeded"
+    assert done_low["started_at"] < done_high["finished_at"] - 5  # busy at once for 5 s or more
+    assert done_high["started_at"] < done_low["finished_at"] - 5
     # both ran at once, each at its share of the SMs
     assert 0.35 < kernels(node, low) / kernels(node, high) < 0.5
     assert control_gone(node, 0)

@@ -122,7 +122,7 @@ def mps_table() -> Table | None:
     None when no daemon answers or none runs an MPS server."""
     try:
         with Client() as client:
-            node = client.call("GET", "/v1/node")
+            node = client.call("GET", "/v1/node", timeout=2.0)  # a view must not hang
     except GpupoolError:
         return None
     servers = [(gpu["index"], gpu["mps"]) for gpu in node.get("gpus", []) if gpu.get("mps")]
