@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
+from tests.agent.test_daemon_recovery import _as_user, open_daemon
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 from gpupool.devices import mps_twin
+
+__all__ = ["open_daemon"]  # the fixture: a daemon other users can reach
 
 
 @pytest.fixture
@@ -169,3 +172,26 @@ def test_a_control_daemon_that_will_not_start_fails_the_job_with_its_last_words(
         assert not (daemon.state_dir / "mps" / "0" / "pipe").exists()
     finally:
         daemon.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_another_users_mps_job_waits_for_the_gpus_server_then_gets_its_own(
+    open_daemon: Daemon,
+) -> None:
+    daemon = open_daemon
+    os.chmod(daemon.state_dir / "gpupool.sock", 0o666)
+    mine = daemon.submit([sys.executable, CUDA_JOB, "4"], mode="mps", compute=30)
+    running_pid(daemon, mine)
+    root_server = daemon.job(mine)["mps_server"]
+    body = {"argv": ["sh", "-c", "id -u"], "mode": "mps", "compute": 30, "workdir": "/tmp"}
+    [submitted] = _as_user(65534, daemon.state_dir / "gpupool.sock", [("POST", "/v1/jobs", body)])
+    theirs = submitted[1]["job"]["id"]
+    time.sleep(1)
+    waiting = daemon.job(theirs)
+    assert waiting["state"] == "queued"
+    assert waiting["waiting"] == ["GPU 0's MPS server serves uid 0 until their MPS jobs there end"]
+    assert daemon.wait(mine)["state"] == "succeeded"
+    ran = daemon.wait(theirs)
+    assert ran["state"] == "succeeded", ran["events"]
+    assert ran["mps_server"] not in (None, root_server)
+    assert daemon.call("GET", f"/v1/jobs/{theirs}/logs")["data"] == "65534\n"

@@ -179,3 +179,21 @@ def test_the_pinned_memory_limit_caps_a_client(
     )
     assert done.returncode == 10
     assert "cuMemAlloc_v2(&held, 1ull << 30) rc=2" in done.stdout
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
+def test_a_server_goes_with_its_killed_control_daemon(twin: Twin) -> None:
+    twin.ask(f"start_server -uid {os.getuid()}")
+    [server] = twin.servers()
+    control = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(control, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not gone_or_zombie(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone_or_zombie(server)

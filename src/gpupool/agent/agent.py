@@ -379,8 +379,17 @@ class Agent:
             self._target(queued + running),
             self.context_reserve,
         )
-        self._waiting = decided.waiting
+        self._waiting = dict(decided.waiting)
+        mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
+            if start.job.spec.mode is Mode.MPS:
+                owner = mps_users.setdefault(start.gpus[0], start.job.uid)
+                if owner != start.job.uid:  # MPS serves one user per GPU at a time
+                    self._waiting[start.job.id] = (
+                        f"GPU {start.gpus[0]}'s MPS server serves uid {owner} until their MPS "
+                        "jobs there end",
+                    )
+                    continue
             where = ", ".join(str(g) for g in start.gpus)
             detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
             job = self.store.start(start.job, start.gpus, start.memory, detail)

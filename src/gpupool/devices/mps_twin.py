@@ -7,10 +7,11 @@ As with the real daemon, CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) says 
 and CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps) where control.log and server.log go. It
 listens on a Unix socket named `control` in the pipe directory; the simulated driver connects
 there at cuInit (native/simcuda/mps.c), and the daemon starts a server for the client's user if
-none runs, as the real one does. A server is a plain process that does no work (the simulated
-driver runs the kernels); killing it fails its clients' next launches, as a real server's death
-does. One server per user at a time: a client of another user is refused while one runs (the
-real daemon queues it until the running server's clients are done).
+none runs, as the real one does. A server is a plain process of its user (`sleep`) that does
+no work (the simulated driver runs the kernels) and goes when its control daemon goes; killing
+it fails its clients' next launches, as a real server's death does. One server per user at a
+time: a client of another user is refused while one runs (the real daemon queues it until the
+running server's clients are done).
 
 Standard library only, so it starts fast with `python -S -E`.
 """
@@ -18,6 +19,7 @@ Standard library only, so it starts fast with `python -S -E`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import signal
@@ -25,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,7 @@ DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
 BANNER = "gpupool simulated MPS control daemon (a twin of nvidia-cuda-mps-control; no GPU)"
 _READY_TIMEOUT_S = 10.0
+_PR_SET_PDEATHSIG = 1
 
 
 def command() -> list[str]:
@@ -56,6 +60,21 @@ def _percent(text: str) -> float:
     if not 0 < value <= 100:
         raise ValueError(text)
     return value
+
+
+def _server_setup(uid: int | None) -> Callable[[], None]:
+    """What a server does between fork and exec: become its user, then ask for SIGTERM when the
+    control daemon dies (Linux; in this order, as a change of user clears that request)."""
+
+    def setup() -> None:
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return setup
 
 
 @dataclass
@@ -106,12 +125,14 @@ class Control:
             running = next(iter(self.servers.values()))
             raise RuntimeError(f"a server of uid {running.uid} runs (pid {running.pid})")
         user = uid if os.geteuid() == 0 and uid != os.geteuid() else None
+        # a plain process of the user (any user can run sleep, not always this Python) that
+        # goes when its control daemon goes, as a server without its control daemon does
         process = subprocess.Popen(
-            [sys.executable, "-S", "-E", __file__, "--server"],
+            ["sleep", "infinity"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            user=user,
+            preexec_fn=_server_setup(user),
         )
         server = Server(process, uid, self.default_percent)
         self.servers[process.pid] = server
@@ -135,7 +156,7 @@ class Control:
         self.log(f"Command: {line}")
         try:
             return self._dispatch(command, args)
-        except (RuntimeError, ValueError, IndexError) as err:
+        except (RuntimeError, ValueError, IndexError, OSError) as err:
             return f"error: {command}: {err}"
 
     def _dispatch(self, command: str, args: list[str]) -> str:
@@ -294,23 +315,11 @@ def client() -> int:
     return 0
 
 
-def run_server() -> int:
-    """A server of the twin: it holds no GPU state; it lives until told to stop or its control
-    daemon goes (as a real server without its control daemon does)."""
-    parent = os.getppid()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    return 0
-
-
 def main(argv: list[str]) -> int:
     if argv == ["-d"]:
         return daemonize()
     if argv == ["-f"]:
         return serve()
-    if argv == ["--server"]:
-        return run_server()
     if argv:
         print("usage: nvidia-cuda-mps-control (simulated) [-d | -f]", file=sys.stderr)
         return 1
