@@ -177,8 +177,19 @@ def quit_control_daemons(root: Path, simulated: bool) -> None:
         )
 
 
+def gpu_name() -> str:
+    """GPU 0's name and driver version, read-only (nvidia-smi)."""
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "real GPU 0"
+    name, _, driver = done.stdout.strip().partition(", ")
+    return f"GPU 0, {name} (driver {driver})"
+
+
 def table(alone: dict[int, dict], together: dict[int, dict], args: Any) -> tuple[str, bool]:
-    where = f"simulated node {args.simulate} (dry run)" if args.simulate else "real GPU 0"
+    where = f"simulated node {args.simulate} (dry run)" if args.simulate else gpu_name()
     full = alone[100]["result"].get("rate", 0.0) or float("nan")
     lines = [
         f"gpupool daemon, `--mode mps` on {where}, {args.memory_gib} GiB share per job, "
