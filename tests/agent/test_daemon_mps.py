@@ -37,6 +37,22 @@ def node(tmp_path: Path) -> Iterator[Daemon]:
         subprocess.run(quit_twin, input="quit\n", text=True, env=env, timeout=30, check=False)
 
 
+FAILS_ON_LAUNCH_ERROR = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(module), b"x") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"loop") == 0
+while True:
+    rc = cuda.cuLaunchKernel(function, 256, 1, 1, 128, 1, 1, 0, None, None, None)
+    if rc != 0:
+        print(f"launch failed: CUDA error {rc}", flush=True)
+        sys.exit(3)
+    cuda.cuCtxSynchronize()
+"""
+
+
 def environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
@@ -97,7 +113,8 @@ def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
 
 def test_a_killed_server_fails_its_clients_and_a_later_job_gets_a_new_one(node: Daemon) -> None:
     first = node.submit([sys.executable, CUDA_JOB, "60"], mode="mps", compute=30)
-    second = node.submit([sys.executable, CUDA_JOB, "60"], mode="mps", compute=70)
+    # this one exits on its own at its first failed launch, maybe before the daemon looks
+    second = node.submit([sys.executable, "-c", FAILS_ON_LAUNCH_ERROR], mode="mps", compute=70)
     other_gpu = node.submit([sys.executable, CUDA_JOB, "60"], mode="mps", compute=50)
     for job_id in (first, second, other_gpu):
         running_pid(node, job_id)
@@ -109,6 +126,7 @@ def test_a_killed_server_fails_its_clients_and_a_later_job_gets_a_new_one(node: 
         ended = node.wait(job_id, timeout=30)
         assert ended["state"] == "failed"
         assert f"MPS server (pid {server})" in ended["events"][-1]["detail"]
+    assert "CUDA error 807" in node.call("GET", f"/v1/jobs/{second}/logs")["data"]
     assert node.job(other_gpu)["state"] == "running"  # the other GPU's server is untouched
     assert Path(f"/proc/{other_server}").exists()
     later = node.submit([sys.executable, CUDA_JOB, "0.5"], mode="mps", compute=30)

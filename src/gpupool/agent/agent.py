@@ -35,6 +35,13 @@ from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 ROOT_UID = 0
 
 
+def _server_died(server: mps.MpsServer) -> str:
+    return (
+        f"its MPS server (pid {server.pid}) on GPU {server.gpu} died, "
+        "failing every client of that server"
+    )
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     state_dir: Path
@@ -290,10 +297,7 @@ class Agent:
             in_use.update(job.gpus)
             if server is None or job.id in self._mps_failed or server.alive():
                 continue
-            reason = (
-                f"its MPS server (pid {server.pid}) on GPU {server.gpu} died, "
-                "failing every client of that server"
-            )
+            reason = _server_died(server)
             self._mps_failed[job.id] = reason
             self.store.note(job.id, "mps", reason)
             self._signal(job, signal.SIGKILL)
@@ -323,6 +327,9 @@ class Agent:
         self, job: Job, jobdir: JobDir, code: int | None, at: float, detail: str = ""
     ) -> None:
         mps_failure = self._mps_failed.pop(job.id, "")
+        server = mps.recorded(jobdir.path) if job.spec.mode is Mode.MPS else None
+        if code != 0 and server is not None and not server.alive():
+            mps_failure = _server_died(server)  # it failed before the loop saw the server go
         if job.cancel_requested:
             state = State.CANCELLED
         elif mps_failure:

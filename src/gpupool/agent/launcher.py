@@ -142,15 +142,10 @@ def _identity(uid: int) -> dict[str, Any]:
     return {"uid": uid, "gid": entry.pw_gid, "groups": groups}
 
 
-def launch(
-    job: Job, node: LaunchNode, jobdir: JobDir, mps_control: mps.MpsControl | None = None
-) -> None:
+def launch(job: Job, node: LaunchNode, jobdir: JobDir, mps_control: mps.MpsControl) -> None:
     """Write the job's launch file and start its supervisor (which starts the job, detached)."""
     jobdir.path.mkdir(parents=True, exist_ok=True)
-    if job.spec.mode is Mode.MPS and mps_control is not None:
-        chosen: ModeLauncher = MpsLauncher(mps_control)
-    else:
-        chosen = LAUNCHERS[job.spec.mode]
+    chosen = MpsLauncher(mps_control) if job.spec.mode is Mode.MPS else LAUNCHERS[job.spec.mode]
     env = chosen.env(job, node, jobdir, base_env(job))
     identity = _identity(job.uid)
     if os.geteuid() == 0:
