@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import select
 import signal
 import socket
@@ -66,10 +67,15 @@ def _server_setup(uid: int | None) -> Callable[[], None]:
     """What a server does between fork and exec: become its user, then ask for SIGTERM when the
     control daemon dies (Linux; in this order, as a change of user clears that request)."""
 
+    try:
+        gid = pwd.getpwuid(uid).pw_gid if uid is not None else None
+    except KeyError:
+        gid = uid  # a uid with no passwd entry: its own number as its group
+
     def setup() -> None:
-        if uid is not None:
+        if uid is not None and gid is not None:
             os.setgroups([])
-            os.setgid(uid)
+            os.setgid(gid)
             os.setuid(uid)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
