@@ -200,3 +200,17 @@ def test_without_a_driver_one_clear_line(env: dict[str, str], tmp_path: Path) ->
     assert result.stderr.startswith("gpupool: error: NVIDIA driver not found")
     assert result.stderr.count("\n") == 1
     assert not marker.exists()
+
+
+def test_mode_mps_is_refused_in_one_line_pointing_at_the_daemon(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    result = gpupool(
+        env, "exec", "--mode", "mps", "--simulate", "1xH100", "--", "touch", str(marker)
+    )
+    assert result.returncode == 125
+    assert result.stderr.count("\n") == 1
+    assert "gpupool submit --mode mps" in result.stderr
+    assert not marker.exists()
+    assert not (tmp_path / "gpupool-sim").exists()  # refused before the node was even made

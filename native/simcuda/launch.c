@@ -426,7 +426,17 @@ static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const u
         sim_sleep_until(backlog_end - SIM_QUEUE_LIMIT_NS);
     if (sim_gpu_lost(st->ctx->gpu))
         return SIM_LOST_ERROR;
-    sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, sim_kernel_duration_ns(threads));
+    uint64_t duration = sim_kernel_duration_ns(threads);
+    if (!sim_mps_active()) {
+        sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration, duration, 0);
+        return CUDA_SUCCESS;
+    }
+    /* an MPS client's kernel gets its active thread percentage of the SMs: it takes that much
+     * longer, and runs beside the other clients' kernels instead of taking turns with them */
+    if (sim_mps_server_gone())
+        return CUDA_ERROR_MPS_SERVER_NOT_READY;
+    sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration * 100 / sim_mps_percent(),
+                       duration, 1);
     return CUDA_SUCCESS;
 }
 

@@ -115,7 +115,9 @@ gpupool_sim_proc *sim_slot_locked(int phys);
 int sim_reclaim_dead_locked(void);
 CUresult sim_memory_reserve(int phys, size_t size);
 void sim_memory_release(int phys, size_t size);
-uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t busy_ns,
+                            int concurrent);
+void sim_complain(const char *fmt, const char *arg);
 uint64_t sim_kernel_duration_ns(uint64_t threads);
 
 /* device.c: per-SM limits of a GPU's architecture */
@@ -139,6 +141,13 @@ CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t v
 
 /* host.c */
 void sim_host_release_ctx(sim_ctx *ctx);
+
+/* mps.c: the client side of MPS, served by gpupool's twin of the control daemon */
+CUresult sim_mps_connect(void);
+int sim_mps_active(void);
+unsigned sim_mps_percent(void);
+int sim_mps_server_gone(void);
+int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size);
 
 /* launch.c */
 void sim_graph_free(struct sim_graph *graph);

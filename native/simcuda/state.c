@@ -31,7 +31,7 @@ _Static_assert(sizeof(gpupool_sim_header) <= GPUPOOL_SIM_HEADER_SIZE, "header si
 _Static_assert(sizeof(gpupool_sim_gpu) == GPUPOOL_SIM_GPU_RECORD_SIZE, "gpu record size");
 _Static_assert(sizeof(gpupool_sim_proc) == GPUPOOL_SIM_PROC_RECORD_SIZE, "proc record size");
 
-static void sim_complain(const char *fmt, const char *arg)
+void sim_complain(const char *fmt, const char *arg)
 {
     fprintf(stderr, "gpupool simulated driver: ");
     fprintf(stderr, fmt, arg);
@@ -234,7 +234,7 @@ CUresult sim_memory_reserve(int phys, size_t size)
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
     gpupool_sim_proc *slot = sim_slot_locked(phys);
-    if (slot == NULL) {
+    if (slot == NULL || !sim_mps_pinned_fits(phys, slot->memory_used, size)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (!sim_fits(rec, size) && (sim_reclaim_dead_locked() == 0 || !sim_fits(rec, size))) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -264,26 +264,30 @@ uint64_t sim_kernel_duration_ns(uint64_t threads)
     return (uint64_t)((unsigned __int128)threads * g_sim.dur_num / g_sim.dur_den);
 }
 
-/* Queues `duration_ns` of work on the GPU after both the GPU's and the stream's last work; one
- * kernel at a time per GPU across all processes. Returns the work's end time. */
-uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
+/* Queues `duration_ns` of work after the stream's last work; `busy_ns` of it is the GPU's
+ * (SM time). A time-sliced kernel also waits for the GPU's last work (one kernel at a time per
+ * GPU across all processes); an MPS client's kernel runs on its own SMs, beside the others'.
+ * Returns the work's end time. */
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t busy_ns,
+                            int concurrent)
 {
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
     uint64_t now = sim_now_ns();
     uint64_t start = now;
-    if (rec->busy_until_ns > start)
+    if (!concurrent && rec->busy_until_ns > start)
         start = rec->busy_until_ns;
     uint64_t stream_last = __atomic_load_n(stream_end, __ATOMIC_ACQUIRE);
     if (stream_last > start)
         start = stream_last;
     uint64_t end = start + duration_ns;
-    rec->busy_until_ns = end;
-    rec->busy_ns_total += duration_ns;
+    if (!concurrent)
+        rec->busy_until_ns = end;
+    rec->busy_ns_total += busy_ns;
     __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);
     gpupool_sim_proc *slot = sim_slot_locked(phys);
     if (slot != NULL) {
-        slot->busy_ns += duration_ns;
+        slot->busy_ns += busy_ns;
         slot->last_launch_ns = now;
     }
     sim_driver_unlock();
@@ -448,7 +452,9 @@ static CUresult sim_initialise(void)
     sim_release_previous_image();
     pthread_atfork(NULL, NULL, sim_after_fork_child);
     sim_apply_visible_devices();
-    return g_sim.count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+    if (g_sim.count == 0)
+        return CUDA_ERROR_NO_DEVICE;
+    return sim_mps_connect();
 }
 
 static pthread_once_t sim_once = PTHREAD_ONCE_INIT;

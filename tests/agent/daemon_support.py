@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class Daemon:
     root: Path
     spec: str
     extra: tuple[str, ...] = ()
+    #: variables the daemon gets on top of the test's environment (GPUPOOL_* ones are dropped)
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,6 +61,7 @@ class Daemon:
         if not self.node_dir.exists():
             args += ["--simulate", self.spec]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update(self.env)
         log = (self.root / "serve.log").open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gpupool", "serve", "--cancel-grace", "1", *args, *self.extra],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent import launcher, node
+from gpupool.agent import launcher, mps, node
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.observe import Observations
@@ -28,12 +28,20 @@ from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
 from gpupool.agent.watchdog import Action, Watchdog
 from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
+from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
 ROOT_UID = 0
+
+
+def _server_died(server: mps.MpsServer) -> str:
+    return (
+        f"its MPS server (pid {server.pid}) on GPU {server.gpu} died, "
+        "failing every client of that server"
+    )
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,13 @@ class Agent:
         #: for /metrics, the dashboard and `top`
         self.observed = Observations(sample_s=config.sample_s)
         self.observed.sampled(snapshot, {})
+        self.mps = mps.MpsControl(
+            config.state_dir / "mps",
+            mps.control_command(backend.simulated),
+            [gpu.uuid for gpu in snapshot.gpus],
+        )
+        #: MPS jobs killed because their server died, and why (their end is a failure)
+        self._mps_failed: dict[int, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -235,6 +250,7 @@ class Agent:
                     "memory_admitted": admitted,
                     "compute_admitted": 1000 - now.compute_free,
                     "jobs": [j.id for j in running if cap.index in j.gpus],
+                    "mps": self._mps_of_gpu(cap.index, running),
                 }
             )
         return {
@@ -276,19 +292,64 @@ class Agent:
             started = self._cancel_at.get(job.id)
             if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
                 self._signal(job, signal.SIGKILL)
+        self._watch_mps()
+
+    def _watch_mps(self) -> None:
+        """Fail the clients of a server that died (MPS's failure: one fatal fault takes down
+        every client of the server), and quit control daemons no running job uses any more."""
+        in_use: set[int] = set()
+        for job in self.store.jobs([State.RUNNING]):
+            if job.spec.mode is not Mode.MPS:
+                continue
+            server = mps.recorded(self.jobdir(job.id).path)
+            in_use.update(job.gpus)
+            if server is None or job.id in self._mps_failed or server.alive():
+                continue
+            reason = _server_died(server)
+            self._mps_failed[job.id] = reason
+            self.store.note(job.id, "mps", reason)
+            self._signal(job, signal.SIGKILL)
+        for gpu in self.mps.active_gpus():
+            if gpu not in in_use:
+                self.mps.stop(gpu)
+
+    def _mps_of_gpu(self, gpu: int, running: list[Job]) -> dict[str, Any] | None:
+        """A GPU's MPS server and its clients (job ids and pids), None when it has none."""
+        server = None
+        clients = []
+        for job in running:
+            recorded = mps.recorded(self.jobdir(job.id).path) if job.spec.mode is Mode.MPS else None
+            if recorded is not None and recorded.gpu == gpu and recorded.alive():
+                server = recorded.pid
+                clients.append({"job": job.id, "pid": job.job_pid})
+        return None if server is None else {"server": server, "clients": clients}
+
+    def mps_server(self, job: Job) -> int | None:
+        """The pid of the MPS server a job is (or was) a client of."""
+        if job.spec.mode is not Mode.MPS:
+            return None
+        server = mps.recorded(self.jobdir(job.id).path)
+        return server.pid if server is not None else None
 
     def _finish(
         self, job: Job, jobdir: JobDir, code: int | None, at: float, detail: str = ""
     ) -> None:
+        mps_failure = self._mps_failed.pop(job.id, "")
+        server = mps.recorded(jobdir.path) if job.spec.mode is Mode.MPS else None
+        if code != 0 and server is not None and not server.alive():
+            mps_failure = _server_died(server)  # it failed before the loop saw the server go
         if job.cancel_requested:
             state = State.CANCELLED
+        elif mps_failure:
+            state = State.FAILED
         else:
             state = State.SUCCEEDED if code == 0 else State.FAILED
         with self._lock:
             peak = self._peaks.pop(job.id, None)
             self._live.pop(job.id, None)
             self._cancel_at.pop(job.id, None)
-        words = detail or (f"exit code {code}" if code is not None else "exit code unknown")
+        words = detail or mps_failure
+        words = words or (f"exit code {code}" if code is not None else "exit code unknown")
         self.store.finish(
             job.id,
             state,
@@ -334,15 +395,24 @@ class Agent:
             self._target(queued + running),
             self.context_reserve,
         )
-        self._waiting = decided.waiting
+        self._waiting = dict(decided.waiting)
         self.observed.scheduling.observe(time.perf_counter() - began)
+        mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
+            if start.job.spec.mode is Mode.MPS:
+                owner = mps_users.setdefault(start.gpus[0], start.job.uid)
+                if owner != start.job.uid:  # MPS serves one user per GPU at a time
+                    self._waiting[start.job.id] = (
+                        f"GPU {start.gpus[0]}'s MPS server serves uid {owner} until their MPS "
+                        "jobs there end",
+                    )
+                    continue
             self.observed.started(start.job.submitted_at)
             where = ", ".join(str(g) for g in start.gpus)
             detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
             job = self.store.start(start.job, start.gpus, start.memory, detail)
             try:
-                launcher.launch(job, self.launch_node, self.jobdir(job.id))
+                launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
             except (GpupoolError, OSError) as err:
                 self.store.finish(
                     job.id,

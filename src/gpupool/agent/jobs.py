@@ -11,8 +11,8 @@ from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare, parse_memory_share
 from gpupool.scheduler.gpus import GpuRequest
 
-#: the modes this daemon launches; `mps` and `mig` come with their own launchers
-LAUNCHABLE_MODES = (Mode.SHIM, Mode.EXCLUSIVE)
+#: the modes this daemon launches; `mig` comes with its own launcher
+LAUNCHABLE_MODES = (Mode.SHIM, Mode.EXCLUSIVE, Mode.MPS)
 PRIORITY_RANK = {Priority.HIGH: 0, Priority.LOW: 1}
 
 
@@ -51,6 +51,10 @@ class JobSpec:
             raise InvalidRequest(f"mode {self.mode.value} is not available yet; use {modes}")
         if self.mode is Mode.EXCLUSIVE and (self.compute != MILLI_PER_GPU or self.memory):
             raise InvalidRequest("mode exclusive takes whole GPUs: drop --compute and --memory")
+        if self.mode is Mode.MPS and self.gpus != 1:
+            raise InvalidRequest(
+                "mode mps runs a job on one GPU (a client joins one GPU's MPS server): use --gpus 1"
+            )
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise InvalidRequest(f"invalid environment variable name {key!r}")

@@ -2,7 +2,9 @@
 
 The per-mode part is one small interface (`ModeLauncher.env`): `shim` builds exactly the launch
 spec of `gpupool exec` (one accounting region per job, in the job's directory); `exclusive` gives
-whole GPUs with no limits, only CUDA_VISIBLE_DEVICES. MPS and MIG add their own launcher here.
+whole GPUs with no limits, only CUDA_VISIBLE_DEVICES; `mps` makes the job a client of its GPU's
+MPS server (started on demand, agent/mps.py) with the shim's memory limit and no compute
+arbitration (MPS provisions SMs, not time). MIG adds its own launcher here.
 """
 
 from __future__ import annotations
@@ -14,15 +16,21 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gpupool.agent import supervisor
+from gpupool.agent import mps, supervisor
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
 from gpupool.core import settings
 from gpupool.core.errors import DaemonError
 from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
-from gpupool.isolation.launch import ShareLimits, build_launch_spec, new_shared_region
+from gpupool.isolation.launch import (
+    ShareLimits,
+    build_launch_spec,
+    memory_bytes,
+    new_shared_region,
+)
 from gpupool.isolation.libraries import sim_driver_dir
+from gpupool.isolation.mps import mps_client_env
 from gpupool.isolation.node import LaunchNode
 
 _KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -81,6 +89,32 @@ class ExclusiveLauncher:
         return env
 
 
+class MpsLauncher:
+    def __init__(self, control: mps.MpsControl) -> None:
+        self.control = control
+
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        [gpu] = job.gpus
+        # no compute limit and no priority: the shim neither throttles nor joins the arbiter
+        limits = ShareLimits(job.gpus, _share_memory(job))
+        spec = build_launch_spec(
+            job.spec.argv,
+            limits,
+            gpu_totals=node.totals_of(job.gpus),
+            sim_node=node.sim_node,
+            base_env=base,
+            shared_region=new_shared_region(jobdir.path),
+        )
+        memory = memory_bytes(limits.memory, node.totals_of(job.gpus)[0])
+        server = self.control.ensure_server(gpu, job.uid)
+        mps.record(jobdir.path, server)
+        pipe = self.control.pipe_dir(gpu)
+        visible = self.control.visible(gpu)
+        return {**spec.env, **mps_client_env(pipe, visible, job.spec.compute, memory)}
+
+
 LAUNCHERS: dict[Mode, ModeLauncher] = {
     Mode.SHIM: ShimLauncher(),
     Mode.EXCLUSIVE: ExclusiveLauncher(),
@@ -108,10 +142,11 @@ def _identity(uid: int) -> dict[str, Any]:
     return {"uid": uid, "gid": entry.pw_gid, "groups": groups}
 
 
-def launch(job: Job, node: LaunchNode, jobdir: JobDir) -> None:
+def launch(job: Job, node: LaunchNode, jobdir: JobDir, mps_control: mps.MpsControl) -> None:
     """Write the job's launch file and start its supervisor (which starts the job, detached)."""
     jobdir.path.mkdir(parents=True, exist_ok=True)
-    env = LAUNCHERS[job.spec.mode].env(job, node, jobdir, base_env(job))
+    chosen = MpsLauncher(mps_control) if job.spec.mode is Mode.MPS else LAUNCHERS[job.spec.mode]
+    env = chosen.env(job, node, jobdir, base_env(job))
     identity = _identity(job.uid)
     if os.geteuid() == 0:
         # the job's own processes create its accounting region in there

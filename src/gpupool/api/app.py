@@ -73,7 +73,7 @@ def _spec(body: SubmitBody) -> JobSpec:
     try:
         mode = Mode(body.mode)
     except ValueError:
-        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim or exclusive") from None
+        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim, mps or exclusive") from None
     try:
         priority = Priority(body.priority)
     except ValueError:
@@ -140,6 +140,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
         data["over_share"] = job.id in agent.watchdog.flagged
+        data["mps_server"] = agent.mps_server(job)
         return data
 
     @app.get("/v1/health")
@@ -158,6 +159,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     @app.get("/v1/jobs/{job_id}")
     def describe(job_id: int, _: int = Depends(caller)) -> dict[str, Any]:
         data = agent.describe(job_id)
+        data["mps_server"] = agent.mps_server(agent.job(job_id))
         live = agent.live(job_id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None

@@ -88,6 +88,18 @@ def _limits(
     return ShareLimits(gpus, share, milli, chosen, rank)
 
 
+def _check_mode(mode: str) -> None:
+    """`exec` runs shim shares only: an MPS control daemon must outlive every client of its GPU
+    and be the only one there, which is the node daemon's job, not one command's."""
+    if mode == "mps":
+        raise InvalidRequest(
+            "gpupool exec does not run MPS: MPS needs one control daemon per GPU that outlives "
+            "its clients; submit to the node daemon instead: gpupool submit --mode mps -- CMD"
+        )
+    if mode != "shim":
+        raise InvalidRequest(f"invalid mode {mode!r} for gpupool exec: use shim")
+
+
 def _announce(node: LaunchNode, simulate: str | None) -> None:
     """A simulated node is never silent: say which one, on stderr (stdout is the command's)."""
     if node.sim_node is None:
@@ -199,10 +211,14 @@ def register(app: typer.Typer) -> None:
             metavar="high|low",
             help="high: guaranteed; low: only while no high share on the GPU has work.",
         ),
+        mode: str = typer.Option(
+            "shim", "--mode", metavar="shim", help="shim only; MPS jobs go through the daemon."
+        ),
     ) -> None:
         """Run one command under a GPU share: gpupool exec --memory 4GiB -- python train.py"""
         # every value is checked before anything runs: syntax first, then against the node
         try:
+            _check_mode(mode)
             limits = _limits(gpu, memory, compute, compute_policy, priority)
             spec, node = _prepare(command, limits, simulate, node_dir)
         except GpupoolError as err:

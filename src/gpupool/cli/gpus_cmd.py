@@ -14,9 +14,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.api.client import Client
 from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.factory import open_backend
@@ -123,6 +124,26 @@ def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> Table:
     return table
 
 
+def mps_table(url: str | None) -> Table | None:
+    """Each GPU's MPS server and its client jobs, as the node daemon (if one answers) runs them;
+    None when no daemon answers or none runs an MPS server."""
+    try:
+        with Client(url) as client:
+            node = client.call("GET", "/v1/node", timeout=2.0)  # a view must not hang
+    except GpupoolError:
+        return None
+    servers = [(gpu["index"], gpu["mps"]) for gpu in node.get("gpus", []) if gpu.get("mps")]
+    if not servers:
+        return None
+    table = Table(title="MPS servers (node daemon)", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("GPU", "Server PID", "Clients (job:pid)"):
+        table.add_column(column, justify="left" if column.startswith("Clients") else "right")
+    for index, mps in servers:
+        clients = ", ".join(f"{c['job']}:{c['pid']}" for c in mps["clients"])
+        table.add_row(str(index), str(mps["server"]), clients)
+    return table
+
+
 def render(
     snapshot: NodeSnapshot, url: str | None = None, shares: list[ShareRow] | None = None
 ) -> RenderableType:
@@ -137,6 +158,9 @@ def render(
     parts.append(process_table(snapshot, marks))
     if why_not:
         parts.append(Text(why_not, style="dim"))
+    mps = mps_table(url)
+    if mps is not None:
+        parts.append(mps)
     compute = shares_table(shares or [])
     if compute is not None:
         parts.append(compute)

@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         compute: str | None = typer.Option(
             None, "--compute", metavar="PERCENT", help="Compute per GPU, 1..100 (default 100)."
         ),
-        mode: str = typer.Option("shim", "--mode", metavar="shim|exclusive"),
+        mode: str = typer.Option("shim", "--mode", metavar="shim|mps|exclusive"),
         priority: str = typer.Option("high", "--priority", metavar="high|low"),
         gpu_model: str | None = typer.Option(None, "--gpu-model", metavar="A100,H100"),
         name: str = typer.Option("", "--name"),

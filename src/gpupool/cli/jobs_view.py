@@ -38,6 +38,12 @@ def _over_share(job: dict[str, Any]) -> str:
     return f" ({format_bytes(max(0, over))} over the share)"
 
 
+def _mode(job: dict[str, Any]) -> str:
+    """The mode, and for an MPS job the server it is a client of (`mps:<server pid>`)."""
+    server = job.get("mps_server")
+    return f"{job['mode']}:{server}" if server else job["mode"]
+
+
 def _row(job: dict[str, Any], now: float) -> list[str]:
     gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
     state = job["state"]
@@ -56,7 +62,7 @@ def _row(job: dict[str, Any], now: float) -> list[str]:
         gpus,
         _memory(job),
         f"{job['compute']}%",
-        job["mode"],
+        _mode(job),
         job["priority"],
         _age(now - job["submitted_at"]),
         _bytes(job.get("live_memory")),
@@ -105,6 +111,8 @@ def print_job(job: dict[str, Any]) -> None:
         f" mode {job['mode']}, priority {job['priority']}, models {models}",
         f"  GPUs:     {gpus}",
     ]
+    if job.get("mps_server"):
+        lines.append(f"  MPS:      a client of the MPS server pid {job['mps_server']}")
     if job.get("live_memory") is not None:
         lines.append(
             f"  using:    {_bytes(job['live_memory'])} now{_over_share(job)},"

@@ -135,6 +135,13 @@ WATCHDOG = Setting(
     "`report` (an event) or `kill` (SIGKILL to the process, recorded too).",
     Reader.PYTHON,
 )
+MPS_CONTROL = Setting(
+    "GPUPOOL_MPS_CONTROL",
+    None,
+    "The MPS control program the daemon starts per GPU for `--mode mps` jobs (default: "
+    "nvidia-cuda-mps-control on real GPUs, gpupool's simulated twin on a simulated node).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -152,6 +159,7 @@ ALL: tuple[Setting, ...] = (
     URL,
     TOKEN,
     WATCHDOG,
+    MPS_CONTROL,
 )
 
 #: the settings that make up a share; only a launch may set them
