@@ -17,6 +17,27 @@ from gpupool.devices.factory import open_backend
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """A MIG instance a share can run on: its GPU, profile and memory."""
+
+    uuid: str
+    gpu: int
+    profile: str
+    gi_id: int
+    memory_total: int
+
+    @property
+    def label(self) -> str:
+        """`mig:1g.10gb@0/7`: profile, GPU index and GPU instance id, as `gpupool ps` shows it."""
+        return mig_label(self.profile, self.gpu, self.gi_id)
+
+
+def mig_label(profile: str, gpu: int, gi_id: int) -> str:
+    """How a MIG instance is named to people: `mig:PROFILE@GPU/GI`."""
+    return f"mig:{profile}@{gpu}/{gi_id}"
+
+
+@dataclass(frozen=True)
 class LaunchNode:
     """What a launch needs of a node: each GPU's model and memory, and where a simulated one is."""
 
@@ -26,6 +47,19 @@ class LaunchNode:
     sim_node: Path | None = None
     #: the simulated node's spec as it was created (`2xH100`), None on real GPUs
     sim_spec: str | None = None
+    #: the MIG instances of the node's GPUs in MIG mode
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    def mig_device(self, uuid: str) -> MigDevice:
+        """The instance of `uuid`; one line listing the node's instances when it has none such."""
+        for device in self.mig_devices:
+            if device.uuid == uuid:
+                return device
+        have = ", ".join(f"{d.uuid} ({d.label})" for d in self.mig_devices)
+        raise InvalidRequest(
+            f"no MIG instance {uuid} on this node; "
+            + (f"its instances: {have}" if have else "it has none (see `gpupool mig show`)")
+        )
 
     def totals_of(self, gpus: Sequence[int]) -> list[int | None]:
         """The memory of each GPU in `gpus`; an index the node lacks is one line naming it."""
@@ -57,10 +91,17 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
     totals = tuple(
         g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
     )
+    mig = tuple(
+        MigDevice(i.uuid, g.index, i.profile, i.gi_id, i.memory_total)
+        for g in snapshot.gpus
+        if g.mig is not None and g.mig.current
+        for i in g.mig.instances
+        if i.uuid is not None
+    )
     sim = backend.simulated_node()
     if sim is None:
-        return LaunchNode(models, totals)
-    return LaunchNode(models, totals, sim.directory, sim.spec)
+        return LaunchNode(models, totals, mig_devices=mig)
+    return LaunchNode(models, totals, sim.directory, sim.spec, mig)
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:
