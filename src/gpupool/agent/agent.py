@@ -15,19 +15,22 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpupool.agent import launcher, node
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
 from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
+from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.launch import memory_bytes
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
@@ -45,6 +48,8 @@ class AgentConfig:
     #: None: node.DEFAULT_CONTEXT_RESERVE on real GPUs, nothing on a simulated node, whose
     #: driver charges a context nothing
     context_reserve: int | None = None
+    #: leave the MIG instances created for jobs in place after them
+    mig_keep_instances: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in GPU_POLICIES:
@@ -70,6 +75,9 @@ class Agent:
             default_reserve if config.context_reserve is None else config.context_reserve
         )
         self.capacity = node.capacity(snapshot, self.context_reserve)
+        #: GPUs in MIG mode: only MIG jobs run there
+        self._mig_mode = _mig_mode(snapshot)
+        self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.capacity
         self._lock = threading.RLock()
@@ -128,6 +136,8 @@ class Agent:
                 self._cancel_at[job.id] = time.monotonic()
             if self.jobdir(job.id).exit_status() is None and self.jobdir(job.id).pids():
                 self.store.note(job.id, "adopted", "by a restarted daemon")
+        for job_id, detail in self.mig.recover(self._snapshot()):
+            self.store.note(job_id, "mig", detail)
 
     # -- API --------------------------------------------------------------------------------
 
@@ -137,6 +147,10 @@ class Agent:
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
+        if spec.mode is Mode.MIG:
+            job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
+            self._wake.set()
+            return job
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
@@ -152,18 +166,23 @@ class Agent:
         return job
 
     def job(self, job_id: int) -> Job:
-        return self.store.job(job_id)
+        return self._with_mig([self.store.job(job_id)])[0]
 
     def jobs(self, everything: bool = False) -> list[Job]:
         """Jobs by id (queued and running ones, or all)."""
         states = None if everything else [State.QUEUED, State.RUNNING]
-        return sorted(self.store.jobs(states), key=lambda job: job.id)
+        return self._with_mig(sorted(self.store.jobs(states), key=lambda job: job.id))
+
+    def _with_mig(self, jobs: list[Job]) -> list[Job]:
+        """`jobs` with the MIG instance each MIG job holds."""
+        uses = self.store.mig_uses(released=True)
+        return [replace(job, mig=uses.get(job.id)) if job.id in uses else job for job in jobs]
 
     def live(self, job_id: int) -> Usage | None:
         return self._live.get(job_id)
 
     def describe(self, job_id: int) -> dict[str, Any]:
-        job = self.store.job(job_id)
+        job = self.job(job_id)
         data = job.to_json()
         data["events"] = self.store.events(job_id)
         data["waiting"] = list(self._waiting.get(job_id, ())) if job.state is State.QUEUED else []
@@ -292,6 +311,13 @@ class Agent:
         )
         for region in jobdir.path.glob("gpupool-share-*"):
             shutil.rmtree(region, ignore_errors=True)
+        if job.spec.mode is Mode.MIG:
+            self._release_mig(job.id)
+
+    def _release_mig(self, job_id: int) -> None:
+        released = self.mig.release(job_id)
+        if released is not None:
+            self.store.note(job_id, "mig", released)
 
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         pids = self.jobdir(job.id).pids()
@@ -314,18 +340,24 @@ class Agent:
         if not queued:
             self._waiting = {}
             return
-        running = self.store.jobs([State.RUNNING])
-        free = node.free_now(self.capacity, running, self.context_reserve)
+        # MIG jobs have their own admission; the other modes never use a GPU in MIG mode
+        mig_queued = [job for job in queued if job.spec.mode is Mode.MIG]
+        queued = [job for job in queued if job.spec.mode is not Mode.MIG]
+        running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        capacity = [gpu for gpu in self.capacity if gpu.index not in self._mig_mode]
+        free = node.free_now(capacity, running, self.context_reserve)
         decided = plan(
             queued,
             running,
             free,
-            self.capacity,
+            capacity,
             self.config.policy,
             self._target(queued + running),
             self.context_reserve,
         )
-        self._waiting = decided.waiting
+        self._waiting = dict(decided.waiting)
+        if mig_queued:
+            self._schedule_mig(mig_queued)
         for start in decided.starts:
             where = ", ".join(str(g) for g in start.gpus)
             detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
@@ -340,6 +372,30 @@ class Agent:
                     finished_at=time.time(),
                     detail=f"launch failed: {err}",
                 )
+
+    def _schedule_mig(self, queued: list[Job]) -> None:
+        choices, waiting = self.mig.plan(queued, self._snapshot())
+        self._waiting.update(waiting)
+        for choice in choices:
+            try:
+                use = self.mig.acquire(choice)
+            except GpupoolError as err:
+                self._fail_start(choice.job, f"cannot make its MIG instance: {err}")
+                continue
+            how = "created" if use.created else "free"
+            # the share inside the instance, or all of it
+            memory = memory_bytes(choice.job.spec.memory_share(), use.memory_total)
+            job = self.store.start(
+                choice.job, (use.gpu,), (memory or use.memory_total,), f"{use.label} ({how})"
+            )
+            try:
+                launcher.launch(replace(job, mig=use), self.launch_node, self.jobdir(job.id))
+            except (GpupoolError, OSError) as err:
+                self._fail_start(job, f"launch failed: {err}")
+                self._release_mig(job.id)
+
+    def _fail_start(self, job: Job, detail: str) -> None:
+        self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
 
     # -- the sampler --------------------------------------------------------------------------
 
@@ -357,6 +413,7 @@ class Agent:
     def sample(self) -> None:
         snapshot = self._snapshot()
         self.capacity = node.capacity(snapshot, self.context_reserve)
+        self._mig_mode = _mig_mode(snapshot)
         running = self.store.jobs([State.RUNNING])
         groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
         usage = job_usage(snapshot, groups)
@@ -366,3 +423,7 @@ class Agent:
                 self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
         if usage:
             self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
+
+
+def _mig_mode(snapshot: Any) -> frozenset[int]:
+    return frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)

@@ -2,7 +2,8 @@
 
 The per-mode part is one small interface (`ModeLauncher.env`): `shim` builds exactly the launch
 spec of `gpupool exec` (one accounting region per job, in the job's directory); `exclusive` gives
-whole GPUs with no limits, only CUDA_VISIBLE_DEVICES. MPS and MIG add their own launcher here.
+whole GPUs with no limits, only CUDA_VISIBLE_DEVICES; `mig` is the shim's on the job's MIG instance.
+MPS adds its own launcher here.
 """
 
 from __future__ import annotations
@@ -81,9 +82,37 @@ class ExclusiveLauncher:
         return env
 
 
+class MigLauncher:
+    """The shim's launch on the job's MIG instance: CUDA_VISIBLE_DEVICES is its MIG-UUID, and a
+    memory share (if asked) is enforced inside the instance, resolved against its memory."""
+
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        if job.mig is None:
+            raise DaemonError(f"job {job.id} has no MIG instance to run on")
+        limits = ShareLimits(
+            (job.mig.gpu,),
+            job.spec.memory_share(),
+            job.spec.compute,
+            priority=job.spec.priority,
+            mig_uuid=job.mig.uuid,
+        )
+        spec = build_launch_spec(
+            job.spec.argv,
+            limits,
+            gpu_totals=[job.mig.memory_total],
+            sim_node=node.sim_node,
+            base_env=base,
+            shared_region=new_shared_region(jobdir.path),
+        )
+        return dict(spec.env)
+
+
 LAUNCHERS: dict[Mode, ModeLauncher] = {
     Mode.SHIM: ShimLauncher(),
     Mode.EXCLUSIVE: ExclusiveLauncher(),
+    Mode.MIG: MigLauncher(),
 }
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from gpupool import __version__
 from gpupool.agent.agent import Agent
-from gpupool.agent.jobs import Job, JobSpec
+from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
 from gpupool.core.errors import (
     DaemonError,
     DeviceError,
@@ -52,12 +52,15 @@ class SubmitBody(BaseModel):
     gpus: int = Field(1, ge=1)
     memory: str | None = None
     compute: float = Field(100.0, description="percent of each GPU, above 0, at most 100")
-    mode: str = "shim"
+    #: default shim, or mig when `mig_profile` is given
+    mode: str | None = None
     priority: str = "high"
     gpu_models: list[str] = []
     name: str = ""
     env: dict[str, str] = {}
     workdir: str = "/"
+    #: mode mig: the instance's profile; given alone, it implies mode mig
+    mig_profile: str | None = None
 
 
 class DrainBody(BaseModel):
@@ -68,9 +71,10 @@ def _spec(body: SubmitBody) -> JobSpec:
     if not 0 < body.compute <= 100:
         raise InvalidRequest(f"invalid compute {body.compute:g}: must be above 0 and at most 100")
     try:
-        mode = Mode(body.mode)
+        mode = Mode(body.mode or (Mode.MIG if body.mig_profile is not None else Mode.SHIM))
     except ValueError:
-        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim or exclusive") from None
+        modes = ", ".join(m.value for m in LAUNCHABLE_MODES)
+        raise InvalidRequest(f"unknown mode {body.mode!r}: use one of {modes}") from None
     try:
         priority = Priority(body.priority)
     except ValueError:
@@ -86,6 +90,7 @@ def _spec(body: SubmitBody) -> JobSpec:
         name=body.name,
         env=dict(body.env),
         workdir=body.workdir,
+        mig_profile=body.mig_profile,
     )
 
 

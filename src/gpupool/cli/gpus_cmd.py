@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import typer
@@ -14,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.cli.gpus_jobs import mig_jobs
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -74,7 +76,8 @@ def gpu_table(snapshot: NodeSnapshot) -> Table:
     return table
 
 
-def mig_table(snapshot: NodeSnapshot) -> Table | None:
+def mig_table(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> Table | None:
+    """The MIG instances; `users` (MIG-UUID -> the daemon's job on it) adds a Job column."""
     rows = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
     if not rows:
         return None
@@ -83,10 +86,12 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
     for column in ("GPU", "GI", "CI", "Profile", "Slices", "Memory"):
         table.add_column(column, no_wrap=True)
     table.add_column("UUID", overflow="fold")
+    if users:
+        table.add_column("Job", no_wrap=True)
     for gpu, instance in rows:
         start = instance.placement_start
         placement = "n/a" if start is None else f"{start}:{instance.placement_size}"
-        table.add_row(
+        cells = [
             str(gpu.index),
             str(instance.gi_id),
             _optional(instance.ci_id),
@@ -94,7 +99,10 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
             placement,
             format_bytes(instance.memory_total),
             instance.uuid or "",
-        )
+        ]
+        if users:
+            cells.append(users.get(instance.uuid or "", "-"))
+        table.add_row(*cells)
     return table
 
 
@@ -116,10 +124,10 @@ def process_table(snapshot: NodeSnapshot) -> Table:
     return table
 
 
-def render(snapshot: NodeSnapshot) -> RenderableType:
-    """The whole nvidia-smi-like view of one snapshot."""
+def render(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> RenderableType:
+    """The whole nvidia-smi-like view of one snapshot (`users`: see mig_table)."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
-    migs = mig_table(snapshot)
+    migs = mig_table(snapshot, users)
     if migs is not None:
         parts.append(migs)
     parts.append(process_table(snapshot))
@@ -134,11 +142,11 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, console: Console)
                 typer.echo(json.dumps(backend.snapshot().to_json()))
                 time.sleep(seconds)
         # a node taller than the terminal scrolls rather than losing its last GPUs
-        first = render(backend.snapshot())
+        first = render(backend.snapshot(), mig_jobs())
         with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
             while True:
                 time.sleep(seconds)
-                live.update(render(backend.snapshot()), refresh=True)
+                live.update(render(backend.snapshot(), mig_jobs()), refresh=True)
     except KeyboardInterrupt:
         return
 
@@ -178,4 +186,4 @@ def register(app: typer.Typer) -> None:
             elif as_json:
                 typer.echo(json.dumps(backend.snapshot().to_json(), indent=2))
             else:
-                console.print(render(backend.snapshot()))
+                console.print(render(backend.snapshot(), mig_jobs()))

@@ -40,6 +40,7 @@ def _over_share(job: dict[str, Any]) -> str:
 
 def _row(job: dict[str, Any], now: float) -> list[str]:
     gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
+    gpus = job.get("mig") or gpus  # a MIG job's instance: mig:1g.10gb@0/7
     state = job["state"]
     if job["exit_code"] is not None and state != "succeeded":
         state += f" ({job['exit_code']})"
@@ -103,6 +104,9 @@ def print_job(job: dict[str, Any]) -> None:
         f" mode {job['mode']}, priority {job['priority']}, models {models}",
         f"  GPUs:     {gpus}",
     ]
+    if job.get("mig_profile"):
+        where = f"{job['mig']} ({job['mig_uuid']})" if job.get("mig") else "not placed yet"
+        lines.append(f"  MIG:      {job['mig_profile']} instance: {where}")
     if job.get("live_memory") is not None:
         lines.append(
             f"  using:    {_bytes(job['live_memory'])} now{_over_share(job)},"

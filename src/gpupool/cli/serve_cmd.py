@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from gpupool.core import settings
 from gpupool.core.errors import ConfigError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
@@ -71,6 +72,12 @@ def register(app: typer.Typer) -> None:
             help="Memory set aside per job and GPU for its CUDA context, beyond its share "
             "(default 512Mi on real GPUs, 0 on a simulated node).",
         ),
+        mig_keep_instances: bool = typer.Option(
+            False,
+            "--mig-keep-instances",
+            envvar=settings.MIG_KEEP_INSTANCES.name,
+            help="Leave the MIG instances made for jobs in place after them (default: destroy).",
+        ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
@@ -90,7 +97,11 @@ def register(app: typer.Typer) -> None:
         token = _token(token_file, listen)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
         config = AgentConfig(
-            root, policy=policy, cancel_grace_s=cancel_grace, context_reserve=reserve
+            root,
+            policy=policy,
+            cancel_grace_s=cancel_grace,
+            context_reserve=reserve,
+            mig_keep_instances=mig_keep_instances,
         )
         lock = statedir.hold(root)
         sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]

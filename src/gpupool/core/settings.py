@@ -128,6 +128,13 @@ TOKEN = Setting(
     "The bearer token clients send to a daemon over TCP (`gpupool serve --token-file`).",
     Reader.PYTHON,
 )
+MIG_KEEP_INSTANCES = Setting(
+    "GPUPOOL_MIG_KEEP_INSTANCES",
+    None,
+    "1 or true: the node daemon leaves the MIG instances it created for jobs in place "
+    "after them, for the next job of that profile (`gpupool serve --mig-keep-instances`).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -144,6 +151,7 @@ ALL: tuple[Setting, ...] = (
     DEBUG,
     URL,
     TOKEN,
+    MIG_KEEP_INSTANCES,
 )
 
 #: the settings that make up a share; only a launch may set them
