@@ -73,6 +73,13 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
     assert running[1]["mig"] == "mig:3g.40gb@1/1" and running[1]["gpus"] == [1]
     assert running[2]["gpus"] == [2] and running[2]["mig"] is None
     assert details(mig_daemon, admin, "placed") == ["mig:3g.40gb@1/1 (free)"]
+    # a second shim job that needs all of a GPU waits for GPU 2, the one GPU it may use
+    whole = job_on(mig_daemon, 0.1, "100")
+    time.sleep(0.3)
+    assert mig_daemon.job(whole)["waiting"][-2:] == [
+        "GPU 0: in MIG mode, for MIG jobs only",
+        "GPU 1: in MIG mode, for MIG jobs only",
+    ]
     ps = cli("ps", url=mig_daemon.url, check=True).stdout
     assert running[0]["mig"] in ps and "mig:3g.40gb@1/1" in ps
     gpus = cli("gpus", "--node-dir", str(mig_daemon.node_dir), url=mig_daemon.url, check=True)
@@ -83,7 +90,7 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
     assert ended["memory"] == H100.profile("1g.10gb").memory_bytes // 2
     logs = cli("logs", str(halves), url=mig_daemon.url, check=True).stdout
     assert "2000 MiB more: CUDA_ERROR_OUT_OF_MEMORY" in logs
-    for job_id in (small, admin, shim):
+    for job_id in (small, admin, shim, whole):
         assert mig_daemon.wait(job_id)["exit_code"] == 0
     assert instances(mig_daemon, 0) == []  # what the daemon made went with the jobs
     assert [i["profile"] for i in instances(mig_daemon, 1)] == ["3g.40gb"]  # the admin's stays

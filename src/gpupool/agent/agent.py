@@ -355,7 +355,10 @@ class Agent:
             self._target(queued + running),
             self.context_reserve,
         )
-        self._waiting = dict(decided.waiting)
+        mig_lines = tuple(
+            f"GPU {i}: in MIG mode, for MIG jobs only" for i in sorted(self._mig_mode)
+        )
+        self._waiting = {job: why + mig_lines for job, why in decided.waiting.items()}
         if mig_queued:
             self._schedule_mig(mig_queued)
         for start in decided.starts:
