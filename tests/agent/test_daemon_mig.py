@@ -165,6 +165,8 @@ def test_kill_9_leaves_no_orphan_instance(mig_daemon: Daemon) -> None:
     mig_daemon.wait(cut, ("running",))
     mig_daemon.call("POST", f"/v1/jobs/{cut}/cancel")
     mig_daemon.wait(cut)
+    while not details(mig_daemon, cut, "mig"):  # its instance destroyed after its end
+        time.sleep(0.05)
     mig_daemon.kill()
     # the moment between creating an instance and noting it: as the daemon left it
     store = Store(mig_daemon.state_dir / "state.db")

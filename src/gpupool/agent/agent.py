@@ -136,7 +136,7 @@ class Agent:
                 self._cancel_at[job.id] = time.monotonic()
             if self.jobdir(job.id).exit_status() is None and self.jobdir(job.id).pids():
                 self.store.note(job.id, "adopted", "by a restarted daemon")
-        for job_id, detail in self.mig.recover(self._snapshot()):
+        for job_id, detail in self.mig.recover():
             self.store.note(job_id, "mig", detail)
 
     # -- API --------------------------------------------------------------------------------

@@ -18,7 +18,13 @@ from dataclasses import dataclass, replace
 
 from gpupool.agent.jobs import Job, JobSpec, MigUse, State
 from gpupool.agent.store import Store
-from gpupool.core.errors import DeviceError, InvalidRequest, MigLayoutError, Unschedulable
+from gpupool.core.errors import (
+    DeviceError,
+    GpupoolError,
+    InvalidRequest,
+    MigLayoutError,
+    Unschedulable,
+)
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, NodeSnapshot
 from gpupool.mig import catalog
@@ -34,7 +40,6 @@ class MigChoice:
     gpu: int
     profile: str
     start: int
-    memory_total: int
     existing: MigInstance | None
 
 
@@ -73,7 +78,7 @@ def _gpus(snapshot: NodeSnapshot, in_use: set[str], spec: JobSpec) -> list[_Gpu]
                 model_of(gpu),
                 bool(gpu.healthy and gpu.mig is not None and gpu.mig.current),
                 [Placement(i.placement_start or 0, i.profile) for i in instances],
-                [i for i in instances if i.uuid not in in_use],
+                [i for i in instances if i.uuid is not None and i.uuid not in in_use],
                 known,
             )
         )
@@ -184,7 +189,9 @@ class MigJobs:
         try:
             with self.lock:
                 made = self.backend.create_gpu_instance(choice.gpu, choice.profile, choice.start)
-        except Exception:
+        except GpupoolError:
+            # a driver may fail half-way (the GPU instance made, its compute instance not)
+            self._destroy_unclaimed(choice.gpu, choice.profile, choice.start)
             self.store.mig_forget(job.id)
             raise
         if made.uuid is None:  # a driver that gives none cannot be named to CUDA
@@ -206,7 +213,7 @@ class MigJobs:
             return None
         detail = f"{use.label} freed"
         if use.created and not self.keep:
-            detail = self._destroy_or_say(use.gpu, use.gi_id, use.label)
+            detail = self._destroy_made(use)
         elif use.created:
             detail = f"{use.label} kept for the next job (--mig-keep-instances)"
         self.store.mig_release(job_id)
@@ -214,31 +221,20 @@ class MigJobs:
 
     # -- restart ------------------------------------------------------------------------------
 
-    def recover(self, snapshot: NodeSnapshot) -> list[tuple[int, str]]:
+    def recover(self) -> list[tuple[int, str]]:
         """Re-adopt the instances of running jobs; destroy the ones made for jobs that are not
         running any more, or half-made when the last daemon died. (job id, what was done)."""
         running = {job.id for job in self.store.jobs([State.RUNNING])}
-        claimed = {use.uuid for _, use, _ in self.store.mig_rows() if use is not None}
         done = []
         for job_id, use, (gpu, profile, start) in self.store.mig_rows():
             if use is not None and job_id in running:
                 done.append((job_id, f"{use.label} re-adopted"))
                 continue
             if use is None:
-                # created (or not) before the daemon died: the instance at that place, unclaimed
-                made = next(
-                    (
-                        i
-                        for i in _instances(snapshot, gpu)
-                        if i.profile == profile
-                        and i.placement_start == start
-                        and i.uuid not in claimed
-                    ),
-                    None,
-                )
-                if made is not None:
-                    where = f"mig:{profile}@{gpu}/{made.gi_id}"
-                    done.append((job_id, self._destroy_or_say(gpu, made.gi_id, where)))
+                # created (or not) before the daemon died
+                detail = self._destroy_unclaimed(gpu, profile, start)
+                if detail is not None:
+                    done.append((job_id, detail))
                 self.store.mig_forget(job_id)
                 continue
             detail = self.release(job_id)
@@ -247,6 +243,31 @@ class MigJobs:
         return done
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _instances_now(self, gpu: int) -> tuple[MigInstance, ...]:
+        """The GPU's instances from a fresh snapshot: the ones of the daemon's last look may be
+        gone since, and a GPU instance id, once free, names the next instance made."""
+        with self.lock:
+            return _instances(self.backend.snapshot(), gpu)
+
+    def _destroy_made(self, use: MigUse) -> str:
+        """Destroy the instance the daemon made for a job, found by its UUID."""
+        made = next((i for i in self._instances_now(use.gpu) if i.uuid == use.uuid), None)
+        if made is None:
+            return f"{use.label} already gone"
+        return self._destroy_or_say(use.gpu, made.gi_id, use.label)
+
+    def _destroy_unclaimed(self, gpu: int, profile: str, start: int) -> str | None:
+        """Destroy the instance of `profile` at `start` that no job holds: one the daemon was
+        making when it failed or died. What was done, if anything."""
+        claimed = {use.uuid for use in self.store.mig_uses().values()}
+        for instance in self._instances_now(gpu):
+            if (instance.profile, instance.placement_start) == (profile, start) and (
+                instance.uuid not in claimed
+            ):
+                label = f"mig:{profile}@{gpu}/{instance.gi_id}"
+                return self._destroy_or_say(gpu, instance.gi_id, label)
+        return None
 
     def _destroy(self, gpu: int, gi_id: int) -> None:
         with self.lock:
@@ -276,7 +297,7 @@ def _choose(job: Job, gpus: Sequence[_Gpu]) -> tuple[MigChoice | None, tuple[str
         found = next((i for i in gpu.free if i.profile == profile), None)
         if found is not None:
             start = found.placement_start or 0
-            return MigChoice(job, gpu.index, profile, start, found.memory_total, found), ()
+            return MigChoice(job, gpu.index, profile, start, found), ()
     best: tuple[tuple[int, int, int], MigChoice] | None = None
     why = []
     for gpu in gpus:
@@ -294,8 +315,7 @@ def _choose(job: Job, gpus: Sequence[_Gpu]) -> tuple[MigChoice | None, tuple[str
         except MigLayoutError as err:
             why.append(f"GPU {gpu.index}: no free {profile} instance, none can be added: {err}")
             continue
-        memory = gpu.model.profile(profile).memory_bytes
-        choice = MigChoice(job, gpu.index, profile, addition.placement.start, memory, None)
+        choice = MigChoice(job, gpu.index, profile, addition.placement.start, None)
         rank = (addition.stranded, -addition.options, gpu.index)
         if best is None or rank < best[0]:
             best = (rank, choice)
