@@ -62,6 +62,7 @@ def test_a_command_runs_on_the_instance_with_a_share_of_its_memory(
         ("MIG-0000", None, "no MIG instance MIG-0000 on this node; its instances: MIG-"),
         ("1g", "20Gi", "memory share 20GiB (21474836480 bytes) is larger than MIG instance"),
         ("1g,3g", None, "--gpu takes one MIG instance"),
+        ("0", None, "GPU 0 is in MIG mode: run on one of its instances with --gpu MIG-<uuid> "),
     ],
 )
 def test_bad_mig_input_is_one_line_and_nothing_runs(

@@ -134,6 +134,8 @@ def _on_node(node: LaunchNode, limits: ShareLimits) -> tuple[ShareLimits, list[i
     instance's own, since the interception library enforces a share inside the instance."""
     memory = limits.memory if isinstance(limits.memory, MemoryShare) else None
     if limits.mig_uuid is None:
+        node.totals_of(limits.gpus)  # an index the node lacks first
+        node.check_whole_gpus(limits.gpus)
         node.check_memory_fits(limits.gpus, memory)
         return limits, node.totals_of(limits.gpus)
     device = node.mig_device(limits.mig_uuid)

@@ -49,6 +49,19 @@ class LaunchNode:
     sim_spec: str | None = None
     #: the MIG instances of the node's GPUs in MIG mode
     mig_devices: tuple[MigDevice, ...] = ()
+    #: the GPUs in MIG mode: work runs on their instances, never on the whole GPU
+    mig_gpus: frozenset[int] = frozenset()
+
+    def check_whole_gpus(self, gpus: Sequence[int]) -> None:
+        """Refuse a GPU in MIG mode as a whole GPU, naming its instances."""
+        for index in gpus:
+            if index in self.mig_gpus:
+                mine = [d.uuid for d in self.mig_devices if d.gpu == index]
+                have = f"its instances: {', '.join(mine)}" if mine else "it has no instance yet"
+                raise InvalidRequest(
+                    f"GPU {index} is in MIG mode: run on one of its instances with "
+                    f"--gpu MIG-<uuid> ({have})"
+                )
 
     def mig_device(self, uuid: str) -> MigDevice:
         """The instance of `uuid`; one line listing the node's instances when it has none such."""
@@ -98,10 +111,11 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
         for i in g.mig.instances
         if i.uuid is not None
     )
+    mig_gpus = frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)
     sim = backend.simulated_node()
     if sim is None:
-        return LaunchNode(models, totals, mig_devices=mig)
-    return LaunchNode(models, totals, sim.directory, sim.spec, mig)
+        return LaunchNode(models, totals, mig_devices=mig, mig_gpus=mig_gpus)
+    return LaunchNode(models, totals, sim.directory, sim.spec, mig, mig_gpus)
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:
