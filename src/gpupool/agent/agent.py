@@ -35,6 +35,8 @@ from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
 ROOT_UID = 0
+#: the longest a queued MIG job waits for a new look at the GPUs' MIG layouts
+MIG_REPLAN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ class Agent:
         self._waiting: dict[int, tuple[str, ...]] = {}
         self._cancel_at: dict[int, float] = {}
         self._threads: list[threading.Thread] = []
+        # MIG jobs are placed from a device snapshot: taken when a MIG job came or went, else at
+        # most every MIG_REPLAN_S (an admin may change the layout), not at every tick
+        self._mig_changed = True
+        self._mig_planned_at = 0.0
+        self._mig_waiting: dict[int, tuple[str, ...]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -149,6 +156,7 @@ class Agent:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
         if spec.mode is Mode.MIG:
             job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
+            self._mig_changed = True
             self._wake.set()
             return job
         try:
@@ -313,6 +321,7 @@ class Agent:
             shutil.rmtree(region, ignore_errors=True)
         if job.spec.mode is Mode.MIG:
             self._release_mig(job.id)
+            self._mig_changed = True
 
     def _release_mig(self, job_id: int) -> None:
         released = self.mig.release(job_id)
@@ -377,7 +386,13 @@ class Agent:
                 )
 
     def _schedule_mig(self, queued: list[Job]) -> None:
+        now = time.monotonic()
+        if not self._mig_changed and now - self._mig_planned_at < MIG_REPLAN_S:
+            self._waiting.update(self._mig_waiting)
+            return
+        self._mig_changed, self._mig_planned_at = False, now
         choices, waiting = self.mig.plan(queued, self._snapshot())
+        self._mig_waiting = waiting
         self._waiting.update(waiting)
         for choice in choices:
             try:
