@@ -61,10 +61,11 @@ def details(daemon: Daemon, job_id: int, kind: str) -> list[str]:
 
 
 def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon: Daemon) -> None:
-    small = job_on(mig_daemon, 3, "1000", mig_profile="1g.10gb")
+    # long enough to be running still when the slowest check below runs on a loaded machine
+    small = job_on(mig_daemon, 8, "1000", mig_profile="1g.10gb")
     halves = job_on(mig_daemon, 3, "4000", "2000", mig_profile="1g.10gb", memory="50%")
-    admin = job_on(mig_daemon, 3, "100", mode="mig", mig_profile="3g.40gb")
-    shim = job_on(mig_daemon, 3, "100", compute=50)
+    admin = job_on(mig_daemon, 8, "100", mode="mig", mig_profile="3g.40gb")
+    shim = job_on(mig_daemon, 8, "100", compute=50)
     running = [mig_daemon.wait(j, ("running",)) for j in (small, admin, shim)]
     # two new 1g.10gb instances on GPU 0 (where none strands a slice), the admin's 3g.40gb
     # on GPU 1 found free, and the shim job on the one GPU not in MIG mode
@@ -73,6 +74,8 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
     assert running[1]["mig"] == "mig:3g.40gb@1/1" and running[1]["gpus"] == [1]
     assert running[2]["gpus"] == [2] and running[2]["mig"] is None
     assert details(mig_daemon, admin, "placed") == ["mig:3g.40gb@1/1 (free)"]
+    gpus = cli("gpus", "--node-dir", str(mig_daemon.node_dir), url=mig_daemon.url, check=True)
+    assert f"job {small} " in gpus.stdout and f"job {admin} " in gpus.stdout
     # a second shim job that needs all of a GPU waits for GPU 2, the one GPU it may use
     whole = job_on(mig_daemon, 0.1, "100")
     time.sleep(0.3)
@@ -82,8 +85,6 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
     ]
     ps = cli("ps", url=mig_daemon.url, check=True).stdout
     assert running[0]["mig"] in ps and "mig:3g.40gb@1/1" in ps
-    gpus = cli("gpus", "--node-dir", str(mig_daemon.node_dir), url=mig_daemon.url, check=True)
-    assert f"job {small} " in gpus.stdout and f"job {admin} " in gpus.stdout
     # inside its instance the half share is half the instance: 4000 MiB held, 2000 more refused
     ended = mig_daemon.wait(halves)
     assert ended["exit_code"] == 2 and ended["oom"]
