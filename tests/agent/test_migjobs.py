@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ class HalfMade(SimulatedBackend):
     def create_gpu_instance(self, index: int, profile_name: str, start: int) -> MigInstance:
         super().create_gpu_instance(index, profile_name, start)
         raise DeviceError("nvmlGpuInstanceCreateComputeInstance: Insufficient Resources")
+
+
+class NoUuidAtCreation(SimulatedBackend):
+    """As NVML: the created instance comes back without its UUID (the MIG device has it)."""
+
+    def create_gpu_instance(self, index: int, profile_name: str, start: int) -> MigInstance:
+        return replace(super().create_gpu_instance(index, profile_name, start), uuid=None)
 
 
 @pytest.fixture
@@ -94,3 +102,14 @@ def test_release_destroys_only_the_instance_it_made(parts: tuple[Store, SimNode]
     assert migs.recover() == [(job_id, f"{use.label} already gone")]
     assert other.uuid in {i.uuid for i in node.gpu(use.gpu).instances}
     assert store.mig_rows() == []
+
+
+def test_a_new_instance_s_uuid_is_read_from_the_gpu(parts: tuple[Store, SimNode]) -> None:
+    store, node = parts
+    backend = NoUuidAtCreation(node)
+    migs = MigJobs(store, backend, threading.Lock(), keep=False)
+    mig_job(store, "2g.20gb")
+    (choice,), _ = migs.plan(store.jobs(), backend.snapshot())
+    use = migs.acquire(choice)
+    made = next(i for i in node.gpu(use.gpu).instances if i.gi_id == use.gi_id)
+    assert (use.uuid, use.created) == (made.uuid, True)

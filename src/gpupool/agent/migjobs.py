@@ -194,12 +194,16 @@ class MigJobs:
             self._destroy_unclaimed(choice.gpu, choice.profile, choice.start)
             self.store.mig_forget(job.id)
             raise
-        if made.uuid is None:  # a driver that gives none cannot be named to CUDA
+        # NVML names a new instance's UUID only through its MIG device handle: a fresh look
+        uuid = made.uuid or next(
+            (i.uuid for i in self._instances_now(choice.gpu) if i.gi_id == made.gi_id), None
+        )
+        if uuid is None:  # an instance CUDA cannot be pointed at is of no use to the job
             self._destroy(choice.gpu, made.gi_id)
             self.store.mig_forget(job.id)
             raise DeviceError(f"GPU {choice.gpu}: the new {choice.profile} instance has no UUID")
         use = MigUse(
-            choice.gpu, made.gi_id, made.profile, choice.start, made.uuid, made.memory_total,
+            choice.gpu, made.gi_id, made.profile, choice.start, uuid, made.memory_total,
             created=True,
         )  # fmt: skip
         self.store.mig_assign(job.id, use)
