@@ -3,6 +3,7 @@ instance's memory and SMs, its own memory count and its own (slower) kernel time
 
 from __future__ import annotations
 
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from test_simcuda import parse, probe, records, run_probe, sim_dir, sim_env
 
 from gpupool.core.errors import DeviceError
+from gpupool.devices import simstate
 from gpupool.devices.simnode import SimNode
 from gpupool.devices.simspec import parse_spec
 from gpupool.devices.simstate import mig_device_number
@@ -105,3 +107,16 @@ def test_a_kernel_takes_longer_on_fewer_sms(probe: Path, sim_dir: Path, mig_node
     small = run_probe(probe, sim_dir, mig_node.directory, *args, CUDA_VISIBLE_DEVICES=uuid)
     ratio = float(records(small, "kernels")[0]["event_ms"]) / float(whole["event_ms"])
     assert 7.5 < ratio < 9.0, ratio
+
+
+def test_a_node_made_by_an_earlier_gpupool_gets_a_state_of_this_layout(tmp_path: Path) -> None:
+    """node.json (the inventory and MIG layout) stays; the counters start afresh."""
+    node = SimNode.open_or_create(parse_spec("1xH100"), tmp_path)
+    node.close()
+    state = tmp_path / "state.bin"
+    old = bytearray(state.read_bytes())
+    struct.pack_into("<I", old, 8, simstate.VERSION - 1)
+    state.write_bytes(bytes(old[: simstate.MIG_OFFSET]))  # version 1 ended there
+    reopened = SimNode.open_or_create(None, tmp_path)
+    assert reopened.state.gpu(0).model == "H100-80GB"
+    reopened.close()

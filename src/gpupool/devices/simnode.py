@@ -148,8 +148,9 @@ class SimNode:
                     "use another --node-dir or remove it"
                 )
             state_path = directory / STATE_FILE
-            if not state_path.exists():
-                # node.json survived a cleanup of the runtime state: start the counters afresh
+            if not state_path.exists() or SimState.is_outdated(state_path):
+                # node.json survived a cleanup of the runtime state, or an earlier gpupool made
+                # the state in an older layout: start the counters afresh
                 SimState.create(state_path, _state_specs(_gpus_of(data))).close()
             node = cls(directory, data["key"], data["spec"], SimState.open(state_path))
             node._sync_instances(_gpus_of(data))

@@ -213,6 +213,19 @@ class SimState:
             raise DeviceError(f"{path} has state version {version}; this gpupool reads {VERSION}")
         return cls(path, mapping)
 
+    @staticmethod
+    def is_outdated(path: Path) -> bool:
+        """The file is a node state of an older layout (an earlier gpupool made it)."""
+        try:
+            with path.open("rb") as file:
+                head = file.read(12)
+        except OSError:
+            return False
+        if len(head) < 12:
+            return False
+        magic, version = struct.unpack("<QI", head)
+        return bool(magic == MAGIC and version < VERSION)
+
     def close(self) -> None:
         self._map.close()
 
