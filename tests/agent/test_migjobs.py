@@ -12,12 +12,12 @@ import pytest
 from gpupool.agent.jobs import JobSpec
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.store import Store
-from gpupool.core.errors import DeviceError
+from gpupool.core.errors import DeviceError, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.devices.simnode import SimNode
 from gpupool.devices.simspec import parse_spec
 from gpupool.devices.simulated import SimulatedBackend
-from gpupool.devices.snapshot import MigInstance
+from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 
 
 class HalfMade(SimulatedBackend):
@@ -33,6 +33,19 @@ class NoUuidAtCreation(SimulatedBackend):
 
     def create_gpu_instance(self, index: int, profile_name: str, start: int) -> MigInstance:
         return replace(super().create_gpu_instance(index, profile_name, start), uuid=None)
+
+
+class NotRoot(SimulatedBackend):
+    """As NVML answers a daemon that is not root: instances without their placements."""
+
+    def snapshot(self) -> NodeSnapshot:
+        taken = super().snapshot()
+        gpus = []
+        for gpu in taken.gpus:
+            assert gpu.mig is not None
+            hidden = tuple(replace(i, placement_start=None) for i in gpu.mig.instances)
+            gpus.append(replace(gpu, mig=replace(gpu.mig, instances=hidden)))
+        return replace(taken, gpus=tuple(gpus))
 
 
 @pytest.fixture
@@ -113,3 +126,14 @@ def test_a_new_instance_s_uuid_is_read_from_the_gpu(parts: tuple[Store, SimNode]
     use = migs.acquire(choice)
     made = next(i for i in node.gpu(use.gpu).instances if i.gi_id == use.gi_id)
     assert (use.uuid, use.created) == (made.uuid, True)
+
+
+def test_without_root_only_existing_instances_serve(parts: tuple[Store, SimNode]) -> None:
+    store, node = parts
+    node.create_instance(1, "1g.10gb", 0)  # an instance on each GPU, none where NVML says
+    backend = NotRoot(node)
+    migs = MigJobs(store, backend, threading.Lock(), keep=False)
+    spec = JobSpec(("true",), mode=Mode.MIG, mig_profile="3G.40GB")
+    assert migs.check_submit(spec, backend.snapshot()).mig_profile == "3g.40gb"
+    with pytest.raises(Unschedulable, match="GPU 1: its layout is unknown"):
+        migs.check_submit(replace(spec, mig_profile="2g.20gb"), backend.snapshot())

@@ -136,6 +136,9 @@ class MigJobs:
             instances = [i for i in _instances(snapshot, gpu.index) if i.uuid not in ours]
             if any(i.profile == profile for i in instances):
                 return replace(spec, mig_profile=profile)
+            if not gpu.placements_known:
+                reasons.append(f"GPU {gpu.index}: its layout is unknown (NVML tells it to root)")
+                continue
             layout = [Placement(i.placement_start or 0, i.profile) for i in instances]
             try:
                 best_addition(gpu.model, layout, profile)
