@@ -107,6 +107,7 @@ def test_a_queued_mig_job_says_which_gpu_cannot_take_its_profile(mig_daemon: Dae
     assert waiting[0].startswith("GPU 0: no free 7g.80gb instance, none can be added: ")
     assert waiting[1].startswith("GPU 1: no free 7g.80gb instance, none can be added: ")
     assert waiting[2] == "GPU 2: no 7g.80gb profile"
+    assert "(7g.80gb)" in cli("ps", url=mig_daemon.url, check=True).stdout
     described = cli("describe", str(whole), url=mig_daemon.url, check=True).stdout
     assert "MIG:      7g.80gb instance: not placed yet" in described
     assert mig_daemon.wait(whole)["mig"].startswith("mig:7g.80gb@0/")  # once GPU 0 is empty

@@ -40,7 +40,8 @@ def _over_share(job: dict[str, Any]) -> str:
 
 def _row(job: dict[str, Any], now: float) -> list[str]:
     gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
-    gpus = job.get("mig") or gpus  # a MIG job's instance: mig:1g.10gb@0/7
+    if job.get("mig_profile"):  # a MIG job's instance (mig:1g.10gb@0/7), or its profile
+        gpus = job.get("mig") or f"({job['mig_profile']})"
     state = job["state"]
     if job["exit_code"] is not None and state != "succeeded":
         state += f" ({job['exit_code']})"
