@@ -99,7 +99,7 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
 
 
 def test_a_queued_mig_job_says_which_gpu_cannot_take_its_profile(mig_daemon: Daemon) -> None:
-    holder = job_on(mig_daemon, 3, "100", mig_profile="1g.10gb")
+    holder = job_on(mig_daemon, 8, "100", mig_profile="1g.10gb")  # holds GPU 0 past the checks
     mig_daemon.wait(holder, ("running",))
     whole = job_on(mig_daemon, 0.1, "100", mig_profile="7g.80gb")
     time.sleep(0.5)

@@ -51,7 +51,7 @@ def test_a_mig_uuid_is_a_device_of_the_instance_s_size(
     # a GPU-UUID or an index still names the whole GPU; an unknown MIG-UUID no device at all
     whole = run_probe(probe, sim_dir, mig_node.directory, "enum", CUDA_VISIBLE_DEVICES="1")
     assert int(records(whole, "dev")[0]["total"]) == H100.memory_bytes
-    unknown = run_probe(probe, sim_dir, mig_node.directory, "enum", CUDA_VISIBLE_DEVICES="MIG-0")
+    unknown = run_probe(probe, sim_dir, mig_node.directory, "enum", CUDA_VISIBLE_DEVICES="MIG-x")
     assert records(unknown, "init") == [{"kind": "init", "rc": "100"}]
 
 
