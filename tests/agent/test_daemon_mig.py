@@ -60,6 +60,14 @@ def details(daemon: Daemon, job_id: int, kind: str) -> list[str]:
     return [e["detail"] for e in daemon.job(job_id)["events"] if e["kind"] == kind]
 
 
+def waiting(daemon: Daemon, job_id: int) -> list[str]:
+    """Why a queued job waits, once the queue has looked at it."""
+    deadline = time.monotonic() + 30
+    while not (why := daemon.job(job_id)["waiting"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list(why)
+
+
 def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon: Daemon) -> None:
     # long enough to be running still when the slowest check below runs on a loaded machine
     small = job_on(mig_daemon, 8, "1000", mig_profile="1g.10gb")
@@ -78,8 +86,7 @@ def test_jobs_run_at_once_on_their_own_instances_which_go_after_them(mig_daemon:
     assert f"job {small} " in gpus.stdout and f"job {admin} " in gpus.stdout
     # a second shim job that needs all of a GPU waits for GPU 2, the one GPU it may use
     whole = job_on(mig_daemon, 0.1, "100")
-    time.sleep(0.3)
-    assert mig_daemon.job(whole)["waiting"][-2:] == [
+    assert waiting(mig_daemon, whole)[-2:] == [
         "GPU 0: in MIG mode, for MIG jobs only",
         "GPU 1: in MIG mode, for MIG jobs only",
     ]
@@ -102,11 +109,10 @@ def test_a_queued_mig_job_says_which_gpu_cannot_take_its_profile(mig_daemon: Dae
     holder = job_on(mig_daemon, 8, "100", mig_profile="1g.10gb")  # holds GPU 0 past the checks
     mig_daemon.wait(holder, ("running",))
     whole = job_on(mig_daemon, 0.1, "100", mig_profile="7g.80gb")
-    time.sleep(0.5)
-    waiting = mig_daemon.call("GET", f"/v1/jobs/{whole}")["waiting"]
-    assert waiting[0].startswith("GPU 0: no free 7g.80gb instance, none can be added: ")
-    assert waiting[1].startswith("GPU 1: no free 7g.80gb instance, none can be added: ")
-    assert waiting[2] == "GPU 2: no 7g.80gb profile"
+    why = waiting(mig_daemon, whole)
+    assert why[0].startswith("GPU 0: no free 7g.80gb instance, none can be added: ")
+    assert why[1].startswith("GPU 1: no free 7g.80gb instance, none can be added: ")
+    assert why[2] == "GPU 2: no 7g.80gb profile"
     assert "(7g.80gb)" in cli("ps", url=mig_daemon.url, check=True).stdout
     described = cli("describe", str(whole), url=mig_daemon.url, check=True).stdout
     assert "MIG:      7g.80gb instance: not placed yet" in described
@@ -161,7 +167,7 @@ def test_a_profile_that_fits_nowhere_is_refused(tmp_path: Path) -> None:
 def test_kill_9_leaves_no_orphan_instance(mig_daemon: Daemon) -> None:
     """A running job's instance is re-adopted and destroyed when it ends; an instance made while
     the daemon died before it noted the job's start is destroyed at restart."""
-    adopted = job_on(mig_daemon, 4, "100", mig_profile="1g.10gb")
+    adopted = job_on(mig_daemon, 10, "100", mig_profile="1g.10gb")  # runs on past the restart
     cut = job_on(mig_daemon, 30, "100", mig_profile="2g.20gb")
     uuid = mig_daemon.wait(adopted, ("running",))["mig_uuid"]
     mig_daemon.wait(cut, ("running",))
