@@ -53,7 +53,7 @@ def test_a_command_runs_on_the_instance_with_a_share_of_its_memory(
     assert line.startswith("gpupool: MIG instance mig:1g.10gb@0/") and f"({half} bytes)" in line
     # 16 of the GPU's 132 SMs: the same kernels take about 8 times as long as on the whole GPU
     timed = re.search(r"10 kernels of 256x128 threads: ([0-9.]+) ms", result.stdout)
-    assert timed is not None and 75.0 <= float(timed.group(1)) < 110.0
+    assert timed is not None and 75.0 <= float(timed.group(1)) < 150.0  # 82.5 ms simulated
 
 
 @pytest.mark.parametrize(
