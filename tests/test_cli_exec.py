@@ -214,3 +214,19 @@ def test_mode_mps_is_refused_in_one_line_pointing_at_the_daemon(
     assert "gpupool submit --mode mps" in result.stderr
     assert not marker.exists()
     assert not (tmp_path / "gpupool-sim").exists()  # refused before the node was even made
+
+
+def test_a_relative_node_dir_works_as_an_absolute_one(env: dict[str, str], tmp_path: Path) -> None:
+    # the node's path reaches the share's environment (its arbiter directory), which needs it
+    # absolute, whatever directory the command was started from
+    args = ["--simulate", "1xA30", "--node-dir", "nd", "--compute", "30", "--priority", "high"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "exec", *args, "--", "true"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "nd" / "node.json").exists()

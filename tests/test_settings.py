@@ -13,7 +13,7 @@ NAME = re.compile(r"\bGPUPOOL_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
 # macros of the headers (include guards, layout constants, the API version) and the placeholder
 # of a message, not variables
 NOT_VARIABLES = re.compile(
-    r"^GPUPOOL_(SIM_(GPU|PROC|STATE|HEADER|GPUS|PROCS|MAX)_|SIMSTATE_|ARBITER_(MAGIC|VERSION|SHARES)$"
+    r"^GPUPOOL_(SIM_(GPU|PROC|STATE|HEADER|GPUS|PROCS|MAX|MIG)_|SIMSTATE_|ARBITER_(MAGIC|VERSION|SHARES)$"
     r"|\w+_H$|CUDA_API_VERSION$|NAME$)"
 )
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define GPUPOOL_SIMSTATE_MAGIC 0x314d49534c505047ULL /* "GPPLSIM1" read as little-endian u64 */
-#define GPUPOOL_SIMSTATE_VERSION 1u
+#define GPUPOOL_SIMSTATE_VERSION 2u
 #define GPUPOOL_SIM_MAX_GPUS 16u
 #define GPUPOOL_SIM_MAX_PROCS 256u
 #define GPUPOOL_SIM_HEADER_SIZE 4096u
@@ -21,8 +21,16 @@
 #define GPUPOOL_SIM_GPUS_OFFSET GPUPOOL_SIM_HEADER_SIZE
 #define GPUPOOL_SIM_PROCS_OFFSET \
     (GPUPOOL_SIM_GPUS_OFFSET + GPUPOOL_SIM_MAX_GPUS * GPUPOOL_SIM_GPU_RECORD_SIZE)
-#define GPUPOOL_SIM_STATE_SIZE \
+/* MIG instances: one record per (GPU, GPU instance id 1..7), the same layout as a GPU's, after
+ * the process table. The driver numbers devices 0..MAX_GPUS-1 for GPUs and MAX_GPUS + k for
+ * instance record k = gpu * GPUPOOL_SIM_MIG_PER_GPU + gi_id - 1 (process slots use that number). */
+#define GPUPOOL_SIM_MIG_PER_GPU 7u
+#define GPUPOOL_SIM_MAX_MIG (GPUPOOL_SIM_MAX_GPUS * GPUPOOL_SIM_MIG_PER_GPU)
+#define GPUPOOL_SIM_MAX_DEVICES (GPUPOOL_SIM_MAX_GPUS + GPUPOOL_SIM_MAX_MIG)
+#define GPUPOOL_SIM_MIG_OFFSET \
     (GPUPOOL_SIM_PROCS_OFFSET + GPUPOOL_SIM_MAX_PROCS * GPUPOOL_SIM_PROC_RECORD_SIZE)
+#define GPUPOOL_SIM_STATE_SIZE \
+    (GPUPOOL_SIM_MIG_OFFSET + GPUPOOL_SIM_MAX_MIG * GPUPOOL_SIM_GPU_RECORD_SIZE)
 
 /* gpu flags, set by Python to stage scenarios */
 #define GPUPOOL_SIM_GPU_LOST 0x1u          /* fell off the bus: driver and NVML calls fail */
@@ -44,7 +52,9 @@ typedef struct {
                                           state; zero at creation; Python never touches it */
 } gpupool_sim_header;
 
-/* One GPU: at GPUPOOL_SIM_GPUS_OFFSET + index * GPUPOOL_SIM_GPU_RECORD_SIZE. */
+/* One GPU: at GPUPOOL_SIM_GPUS_OFFSET + index * GPUPOOL_SIM_GPU_RECORD_SIZE; one MIG instance:
+ * at GPUPOOL_SIM_MIG_OFFSET + k * GPUPOOL_SIM_GPU_RECORD_SIZE (its uuid "MIG-...", its own memory,
+ * SMs and kernel timeline: instances run side by side). */
 typedef struct {
     char uuid[48];           /* 0   "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NUL-terminated */
     char name[96];           /* 48  marketing name, "NVIDIA H100 80GB HBM3" */
@@ -58,7 +68,9 @@ typedef struct {
     uint32_t cc_minor;       /* 216 */
     uint32_t flags;          /* 220 GPUPOOL_SIM_GPU_* */
     char pci_bus_id[32];     /* 224 "00000000:17:00.0" */
-    uint8_t reserved_py[128];    /* 256 Python's, zero */
+    uint32_t mig_parent;     /* 256 an instance record: its GPU's index + 1; 0: a GPU, or a free
+                                    instance record (Python writes it when MIG layouts change) */
+    uint8_t reserved_py[124];    /* 260 Python's, zero */
     uint8_t driver_private[128]; /* 384 the simulated driver's own per-GPU state */
 } gpupool_sim_gpu;
 
@@ -67,7 +79,7 @@ typedef struct {
  * (pid reused), is dead: readers skip it, the driver reclaims it. */
 typedef struct {
     int32_t pid;             /* 0 */
-    int32_t gpu;             /* 4  GPU index */
+    int32_t gpu;             /* 4  device number: GPU index, or MAX_GPUS + MIG record */
     uint64_t start_time;     /* 8  field 22 of /proc/PID/stat (clock ticks since boot) */
     uint64_t memory_used;    /* 16 bytes this process holds on this GPU */
     uint64_t busy_ns;        /* 24 cumulative simulated kernel time of this process here */

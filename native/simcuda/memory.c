@@ -222,7 +222,7 @@ typedef struct sim_pool {
     int is_default;
 } sim_pool;
 
-static sim_pool sim_default_pools[GPUPOOL_SIM_MAX_GPUS];
+static sim_pool sim_default_pools[GPUPOOL_SIM_MAX_DEVICES];
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {

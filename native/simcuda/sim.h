@@ -92,12 +92,12 @@ typedef struct sim_globals {
     CUresult init_result;
     uint8_t *map;
     int count;                       /* visible devices */
-    int phys[GPUPOOL_SIM_MAX_GPUS];  /* ordinal -> index in state.bin */
+    int phys[GPUPOOL_SIM_MAX_DEVICES]; /* ordinal -> device number in state.bin */
     uint64_t dur_num, dur_den;       /* kernel ns = threads * dur_num / dur_den */
-    int slot[GPUPOOL_SIM_MAX_GPUS];  /* this process's slot per physical GPU, -1 none */
+    int slot[GPUPOOL_SIM_MAX_DEVICES]; /* this process's slot per device number, -1 none */
     int pid;
     uint64_t start_time;
-    sim_ctx *primary[GPUPOOL_SIM_MAX_GPUS];
+    sim_ctx *primary[GPUPOOL_SIM_MAX_DEVICES];
 } sim_globals;
 
 extern sim_globals g_sim;

@@ -57,8 +57,28 @@ gpupool_sim_header *sim_header(void) { return (gpupool_sim_header *)g_sim.map; }
 
 gpupool_sim_gpu *sim_gpu(int phys)
 {
+    if (phys >= (int)GPUPOOL_SIM_MAX_GPUS) /* a MIG instance's record */
+        return (gpupool_sim_gpu *)(g_sim.map + GPUPOOL_SIM_MIG_OFFSET +
+                                   (size_t)(phys - (int)GPUPOOL_SIM_MAX_GPUS) *
+                                       GPUPOOL_SIM_GPU_RECORD_SIZE);
     return (gpupool_sim_gpu *)(g_sim.map + GPUPOOL_SIM_GPUS_OFFSET +
                                (size_t)phys * GPUPOOL_SIM_GPU_RECORD_SIZE);
+}
+
+/* the GPU a device number is on: itself, or a MIG instance's parent */
+static int sim_parent_of(int phys)
+{
+    return phys < (int)GPUPOOL_SIM_MAX_GPUS ? phys : (int)sim_gpu(phys)->mig_parent - 1;
+}
+
+/* a device number that names a GPU of the node or one of its live MIG instances */
+static int sim_device_exists(int phys)
+{
+    if (phys < 0 || phys >= (int)GPUPOOL_SIM_MAX_DEVICES)
+        return 0;
+    if (phys < (int)GPUPOOL_SIM_MAX_GPUS)
+        return (uint32_t)phys < sim_header()->gpu_count;
+    return sim_gpu(phys)->mig_parent != 0;
 }
 
 static gpupool_sim_proc *sim_proc(int slot)
@@ -69,7 +89,11 @@ static gpupool_sim_proc *sim_proc(int slot)
 
 int sim_gpu_lost(int phys)
 {
-    return (__atomic_load_n(&sim_gpu(phys)->flags, __ATOMIC_RELAXED) & GPUPOOL_SIM_GPU_LOST) != 0;
+    /* an instance falls off the bus with its GPU; a destroyed instance is gone as well */
+    if (!sim_device_exists(phys))
+        return 1;
+    int gpu = sim_parent_of(phys);
+    return (__atomic_load_n(&sim_gpu(gpu)->flags, __ATOMIC_RELAXED) & GPUPOOL_SIM_GPU_LOST) != 0;
 }
 
 CUresult sim_require_init(void) { return g_sim.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
@@ -144,14 +168,15 @@ static void sim_lock_prepare(void)
 static void sim_repair_locked(void)
 {
     sim_reclaim_dead_locked();
-    uint64_t used[GPUPOOL_SIM_MAX_GPUS] = {0};
+    uint64_t used[GPUPOOL_SIM_MAX_DEVICES] = {0};
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         gpupool_sim_proc *p = sim_proc((int)s);
-        if (p->pid != 0 && p->gpu >= 0 && (uint32_t)p->gpu < GPUPOOL_SIM_MAX_GPUS)
+        if (p->pid != 0 && p->gpu >= 0 && (uint32_t)p->gpu < GPUPOOL_SIM_MAX_DEVICES)
             used[p->gpu] += p->memory_used;
     }
-    for (uint32_t i = 0; i < sim_header()->gpu_count; i++)
-        sim_gpu((int)i)->memory_used = used[i];
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++)
+        if (sim_device_exists((int)i))
+            sim_gpu((int)i)->memory_used = used[i];
 }
 
 void sim_driver_lock(void)
@@ -169,7 +194,7 @@ void sim_driver_unlock(void) { pthread_mutex_unlock(&sim_lock_area()->mutex); }
 
 static void sim_free_slot_locked(gpupool_sim_proc *p)
 {
-    if (p->gpu >= 0 && (uint32_t)p->gpu < sim_header()->gpu_count) {
+    if (sim_device_exists(p->gpu)) {
         gpupool_sim_gpu *rec = sim_gpu(p->gpu);
         rec->memory_used = rec->memory_used > p->memory_used ? rec->memory_used - p->memory_used : 0;
     }
@@ -273,6 +298,11 @@ uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns
 {
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
+    if (phys >= (int)GPUPOOL_SIM_MAX_GPUS && rec->sm_count > 0) {
+        /* a MIG instance has a slice of its GPU's SMs: the same grid takes longer there */
+        uint32_t gpu_sms = sim_gpu(sim_parent_of(phys))->sm_count;
+        duration_ns = (uint64_t)((unsigned __int128)duration_ns * gpu_sms / rec->sm_count);
+    }
     uint64_t now = sim_now_ns();
     uint64_t start = now;
     if (!concurrent && rec->busy_until_ns > start)
@@ -334,10 +364,13 @@ static CUresult sim_map_node(void)
     return CUDA_SUCCESS;
 }
 
+/* the device whose uuid starts with `prefix` ("GPU-..." or "MIG-..."), -1 if none or several */
 static int sim_find_uuid(const char *prefix, size_t len)
 {
     int found = -1;
-    for (uint32_t i = 0; i < sim_header()->gpu_count; i++) {
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) {
+        if (!sim_device_exists((int)i))
+            continue;
         if (strncmp(sim_gpu((int)i)->uuid, prefix, len) == 0) {
             if (found >= 0)
                 return -1; /* ambiguous prefix */
@@ -347,8 +380,8 @@ static int sim_find_uuid(const char *prefix, size_t len)
     return found;
 }
 
-/* CUDA_VISIBLE_DEVICES as the real driver reads it: indices or GPU-UUID (prefixes), comma
- * separated; the list ends at the first entry that is invalid, unknown or repeated. */
+/* CUDA_VISIBLE_DEVICES as the real driver reads it: indices, GPU-UUID or MIG-UUID (prefixes),
+ * comma separated; the list ends at the first entry that is invalid, unknown or repeated. */
 static void sim_apply_visible_devices(void)
 {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
@@ -360,7 +393,7 @@ static void sim_apply_visible_devices(void)
         return;
     }
     const char *p = env;
-    while (*p != '\0' && g_sim.count < total) {
+    while (*p != '\0' && g_sim.count < (int)GPUPOOL_SIM_MAX_DEVICES) {
         while (*p == ' ')
             p++;
         size_t len = strcspn(p, ",");
@@ -368,7 +401,7 @@ static void sim_apply_visible_devices(void)
         while (trimmed > 0 && p[trimmed - 1] == ' ')
             trimmed--;
         int index = -1;
-        if (trimmed > 4 && strncmp(p, "GPU-", 4) == 0) {
+        if (trimmed > 4 && (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0)) {
             index = sim_find_uuid(p, trimmed);
         } else if (trimmed > 0 && strspn(p, "0123456789") == trimmed) {
             long v = strtol(p, NULL, 10);
@@ -410,7 +443,7 @@ static void sim_identify_process(void)
 {
     g_sim.pid = (int)getpid();
     g_sim.start_time = sim_start_time_of(g_sim.pid);
-    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_GPUS; i++)
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++)
         g_sim.slot[i] = -1;
 }
 
@@ -478,7 +511,7 @@ __attribute__((destructor)) static void sim_release_slots_at_exit(void)
     if (!g_sim.initialized || g_sim.pid != (int)getpid())
         return;
     sim_driver_lock();
-    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_GPUS; i++) {
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) {
         if (g_sim.slot[i] >= 0) {
             sim_free_slot_locked(sim_proc(g_sim.slot[i]));
             g_sim.slot[i] = -1;

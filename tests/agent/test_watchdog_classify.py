@@ -13,7 +13,8 @@ import pytest
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.owners import Owners, identified
-from gpupool.agent.watchdog import NO_JOB, OVER_SHARE, classify
+from gpupool.agent.store import Store
+from gpupool.agent.watchdog import NO_JOB, OVER_SHARE, Action, Watchdog, classify
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot, ProcessInfo
 
@@ -129,3 +130,11 @@ def test_a_job_just_launched_is_known_by_its_directory(tmp_path: Path) -> None:
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_the_daemons_own_mps_servers_are_never_strangers(tmp_path: Path, pids: list[int]) -> None:
+    server, stranger = pids[0], pids[1]
+    snapshot = NodeSnapshot(0.0, True, "sim", (_gpu(0, (server, 300 * MiB), (stranger, GiB)),))
+    watchdog = Watchdog(Store(tmp_path / "state.db"), Action.REPORT, 0, lambda i: JobDir(tmp_path))
+    found = watchdog.check(snapshot, [], helpers={server})
+    assert [(f.kind, f.processes[0].pid) for f in found] == [(NO_JOB, stranger)]

@@ -55,8 +55,17 @@ def browser() -> Iterator[WebDriver]:
     chrome.quit()
 
 
+# Read in one script, not element by element: the page swaps its sections every 2 s, and an
+# element found before a swap is stale after it.
+_TEXTS = "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.innerText);"
+_ROWS = (
+    "return Array.from(document.querySelectorAll('table.jobs tbody tr'))"
+    ".map(e => [e.getAttribute('data-job'), e.innerText]);"
+)
+
+
 def _text(browser: WebDriver, css: str) -> str:
-    return "\n".join(element.text for element in browser.find_elements(By.CSS_SELECTOR, css))
+    return "\n".join(browser.execute_script(_TEXTS, css))
 
 
 def test_a_person_sees_the_gpus_jobs_and_events_live(
@@ -83,10 +92,7 @@ def test_a_person_sees_the_gpus_jobs_and_events_live(
     assert "A100-40GB" in gpu0 and "60% shared" in gpu0
 
     # the jobs table: one row per job, the queued one waiting for both GPUs
-    rows = {
-        row.get_attribute("data-job"): row.text
-        for row in browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody tr")
-    }
+    rows = dict(browser.execute_script(_ROWS))
     assert set(rows) == {str(trainer), str(tuner), str(waiting)}
     assert "trainer" in rows[str(trainer)] and "running" in rows[str(trainer)]
     assert "4GiB" in rows[str(trainer)] and "40%" in rows[str(trainer)]

@@ -15,13 +15,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpupool.agent import launcher, mps, node
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.migjobs import MigJobs
+from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import Observations
 from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
@@ -31,17 +33,13 @@ from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, 
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.launch import memory_bytes
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
 ROOT_UID = 0
-
-
-def _server_died(server: mps.MpsServer) -> str:
-    return (
-        f"its MPS server (pid {server.pid}) on GPU {server.gpu} died, "
-        "failing every client of that server"
-    )
+#: the longest a queued MIG job waits for a new look at the GPUs' MIG layouts
+MIG_REPLAN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +55,8 @@ class AgentConfig:
     context_reserve: int | None = None
     #: what the watchdog does with a GPU process of no job or a job over its share
     watchdog: Action = Action.REPORT
+    #: leave the MIG instances created for jobs in place after them
+    mig_keep_instances: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in GPU_POLICIES:
@@ -83,6 +83,9 @@ class Agent:
         )
         self.capacity = node.capacity(snapshot, self.context_reserve)
         self.watchdog = Watchdog(self.store, config.watchdog, self.context_reserve, self.jobdir)
+        #: GPUs in MIG mode: only MIG jobs run there
+        self._mig_mode = _mig_mode(snapshot)
+        self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.capacity
         self._lock = threading.RLock()
@@ -101,8 +104,12 @@ class Agent:
             mps.control_command(backend.simulated),
             [gpu.uuid for gpu in snapshot.gpus],
         )
-        #: MPS jobs killed because their server died, and why (their end is a failure)
-        self._mps_failed: dict[int, str] = {}
+        self.mps_jobs = MpsJobs(self.mps, lambda job_id: self.jobdir(job_id).path)
+        # MIG jobs are placed from a device snapshot: taken when a MIG job came or went, else at
+        # most every MIG_REPLAN_S (an admin may change the layout), not at every tick
+        self._mig_changed = True
+        self._mig_planned_at = 0.0
+        self._mig_waiting: dict[int, tuple[str, ...]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -151,6 +158,8 @@ class Agent:
                 self._cancel_at[job.id] = time.monotonic()
             if self.jobdir(job.id).exit_status() is None and self.jobdir(job.id).pids():
                 self.store.note(job.id, "adopted", "by a restarted daemon")
+        for job_id, detail in self.mig.recover():
+            self.store.note(job_id, "mig", detail)
 
     # -- API --------------------------------------------------------------------------------
 
@@ -160,6 +169,11 @@ class Agent:
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
+        if spec.mode is Mode.MIG:
+            job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
+            self._mig_changed = True
+            self._wake.set()
+            return job
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
@@ -175,18 +189,23 @@ class Agent:
         return job
 
     def job(self, job_id: int) -> Job:
-        return self.store.job(job_id)
+        return self._with_mig([self.store.job(job_id)])[0]
 
     def jobs(self, everything: bool = False) -> list[Job]:
         """Jobs by id (queued and running ones, or all)."""
         states = None if everything else [State.QUEUED, State.RUNNING]
-        return sorted(self.store.jobs(states), key=lambda job: job.id)
+        return self._with_mig(sorted(self.store.jobs(states), key=lambda job: job.id))
+
+    def _with_mig(self, jobs: list[Job]) -> list[Job]:
+        """`jobs` with the MIG instance each MIG job holds."""
+        uses = self.store.mig_uses(released=True)
+        return [replace(job, mig=uses.get(job.id)) if job.id in uses else job for job in jobs]
 
     def live(self, job_id: int) -> Usage | None:
         return self._live.get(job_id)
 
     def describe(self, job_id: int) -> dict[str, Any]:
-        job = self.store.job(job_id)
+        job = self.job(job_id)
         data = job.to_json()
         data["events"] = self.store.events(job_id)
         data["waiting"] = list(self._waiting.get(job_id, ())) if job.state is State.QUEUED else []
@@ -250,7 +269,7 @@ class Agent:
                     "memory_admitted": admitted,
                     "compute_admitted": 1000 - now.compute_free,
                     "jobs": [j.id for j in running if cap.index in j.gpus],
-                    "mps": self._mps_of_gpu(cap.index, running),
+                    "mps": self.mps_jobs.of_gpu(cap.index, running),
                 }
             )
         return {
@@ -295,49 +314,14 @@ class Agent:
         self._watch_mps()
 
     def _watch_mps(self) -> None:
-        """Fail the clients of a server that died (MPS's failure: one fatal fault takes down
-        every client of the server), and quit control daemons no running job uses any more."""
-        in_use: set[int] = set()
-        for job in self.store.jobs([State.RUNNING]):
-            if job.spec.mode is not Mode.MPS:
-                continue
-            server = mps.recorded(self.jobdir(job.id).path)
-            in_use.update(job.gpus)
-            if server is None or job.id in self._mps_failed or server.alive():
-                continue
-            reason = _server_died(server)
-            self._mps_failed[job.id] = reason
+        for job, reason in self.mps_jobs.lost_servers(self.store.jobs([State.RUNNING])):
             self.store.note(job.id, "mps", reason)
             self._signal(job, signal.SIGKILL)
-        for gpu in self.mps.active_gpus():
-            if gpu not in in_use:
-                self.mps.stop(gpu)
-
-    def _mps_of_gpu(self, gpu: int, running: list[Job]) -> dict[str, Any] | None:
-        """A GPU's MPS server and its clients (job ids and pids), None when it has none."""
-        server = None
-        clients = []
-        for job in running:
-            recorded = mps.recorded(self.jobdir(job.id).path) if job.spec.mode is Mode.MPS else None
-            if recorded is not None and recorded.gpu == gpu and recorded.alive():
-                server = recorded.pid
-                clients.append({"job": job.id, "pid": job.job_pid})
-        return None if server is None else {"server": server, "clients": clients}
-
-    def mps_server(self, job: Job) -> int | None:
-        """The pid of the MPS server a job is (or was) a client of."""
-        if job.spec.mode is not Mode.MPS:
-            return None
-        server = mps.recorded(self.jobdir(job.id).path)
-        return server.pid if server is not None else None
 
     def _finish(
         self, job: Job, jobdir: JobDir, code: int | None, at: float, detail: str = ""
     ) -> None:
-        mps_failure = self._mps_failed.pop(job.id, "")
-        server = mps.recorded(jobdir.path) if job.spec.mode is Mode.MPS else None
-        if code != 0 and server is not None and not server.alive():
-            mps_failure = _server_died(server)  # it failed before the loop saw the server go
+        mps_failure = self.mps_jobs.failure(job, code)
         if job.cancel_requested:
             state = State.CANCELLED
         elif mps_failure:
@@ -361,6 +345,14 @@ class Agent:
         )
         for region in jobdir.path.glob("gpupool-share-*"):
             shutil.rmtree(region, ignore_errors=True)
+        if job.spec.mode is Mode.MIG:
+            self._release_mig(job.id)
+            self._mig_changed = True
+
+    def _release_mig(self, job_id: int) -> None:
+        released = self.mig.release(job_id)
+        if released is not None:
+            self.store.note(job_id, "mig", released)
 
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         pids = self.jobdir(job.id).pids()
@@ -384,19 +376,28 @@ class Agent:
             self._waiting = {}
             return
         began = time.perf_counter()
-        running = self.store.jobs([State.RUNNING])
-        free = node.free_now(self.capacity, running, self.context_reserve)
+        # MIG jobs have their own admission; the other modes never use a GPU in MIG mode
+        mig_queued = [job for job in queued if job.spec.mode is Mode.MIG]
+        queued = [job for job in queued if job.spec.mode is not Mode.MIG]
+        running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        capacity = [gpu for gpu in self.capacity if gpu.index not in self._mig_mode]
+        free = node.free_now(capacity, running, self.context_reserve)
         decided = plan(
             queued,
             running,
             free,
-            self.capacity,
+            capacity,
             self.config.policy,
             self._target(queued + running),
             self.context_reserve,
         )
-        self._waiting = dict(decided.waiting)
+        mig_lines = tuple(
+            f"GPU {i}: in MIG mode, for MIG jobs only" for i in sorted(self._mig_mode)
+        )
+        self._waiting = {job: why + mig_lines for job, why in decided.waiting.items()}
         self.observed.scheduling.observe(time.perf_counter() - began)
+        if mig_queued:
+            self._schedule_mig(mig_queued)
         mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
             if start.job.spec.mode is Mode.MPS:
@@ -422,6 +423,38 @@ class Agent:
                     detail=f"launch failed: {err}",
                 )
 
+    def _schedule_mig(self, queued: list[Job]) -> None:
+        now = time.monotonic()
+        if not self._mig_changed and now - self._mig_planned_at < MIG_REPLAN_S:
+            self._waiting.update(self._mig_waiting)
+            return
+        self._mig_changed, self._mig_planned_at = False, now
+        choices, waiting = self.mig.plan(queued, self._snapshot())
+        self._mig_waiting = waiting
+        self._waiting.update(waiting)
+        for choice in choices:
+            try:
+                use = self.mig.acquire(choice)
+            except GpupoolError as err:
+                self._fail_start(choice.job, f"cannot make its MIG instance: {err}")
+                continue
+            how = "created" if use.created else "free"
+            # the share inside the instance, or all of it
+            memory = memory_bytes(choice.job.spec.memory_share(), use.memory_total)
+            job = self.store.start(
+                choice.job, (use.gpu,), (memory or use.memory_total,), f"{use.label} ({how})"
+            )
+            try:
+                launcher.launch(
+                    replace(job, mig=use), self.launch_node, self.jobdir(job.id), self.mps
+                )
+            except (GpupoolError, OSError) as err:
+                self._fail_start(job, f"launch failed: {err}")
+                self._release_mig(job.id)
+
+    def _fail_start(self, job: Job, detail: str) -> None:
+        self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
+
     # -- the sampler --------------------------------------------------------------------------
 
     def _snapshot(self) -> Any:
@@ -438,6 +471,7 @@ class Agent:
     def sample(self) -> None:
         snapshot = self._snapshot()
         self.capacity = node.capacity(snapshot, self.context_reserve)
+        self._mig_mode = _mig_mode(snapshot)
         running = self.store.jobs([State.RUNNING])
         groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
         usage = job_usage(snapshot, groups)
@@ -448,4 +482,9 @@ class Agent:
                 self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
         if usage:
             self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
-        self.watchdog.check(snapshot, running)
+        servers = {self.mps_jobs.server_pid(job) for job in running}
+        self.watchdog.check(snapshot, running, {pid for pid in servers if pid is not None})
+
+
+def _mig_mode(snapshot: Any) -> frozenset[int]:
+    return frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)

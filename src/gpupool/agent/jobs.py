@@ -9,10 +9,11 @@ from typing import Any
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare, parse_memory_share
+from gpupool.isolation.node import mig_label
 from gpupool.scheduler.gpus import GpuRequest
 
-#: the modes this daemon launches; `mig` comes with its own launcher
-LAUNCHABLE_MODES = (Mode.SHIM, Mode.EXCLUSIVE, Mode.MPS)
+#: the modes this daemon launches
+LAUNCHABLE_MODES = (Mode.SHIM, Mode.EXCLUSIVE, Mode.MPS, Mode.MIG)
 PRIORITY_RANK = {Priority.HIGH: 0, Priority.LOW: 1}
 
 
@@ -42,6 +43,8 @@ class JobSpec:
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    #: mode mig: the profile of the MIG instance the job runs on (`1g.10gb`)
+    mig_profile: str | None = None
 
     def __post_init__(self) -> None:
         if not self.argv or not self.argv[0]:
@@ -55,6 +58,10 @@ class JobSpec:
             raise InvalidRequest(
                 "mode mps runs a job on one GPU (a client joins one GPU's MPS server): use --gpus 1"
             )
+        if (self.mode is Mode.MIG) != (self.mig_profile is not None):
+            raise InvalidRequest("mode mig and --mig-profile go together: give the profile")
+        if self.mode is Mode.MIG and self.gpus != 1:
+            raise InvalidRequest("a MIG job runs on one MIG instance: drop --gpus")
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise InvalidRequest(f"invalid environment variable name {key!r}")
@@ -83,6 +90,7 @@ class JobSpec:
             "name": self.name,
             "env": dict(self.env),
             "workdir": self.workdir,
+            "mig_profile": self.mig_profile,
         }
 
     @classmethod
@@ -98,7 +106,25 @@ class JobSpec:
             name=data["name"],
             env=dict(data["env"]),
             workdir=data["workdir"],
+            mig_profile=data.get("mig_profile"),  # absent from jobs stored before MIG jobs
         )
+
+
+@dataclass(frozen=True)
+class MigUse:
+    """The MIG instance a job runs on; `created`: the daemon made it for the job."""
+
+    gpu: int
+    gi_id: int
+    profile: str
+    start: int
+    uuid: str
+    memory_total: int
+    created: bool
+
+    @property
+    def label(self) -> str:
+        return mig_label(self.profile, self.gpu, self.gi_id)
 
 
 @dataclass(frozen=True)
@@ -122,6 +148,8 @@ class Job:
     supervisor_start: int | None = None
     job_pid: int | None = None
     cancel_requested: bool = False
+    #: mode mig, once placed: its instance (from the store's MIG table)
+    mig: MigUse | None = None
 
     @property
     def name(self) -> str:
@@ -157,4 +185,7 @@ class Job:
             "finished_at": self.finished_at,
             "oom": self.oom,
             "peak_memory": self.peak_memory,
+            "mig_profile": self.spec.mig_profile,
+            "mig": self.mig.label if self.mig is not None else None,
+            "mig_uuid": self.mig.uuid if self.mig is not None else None,
         }

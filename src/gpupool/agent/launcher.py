@@ -4,7 +4,7 @@ The per-mode part is one small interface (`ModeLauncher.env`): `shim` builds exa
 spec of `gpupool exec` (one accounting region per job, in the job's directory); `exclusive` gives
 whole GPUs with no limits, only CUDA_VISIBLE_DEVICES; `mps` makes the job a client of its GPU's
 MPS server (started on demand, agent/mps.py) with the shim's memory limit and no compute
-arbitration (MPS provisions SMs, not time). MIG adds its own launcher here.
+arbitration (MPS provisions SMs, not time); `mig` is the shim's on the job's MIG instance.
 """
 
 from __future__ import annotations
@@ -115,9 +115,37 @@ class MpsLauncher:
         return {**spec.env, **mps_client_env(pipe, visible, job.spec.compute, memory)}
 
 
+class MigLauncher:
+    """The shim's launch on the job's MIG instance: CUDA_VISIBLE_DEVICES is its MIG-UUID, and a
+    memory share (if asked) is enforced inside the instance, resolved against its memory."""
+
+    def env(
+        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        if job.mig is None:
+            raise DaemonError(f"job {job.id} has no MIG instance to run on")
+        limits = ShareLimits(
+            (job.mig.gpu,),
+            job.spec.memory_share(),
+            job.spec.compute,
+            priority=job.spec.priority,
+            mig_uuid=job.mig.uuid,
+        )
+        spec = build_launch_spec(
+            job.spec.argv,
+            limits,
+            gpu_totals=[job.mig.memory_total],
+            sim_node=node.sim_node,
+            base_env=base,
+            shared_region=new_shared_region(jobdir.path),
+        )
+        return dict(spec.env)
+
+
 LAUNCHERS: dict[Mode, ModeLauncher] = {
     Mode.SHIM: ShimLauncher(),
     Mode.EXCLUSIVE: ExclusiveLauncher(),
+    Mode.MIG: MigLauncher(),
 }
 
 

@@ -21,7 +21,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -190,11 +190,15 @@ class Watchdog:
         self._open: set[tuple[str, int, int]] = set()
         self._ignore = frozenset({os.getpid()})
 
-    def check(self, snapshot: NodeSnapshot, running: Sequence[Job]) -> list[Finding]:
-        """One pass; the findings that are new (recorded, and acted on under `kill`)."""
+    def check(
+        self, snapshot: NodeSnapshot, running: Sequence[Job], helpers: Collection[int] = ()
+    ) -> list[Finding]:
+        """One pass; the findings that are new (recorded, and acted on under `kill`).
+        `helpers`: GPU processes the daemon runs for its jobs (MPS servers), never strangers."""
         running = [identified(job, self.jobdir) for job in running]
         owners = Owners(running)
-        processes, findings = classify(snapshot, running, self.reserve, owners.job_of, self._ignore)
+        ignored = self._ignore | frozenset(helpers)
+        processes, findings = classify(snapshot, running, self.reserve, owners.job_of, ignored)
         self.processes = processes
         new = [finding for finding in findings if finding.key not in self._open]
         for finding in new:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from gpupool import __version__
 from gpupool.agent.agent import Agent
-from gpupool.agent.jobs import Job, JobSpec
+from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
 from gpupool.api import watchdog_routes
 from gpupool.api.dashboard import dashboard_router
 from gpupool.api.metrics import metrics_router
@@ -55,12 +55,15 @@ class SubmitBody(BaseModel):
     gpus: int = Field(1, ge=1)
     memory: str | None = None
     compute: float = Field(100.0, description="percent of each GPU, above 0, at most 100")
-    mode: str = "shim"
+    #: default shim, or mig when `mig_profile` is given
+    mode: str | None = None
     priority: str = "high"
     gpu_models: list[str] = []
     name: str = ""
     env: dict[str, str] = {}
     workdir: str = "/"
+    #: mode mig: the instance's profile; given alone, it implies mode mig
+    mig_profile: str | None = None
 
 
 class DrainBody(BaseModel):
@@ -71,9 +74,10 @@ def _spec(body: SubmitBody) -> JobSpec:
     if not 0 < body.compute <= 100:
         raise InvalidRequest(f"invalid compute {body.compute:g}: must be above 0 and at most 100")
     try:
-        mode = Mode(body.mode)
+        mode = Mode(body.mode or (Mode.MIG if body.mig_profile is not None else Mode.SHIM))
     except ValueError:
-        raise InvalidRequest(f"unknown mode {body.mode!r}: use shim, mps or exclusive") from None
+        modes = ", ".join(m.value for m in LAUNCHABLE_MODES)
+        raise InvalidRequest(f"unknown mode {body.mode!r}: use one of {modes}") from None
     try:
         priority = Priority(body.priority)
     except ValueError:
@@ -89,6 +93,7 @@ def _spec(body: SubmitBody) -> JobSpec:
         name=body.name,
         env=dict(body.env),
         workdir=body.workdir,
+        mig_profile=body.mig_profile,
     )
 
 
@@ -140,7 +145,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
         data["over_share"] = job.id in agent.watchdog.flagged
-        data["mps_server"] = agent.mps_server(job)
+        data["mps_server"] = agent.mps_jobs.server_pid(job)
         return data
 
     @app.get("/v1/health")
@@ -159,7 +164,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     @app.get("/v1/jobs/{job_id}")
     def describe(job_id: int, _: int = Depends(caller)) -> dict[str, Any]:
         data = agent.describe(job_id)
-        data["mps_server"] = agent.mps_server(agent.job(job_id))
+        data["mps_server"] = agent.mps_jobs.server_pid(agent.job(job_id))
         live = agent.live(job_id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None

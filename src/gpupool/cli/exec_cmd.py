@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import subprocess
@@ -74,7 +75,11 @@ def _run(spec: LaunchSpec) -> int:
 def _limits(
     gpu: str, memory: str | None, compute: str | None, policy: str, priority: str | None
 ) -> ShareLimits:
-    gpus = tuple(parse_int_range(gpu, "GPU index"))
+    # a MIG instance's GPU is found on the node (_on_node); 0 stands in until then
+    mig_uuid = gpu.strip() if gpu.strip().startswith("MIG-") else None
+    if mig_uuid is not None and "," in mig_uuid:
+        raise InvalidRequest("--gpu takes one MIG instance: CUDA shows a process one MIG device")
+    gpus = (0,) if mig_uuid is not None else tuple(parse_int_range(gpu, "GPU index"))
     share: MemoryShare | None = parse_memory_share(memory) if memory is not None else None
     milli = parse_compute_milli(compute) if compute is not None else 1000
     try:
@@ -85,7 +90,7 @@ def _limits(
         rank = Priority(priority) if priority is not None else None
     except ValueError as err:
         raise InvalidRequest(f"invalid priority {priority!r}: use high or low") from err
-    return ShareLimits(gpus, share, milli, chosen, rank)
+    return ShareLimits(gpus, share, milli, chosen, rank, mig_uuid)
 
 
 def _check_mode(mode: str) -> None:
@@ -131,13 +136,11 @@ def _prepare(
 ) -> tuple[LaunchSpec, LaunchNode]:
     """Check every value against the node, announce a simulated one, and build the launch."""
     node = open_launch_node(simulate, node_dir)
-    totals = node.totals_of(limits.gpus)
-    memory = limits.memory if isinstance(limits.memory, MemoryShare) else None
-    node.check_memory_fits(limits.gpus, memory)
+    limits, totals = _on_node(node, limits)
     spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
     _announce(node, simulate)
     if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU or limits.priority:
-        typer.echo(f"gpupool: {_share_line(node, limits)}", err=True)
+        typer.echo(f"gpupool: {_share_line(node, limits, totals)}", err=True)
     return spec, node
 
 
@@ -154,15 +157,36 @@ def _report_use(spec: LaunchSpec, node: LaunchNode, limits: ShareLimits, seconds
         typer.echo(f"gpupool: {line}", err=True)
 
 
-def _share_line(node: LaunchNode, limits: ShareLimits) -> str:
+def _on_node(node: LaunchNode, limits: ShareLimits) -> tuple[ShareLimits, list[int | None]]:
+    """The share with its GPUs found on the node, and the memory each visible device has: a MIG
+    instance's own, since the interception library enforces a share inside the instance."""
+    memory = limits.memory if isinstance(limits.memory, MemoryShare) else None
+    if limits.mig_uuid is None:
+        node.totals_of(limits.gpus)  # an index the node lacks first
+        node.check_whole_gpus(limits.gpus)
+        node.check_memory_fits(limits.gpus, memory)
+        return limits, node.totals_of(limits.gpus)
+    device = node.mig_device(limits.mig_uuid)
+    if memory is not None and memory.bytes is not None and memory.bytes > device.memory_total:
+        raise InvalidRequest(
+            f"memory share {format_bytes(memory.bytes)} ({memory.bytes} bytes) is larger than "
+            f"MIG instance {device.label} ({format_bytes(device.memory_total)})"
+        )
+    return dataclasses.replace(limits, gpus=(device.gpu,)), [device.memory_total]
+
+
+def _share_line(node: LaunchNode, limits: ShareLimits, totals: list[int | None]) -> str:
     """The share as resolved on the node, so that `4G` and `4Gi` are never confused."""
     parts = []
-    for index, total in zip(limits.gpus, node.totals_of(limits.gpus), strict=True):
+    for index, total in zip(limits.gpus, totals, strict=True):
         memory = "the whole memory"
         if limits.memory is not None:
             size = memory_bytes(limits.memory, total)
             memory = f"{format_bytes(size or 0)} ({size} bytes)"
-        parts.append(f"GPU {index} ({node.models[index]}): memory {memory}")
+        where = f"GPU {index} ({node.models[index]})"
+        if limits.mig_uuid is not None:
+            where = f"MIG instance {node.mig_device(limits.mig_uuid).label} ({node.models[index]})"
+        parts.append(f"{where}: memory {memory}")
     percent = limits.compute_milli * 100 // MILLI_PER_GPU
     line = f"{'; '.join(parts)}; compute {percent}% ({limits.policy.value})"
     return line if limits.priority is None else f"{line}, priority {limits.priority.value}"
@@ -186,7 +210,9 @@ def register(app: typer.Typer) -> None:
         node_dir: Path | None = typer.Option(
             None, "--node-dir", metavar="DIR", help="The simulated node's directory."
         ),
-        gpu: str = typer.Option("0", "--gpu", metavar="INDEX", help="GPU index (or 0,1)."),
+        gpu: str = typer.Option(
+            "0", "--gpu", metavar="INDEX", help="GPU index (or 0,1), or a MIG instance's MIG-UUID."
+        ),
         memory: str | None = typer.Option(
             None,
             "--memory",

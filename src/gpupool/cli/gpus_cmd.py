@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import typer
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from gpupool.api.client import Client
 from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
+from gpupool.cli.gpus_jobs import mig_jobs
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
 from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import format_bytes
@@ -77,7 +79,8 @@ def gpu_table(snapshot: NodeSnapshot) -> Table:
     return table
 
 
-def mig_table(snapshot: NodeSnapshot) -> Table | None:
+def mig_table(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> Table | None:
+    """The MIG instances; `users` (MIG-UUID -> the daemon's job on it) adds a Job column."""
     rows = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
     if not rows:
         return None
@@ -86,10 +89,12 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
     for column in ("GPU", "GI", "CI", "Profile", "Slices", "Memory"):
         table.add_column(column, no_wrap=True)
     table.add_column("UUID", overflow="fold")
+    if users:
+        table.add_column("Job", no_wrap=True)
     for gpu, instance in rows:
         start = instance.placement_start
         placement = "n/a" if start is None else f"{start}:{instance.placement_size}"
-        table.add_row(
+        cells = [
             str(gpu.index),
             str(instance.gi_id),
             _optional(instance.ci_id),
@@ -97,7 +102,10 @@ def mig_table(snapshot: NodeSnapshot) -> Table | None:
             placement,
             format_bytes(instance.memory_total),
             instance.uuid or "",
-        )
+        ]
+        if users:
+            cells.append(users.get(instance.uuid or "", "-"))
+        table.add_row(*cells)
     return table
 
 
@@ -145,12 +153,15 @@ def mps_table(url: str | None) -> Table | None:
 
 
 def render(
-    snapshot: NodeSnapshot, url: str | None = None, shares: list[ShareRow] | None = None
+    snapshot: NodeSnapshot,
+    url: str | None = None,
+    shares: list[ShareRow] | None = None,
+    users: Mapping[str, str] | None = None,
 ) -> RenderableType:
     """The whole nvidia-smi-like view of one snapshot: processes marked by the daemon at `url`,
-    and the compute shares' use."""
+    the compute shares' use, and `users` (see mig_table)."""
     parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
-    migs = mig_table(snapshot)
+    migs = mig_table(snapshot, users)
     if migs is not None:
         parts.append(migs)
     busy = any(gpu.processes for gpu in snapshot.gpus)
@@ -173,7 +184,7 @@ def _document(snapshot: NodeSnapshot) -> dict[str, object]:
 
 
 def _view(snapshot: NodeSnapshot, url: str | None) -> RenderableType:
-    return render(snapshot, url, sample_shares(snapshot))
+    return render(snapshot, url, sample_shares(snapshot), mig_jobs(url))
 
 
 def _watch(

@@ -128,7 +128,15 @@ def register(app: typer.Typer) -> None:
         compute: str | None = typer.Option(
             None, "--compute", metavar="PERCENT", help="Compute per GPU, 1..100 (default 100)."
         ),
-        mode: str = typer.Option("shim", "--mode", metavar="shim|mps|exclusive"),
+        mode: str | None = typer.Option(
+            None,
+            "--mode",
+            metavar="shim|mps|exclusive|mig",
+            help="Default shim (mig with a profile).",
+        ),
+        mig_profile: str | None = typer.Option(
+            None, "--mig-profile", metavar="PROFILE", help="Mode mig: the instance, e.g. 1g.10gb."
+        ),
         priority: str = typer.Option("high", "--priority", metavar="high|low"),
         gpu_model: str | None = typer.Option(None, "--gpu-model", metavar="A100,H100"),
         name: str = typer.Option("", "--name"),
@@ -141,7 +149,9 @@ def register(app: typer.Typer) -> None:
         """Queue a command on the node's GPUs; prints the job id."""
         if gpus < 1:
             raise InvalidRequest(f"invalid --gpus {gpus}: must be at least 1")
+        mode = mode or ("mig" if mig_profile is not None else "shim")
         body = _body(command, gpus, memory, compute, mode, priority, gpu_model, name, env, workdir)
+        body["mig_profile"] = mig_profile
         with Client(url) as client:
             job = client.call("POST", "/v1/jobs", json=body)["job"]
             if as_json and not wait:

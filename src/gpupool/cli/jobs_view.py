@@ -46,6 +46,8 @@ def _mode(job: dict[str, Any]) -> str:
 
 def _row(job: dict[str, Any], now: float) -> list[str]:
     gpus = ",".join(str(g) for g in job["gpus"]) or f"({job['gpu_count']})"
+    if job.get("mig_profile"):  # a MIG job's instance (mig:1g.10gb@0/7), or its profile
+        gpus = job.get("mig") or f"({job['mig_profile']})"
     state = job["state"]
     if job["exit_code"] is not None and state != "succeeded":
         state += f" ({job['exit_code']})"
@@ -113,6 +115,9 @@ def print_job(job: dict[str, Any]) -> None:
     ]
     if job.get("mps_server"):
         lines.append(f"  MPS:      a client of the MPS server pid {job['mps_server']}")
+    if job.get("mig_profile"):
+        where = f"{job['mig']} ({job['mig_uuid']})" if job.get("mig") else "not placed yet"
+        lines.append(f"  MIG:      {job['mig_profile']} instance: {where}")
     if job.get("live_memory") is not None:
         lines.append(
             f"  using:    {_bytes(job['live_memory'])} now{_over_share(job)},"

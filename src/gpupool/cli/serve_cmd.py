@@ -80,6 +80,12 @@ def register(app: typer.Typer) -> None:
             help="A GPU process of no job, or a job over its memory share: record it, or also "
             "SIGKILL it (default: $GPUPOOL_WATCHDOG, else report).",
         ),
+        mig_keep_instances: bool = typer.Option(
+            False,
+            "--mig-keep-instances",
+            envvar=settings.MIG_KEEP_INSTANCES.name,
+            help="Leave the MIG instances made for jobs in place after them (default: destroy).",
+        ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
@@ -106,6 +112,7 @@ def register(app: typer.Typer) -> None:
             cancel_grace_s=cancel_grace,
             context_reserve=reserve,
             watchdog=action,
+            mig_keep_instances=mig_keep_instances,
         )
         lock = statedir.hold(root)
         sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]

@@ -142,6 +142,13 @@ MPS_CONTROL = Setting(
     "nvidia-cuda-mps-control on real GPUs, gpupool's simulated twin on a simulated node).",
     Reader.PYTHON,
 )
+MIG_KEEP_INSTANCES = Setting(
+    "GPUPOOL_MIG_KEEP_INSTANCES",
+    None,
+    "1 or true: the node daemon leaves the MIG instances it created for jobs in place "
+    "after them, for the next job of that profile (`gpupool serve --mig-keep-instances`).",
+    Reader.PYTHON,
+)
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -160,6 +167,7 @@ ALL: tuple[Setting, ...] = (
     TOKEN,
     WATCHDOG,
     MPS_CONTROL,
+    MIG_KEEP_INSTANCES,
 )
 
 #: the settings that make up a share; only a launch may set them

@@ -28,7 +28,14 @@ from typing import Any
 
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
 from gpupool.devices.simspec import GpuEntry, NodeSpec
-from gpupool.devices.simstate import STATE_FILE, SimGpuSpec, SimState
+from gpupool.devices.simstate import (
+    MIG_PER_GPU,
+    STATE_FILE,
+    SimGpuSpec,
+    SimInstanceSpec,
+    SimState,
+    mig_device_number,
+)
 from gpupool.mig import catalog, planner
 from gpupool.mig.planner import Placement
 
@@ -141,10 +148,13 @@ class SimNode:
                     "use another --node-dir or remove it"
                 )
             state_path = directory / STATE_FILE
-            if not state_path.exists():
-                # node.json survived a cleanup of the runtime state: start the counters afresh
+            if not state_path.exists() or SimState.is_outdated(state_path):
+                # node.json survived a cleanup of the runtime state, or an earlier gpupool made
+                # the state in an older layout: start the counters afresh
                 SimState.create(state_path, _state_specs(_gpus_of(data))).close()
-            return cls(directory, data["key"], data["spec"], SimState.open(state_path))
+            node = cls(directory, data["key"], data["spec"], SimState.open(state_path))
+            node._sync_instances(_gpus_of(data))
+            return node
 
     @classmethod
     def _create(cls, spec: NodeSpec, directory: Path) -> SimNode:
@@ -157,6 +167,7 @@ class SimNode:
         state = SimState.create(directory / STATE_FILE, _state_specs(gpus))
         node = cls(directory, spec.key, spec.text, state)
         node._write(gpus)
+        node._sync_instances(gpus)
         return node
 
     def close(self) -> None:
@@ -194,7 +205,28 @@ class SimNode:
                 raise DeviceError(f"GPU {index} is lost (simulated): it does not answer")
             gpus[index], result = change(gpus[index])
             self._write(gpus)
+            self._sync_instances(gpus[index : index + 1])
             return result
+
+    def _sync_instances(self, gpus: list[SimGpu]) -> None:
+        """Give the simulated driver the MIG instances of `gpus` (state.bin's instance records):
+        it offers each as a device with the instance's memory and SMs."""
+        for gpu in gpus:
+            model = gpu.catalog_model
+            specs = []
+            for instance in gpu.instances:
+                profile = model.profile(instance.profile)
+                name = f"{model.marketing_name} MIG {profile.name}"
+                specs.append(
+                    SimInstanceSpec(
+                        instance.gi_id,
+                        instance.uuid,
+                        name,
+                        profile.memory_bytes,
+                        profile.sm_count,
+                    )
+                )
+            self.state.set_instances(gpu.index, specs)
 
     # -- MIG, with the hardware's rules ----------------------------------------------------------
 
@@ -208,6 +240,15 @@ class SimNode:
         return result
 
     def destroy_instance(self, index: int, gi_id: int) -> None:
+        if 1 <= gi_id <= MIG_PER_GPU:
+            device = mig_device_number(index, gi_id)
+            pids = sorted({s.pid for s in self.state.procs() if s.gpu == device})
+            if pids:
+                # as the driver answers NVML_ERROR_IN_USE
+                raise DeviceError(
+                    f"GPU {index}'s GPU instance {gi_id} is in use by processes "
+                    f"{', '.join(map(str, pids))}: stop them first"
+                )
         self._update(index, lambda gpu: (_without_instance(gpu, gi_id), None))
 
 

@@ -201,10 +201,11 @@ def _private(base: Path) -> Path:
 
 
 def resolve_node_dir(spec: NodeSpec | None, node_dir: Path | None) -> Path | None:
-    """--node-dir, else $GPUPOOL_SIM_NODE, else the spec's default; None when nothing says."""
+    """--node-dir, else $GPUPOOL_SIM_NODE, else the spec's default; None when nothing says.
+    Absolute: the path goes into the environment of processes that run elsewhere."""
     if node_dir is not None:
-        return node_dir
+        return node_dir.absolute()
     from_env = settings.SIM_NODE.read(os.environ)
     if from_env:
-        return Path(from_env)
+        return Path(from_env).absolute()
     return default_node_dir(spec) if spec is not None else None

@@ -17,7 +17,7 @@ from gpupool.core.errors import DeviceError
 from gpupool.devices.procfs import process_start_time
 
 MAGIC = 0x314D49534C505047  # b"GPPLSIM1" as a little-endian u64
-VERSION = 1
+VERSION = 2
 MAX_GPUS = 16
 MAX_PROCS = 256
 HEADER_SIZE = 4096
@@ -25,7 +25,11 @@ GPU_RECORD_SIZE = 512
 PROC_RECORD_SIZE = 64
 GPUS_OFFSET = HEADER_SIZE
 PROCS_OFFSET = GPUS_OFFSET + MAX_GPUS * GPU_RECORD_SIZE
-STATE_SIZE = PROCS_OFFSET + MAX_PROCS * PROC_RECORD_SIZE
+#: MIG instance records (a GPU record's layout), one per (GPU, GPU instance id 1..7)
+MIG_PER_GPU = 7
+MAX_MIG = MAX_GPUS * MIG_PER_GPU
+MIG_OFFSET = PROCS_OFFSET + MAX_PROCS * PROC_RECORD_SIZE
+STATE_SIZE = MIG_OFFSET + MAX_MIG * GPU_RECORD_SIZE
 STATE_FILE = "state.bin"
 
 #: a launch of 256 blocks x 128 threads takes about 1 ms
@@ -88,6 +92,29 @@ class SimProcSlot:
     memory_used: int
     busy_ns: int
     last_launch_ns: int
+
+
+@dataclass(frozen=True)
+class SimInstanceSpec:
+    """What the file records of one MIG instance: the simulated driver shows it as a device."""
+
+    gi_id: int
+    uuid: str
+    name: str
+    memory_total: int
+    sm_count: int
+
+
+def mig_device_number(gpu: int, gi_id: int) -> int:
+    """The number a process slot gives a MIG instance's device (gpupool_simstate.h)."""
+    if not 1 <= gi_id <= MIG_PER_GPU:
+        raise DeviceError(f"GPU instance id {gi_id} is outside 1..{MIG_PER_GPU}")
+    return MAX_GPUS + gpu * MIG_PER_GPU + gi_id - 1
+
+
+def parent_gpu(device: int) -> int:
+    """The GPU index of a process slot's device number (a GPU's own, or its instance's)."""
+    return device if device < MAX_GPUS else (device - MAX_GPUS) // MIG_PER_GPU
 
 
 def _cstr(raw: bytes) -> str:
@@ -186,6 +213,19 @@ class SimState:
             raise DeviceError(f"{path} has state version {version}; this gpupool reads {VERSION}")
         return cls(path, mapping)
 
+    @staticmethod
+    def is_outdated(path: Path) -> bool:
+        """The file is a node state of an older layout (an earlier gpupool made it)."""
+        try:
+            with path.open("rb") as file:
+                head = file.read(12)
+        except OSError:
+            return False
+        if len(head) < 12:
+            return False
+        magic, version = struct.unpack("<QI", head)
+        return bool(magic == MAGIC and version < VERSION)
+
     def close(self) -> None:
         self._map.close()
 
@@ -262,3 +302,41 @@ class SimState:
             memory_used,
             busy_ns_total,
         )
+
+    def set_instances(self, index: int, instances: Sequence[SimInstanceSpec]) -> None:
+        """Make GPU `index`'s MIG instance records match `instances` (node.json's layout): a
+        record whose uuid stays keeps its counters, a new one starts from zero, the rest are
+        freed, so the driver stops offering a destroyed instance."""
+        gpu = self.gpu(index)
+        wanted = {i.gi_id: i for i in instances}
+        for gi_id in range(1, MIG_PER_GPU + 1):
+            base = MIG_OFFSET + (mig_device_number(index, gi_id) - MAX_GPUS) * GPU_RECORD_SIZE
+            spec = wanted.get(gi_id)
+            if spec is None:
+                self._map[base : base + GPU_RECORD_SIZE] = bytes(GPU_RECORD_SIZE)
+                continue
+            if _cstr(self._map[base : base + 48]) == spec.uuid:
+                continue
+            record = bytearray(GPU_RECORD_SIZE)
+            _GPU_STRINGS.pack_into(
+                record,
+                0,
+                _encode(spec.uuid, 48, "uuid"),
+                _encode(spec.name, 96, "name"),
+                _encode(gpu.model, 32, "model"),
+            )
+            _GPU_COUNTERS.pack_into(
+                record,
+                176,
+                spec.memory_total,
+                0,
+                0,
+                0,
+                spec.sm_count,
+                gpu.cc_major,
+                gpu.cc_minor,
+                0,
+                _encode(gpu.pci_bus_id, 32, "PCI bus id"),
+            )
+            struct.pack_into("<I", record, 256, index + 1)
+            self._map[base : base + GPU_RECORD_SIZE] = bytes(record)

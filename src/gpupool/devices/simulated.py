@@ -24,6 +24,7 @@ from gpupool.devices.simstate import (
     SimGpuCounters,
     SimProcSlot,
     is_slot_alive,
+    parent_gpu,
 )
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
 
@@ -171,7 +172,7 @@ class SimulatedBackend(GpuBackend):
         # What live processes hold, not the driver's GPU counter: the counter keeps a SIGKILLed
         # process's memory until a driver call reclaims its slot, and it is read without the
         # driver's lock, so it may be caught mid-update (or left so by a process killed there).
-        return sum(s.memory_used for s in now.live if s.gpu == index)
+        return sum(s.memory_used for s in now.live if parent_gpu(s.gpu) == index)
 
     @staticmethod
     def _processes(
@@ -179,7 +180,9 @@ class SimulatedBackend(GpuBackend):
     ) -> tuple[ProcessInfo, ...]:
         before = {_proc_key(s): s.busy_ns for s in previous.live}
         processes = []
-        for slot in sorted((s for s in now.live if s.gpu == index), key=lambda s: s.pid):
+        # a process on one of the GPU's MIG instances is the GPU's process too, as NVML lists it
+        on_gpu = (s for s in now.live if parent_gpu(s.gpu) == index)
+        for slot in sorted(on_gpu, key=lambda s: s.pid):
             # a process new in this window has no baseline yet: it shows from the next sample
             busy = slot.busy_ns - before.get(_proc_key(slot), slot.busy_ns)
             share = _percent(busy, wall_ns) if supported else None
@@ -190,7 +193,7 @@ class SimulatedBackend(GpuBackend):
 
     def set_mig_mode(self, index: int, enabled: bool, *, force: bool = False) -> None:
         if not force:
-            pids = sorted({s.pid for s in self._sample().live if s.gpu == index})
+            pids = sorted({s.pid for s in self._sample().live if parent_gpu(s.gpu) == index})
             if pids:
                 raise DeviceError(
                     f"GPU {index} runs processes ({', '.join(map(str, pids))}): stop them or "

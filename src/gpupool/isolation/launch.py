@@ -39,10 +39,15 @@ class ShareLimits:
     compute_milli: int = MILLI_PER_GPU
     policy: ComputePolicy = ComputePolicy.CAP
     priority: Priority | None = None
+    #: the MIG instance the share runs on (its GPU is `gpus[0]`); CUDA shows a process one MIG
+    #: device at most, so a share on an instance has exactly one
+    mig_uuid: str | None = None
 
     def __post_init__(self) -> None:
         if not self.gpus:
             raise InvalidRequest("invalid share: it needs at least one GPU")
+        if self.mig_uuid is not None and len(self.gpus) != 1:
+            raise InvalidRequest("a share on a MIG instance has exactly one GPU: its instance")
         if len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
             raise InvalidRequest(f"invalid GPU indices {list(self.gpus)}: distinct, from 0")
         if not 0 < self.compute_milli <= MILLI_PER_GPU:
@@ -103,13 +108,14 @@ def share_env(
 ) -> dict[str, str]:
     """The GPUPOOL_* variables and CUDA_VISIBLE_DEVICES of a share (NATIVE_CONTRACT.md).
 
-    `gpu_totals[i]` is the memory of `limits.gpus[i]`; a limit is written per visible ordinal,
-    since a fraction resolves to different bytes on GPUs of different sizes.
+    `gpu_totals[i]` is the memory of `limits.gpus[i]` (of the MIG instance, on one); a limit is
+    written per visible ordinal, since a fraction resolves to different bytes on GPUs of
+    different sizes.
     """
     env = {
         # GPU indices are NVML's (PCI bus order); CUDA's own default order is fastest first
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in limits.gpus),
+        "CUDA_VISIBLE_DEVICES": limits.mig_uuid or ",".join(str(g) for g in limits.gpus),
         "GPUPOOL_COMPUTE_POLICY": limits.policy.value,
         "GPUPOOL_SHARED_REGION": str(shared_region),
     }

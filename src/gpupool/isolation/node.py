@@ -17,6 +17,27 @@ from gpupool.devices.factory import open_backend
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """A MIG instance a share can run on: its GPU, profile and memory."""
+
+    uuid: str
+    gpu: int
+    profile: str
+    gi_id: int
+    memory_total: int
+
+    @property
+    def label(self) -> str:
+        """`mig:1g.10gb@0/7`: profile, GPU index and GPU instance id, as `gpupool ps` shows it."""
+        return mig_label(self.profile, self.gpu, self.gi_id)
+
+
+def mig_label(profile: str, gpu: int, gi_id: int) -> str:
+    """How a MIG instance is named to people: `mig:PROFILE@GPU/GI`."""
+    return f"mig:{profile}@{gpu}/{gi_id}"
+
+
+@dataclass(frozen=True)
 class LaunchNode:
     """What a launch needs of a node: each GPU's model and memory, and where a simulated one is."""
 
@@ -28,6 +49,32 @@ class LaunchNode:
     sim_spec: str | None = None
     #: each GPU's UUID (its compute arbiter's name)
     uuids: tuple[str, ...] = ()
+    #: the MIG instances of the node's GPUs in MIG mode
+    mig_devices: tuple[MigDevice, ...] = ()
+    #: the GPUs in MIG mode: work runs on their instances, never on the whole GPU
+    mig_gpus: frozenset[int] = frozenset()
+
+    def check_whole_gpus(self, gpus: Sequence[int]) -> None:
+        """Refuse a GPU in MIG mode as a whole GPU, naming its instances."""
+        for index in gpus:
+            if index in self.mig_gpus:
+                mine = [d.uuid for d in self.mig_devices if d.gpu == index]
+                have = f"its instances: {', '.join(mine)}" if mine else "it has no instance yet"
+                raise InvalidRequest(
+                    f"GPU {index} is in MIG mode: run on one of its instances with "
+                    f"--gpu MIG-<uuid> ({have})"
+                )
+
+    def mig_device(self, uuid: str) -> MigDevice:
+        """The instance of `uuid`; one line listing the node's instances when it has none such."""
+        for device in self.mig_devices:
+            if device.uuid == uuid:
+                return device
+        have = ", ".join(f"{d.uuid} ({d.label})" for d in self.mig_devices)
+        raise InvalidRequest(
+            f"no MIG instance {uuid} on this node; "
+            + (f"its instances: {have}" if have else "it has none (see `gpupool mig show`)")
+        )
 
     def totals_of(self, gpus: Sequence[int]) -> list[int | None]:
         """The memory of each GPU in `gpus`; an index the node lacks is one line naming it."""
@@ -60,10 +107,20 @@ def launch_node(backend: GpuBackend) -> LaunchNode:
         g.memory_total if g.healthy and g.memory_total > 0 else None for g in snapshot.gpus
     )
     uuids = tuple(g.uuid for g in snapshot.gpus)
+    mig = tuple(
+        MigDevice(i.uuid, g.index, i.profile, i.gi_id, i.memory_total)
+        for g in snapshot.gpus
+        if g.mig is not None and g.mig.current
+        for i in g.mig.instances
+        if i.uuid is not None
+    )
+    mig_gpus = frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)
     sim = backend.simulated_node()
     if sim is None:
-        return LaunchNode(models, totals, uuids=uuids)
-    return LaunchNode(models, totals, sim.directory, sim.spec, uuids)
+        return LaunchNode(models, totals, uuids=uuids, mig_devices=mig, mig_gpus=mig_gpus)
+    return LaunchNode(
+        models, totals, sim.directory, sim.spec, uuids=uuids, mig_devices=mig, mig_gpus=mig_gpus
+    )
 
 
 def open_launch_node(simulate: str | None, node_dir: Path | None = None) -> LaunchNode:
