@@ -3,7 +3,9 @@
 The extender runs as it does in a cluster, an HTTP server (uvicorn, in its own process) with
 a warm cache of every node's GPUs (8 per node, partly used at random); the client posts the
 ExtenderArgs kube-scheduler sends with `nodeCacheCapable: true` (the pod and the node names),
-then the same to /prioritize with the nodes that passed, and times both together: the first
+then the same to /prioritize with the nodes that passed, and times both together (then, untimed,
+binds the pod to the best node as kube-scheduler does, so every pod meets a changed fleet and
+no answer is reused from the pod before): the first
 request's body is encoded before the clock starts (kube-scheduler encodes it in Go, not our
 cost); the filter's answer is decoded and the second body encoded inside the timing, the
 prioritize answer read whole inside it and decoded (checked) after it, as Python's decoding of
@@ -40,7 +42,7 @@ from gpupool.k8s.kubeapi import InMemoryKube
 GPUS_PER_NODE = 8
 
 
-def build(nodes: int, seed: int) -> Extender:
+def build(nodes: int, seed: int, pods: int) -> Extender:
     """An extender knowing `nodes` nodes of 8 GPUs, a third of each GPU's compute used at random."""
     rng = random.Random(seed)
     api = InMemoryKube()
@@ -49,6 +51,8 @@ def build(nodes: int, seed: int) -> Extender:
             GpuInfo(i, f"GPU-{n}-{i}", "A100-80GB", 80 * GiB) for i in range(GPUS_PER_NODE)
         ]
         api.add_node(f"node-{n:05d}", {names.ANN_NODE_GPUS: encode(inventory)})
+    for i in range(pods):
+        api.add_pod(pod(i))
     extender = Extender(api)
     extender.resync()
     for n in range(nodes):
@@ -60,12 +64,14 @@ def build(nodes: int, seed: int) -> Extender:
     return extender
 
 
-def serve(port: int, nodes: int, seed: int) -> None:
+def serve(port: int, nodes: int, seed: int, pods: int) -> None:
     import uvicorn
 
     from gpupool.k8s.extender_http import create_app
 
-    uvicorn.run(create_app(build(nodes, seed)), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(
+        create_app(build(nodes, seed, pods)), host="127.0.0.1", port=port, log_level="warning"
+    )
 
 
 def free_port() -> int:
@@ -80,6 +86,10 @@ def pod(i: int) -> dict[str, Any]:
         "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": f"u{i}"},
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
     }
+
+
+def binding(i: int, node: str) -> dict[str, str]:
+    return {"podName": f"bench-{i}", "podNamespace": "default", "podUID": f"u{i}", "node": node}
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
@@ -101,7 +111,11 @@ def measure(port: int, node_names: list[str], pods: int, warmup: int) -> list[fl
         fit = json.loads(post(conn, "/filter", body))["nodenames"]
         answer = post(conn, "/prioritize", json.dumps({**args, "nodenames": fit}).encode())
         elapsed = time.perf_counter() - start
-        assert len(json.loads(answer)) == len(fit) > 0
+        scores = json.loads(answer)
+        assert len(scores) == len(fit) > 0
+        best = max(scores, key=lambda s: s["score"])["host"]
+        bound = post(conn, "/bind", json.dumps(binding(i, best)).encode())
+        assert json.loads(bound) == {}, bound
         if i >= warmup:
             timings.append(elapsed * 1000)
     conn.close()
@@ -124,7 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     server = multiprocessing.get_context("spawn").Process(
-        target=serve, args=(port, args.nodes, args.seed), daemon=True
+        target=serve, args=(port, args.nodes, args.seed, args.warmup + args.pods), daemon=True
     )
     server.start()
     url = f"http://127.0.0.1:{port}"

@@ -208,14 +208,7 @@ class Extender:
             return self._result(node_names, node_objs, {}, {})
         self._learn(node_names, node_objs or [])
         with self._lock:
-            fit, failed = self.fleet.filter(ask, node_names)
-            unresolvable = {}
-            for name, why in failed.items():
-                row = self.fleet.rows.get(name)
-                if row is None or self.fleet.never_fits(ask, row) is not None:
-                    unresolvable[name] = why
-        for name in unresolvable:
-            del failed[name]
+            fit, failed, unresolvable = self.fleet.filter(ask, node_names)
         if not fit:
             detail = next(iter({**failed, **unresolvable}.values()), "no node has gpupool GPUs")
             self._warn(pod, "GpupoolUnschedulable", f"{ask.describe()} fits no node: {detail}")
