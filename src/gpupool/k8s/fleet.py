@@ -22,6 +22,7 @@ import numpy.typing as npt
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.k8s.gpu_arrays import (
+    F64,
     I64,
     MAX_EXTENDER_PRIORITY,
     Bool,
@@ -245,14 +246,20 @@ class Fleet:
             self._never[key] = never_fits(key[0], self.gpu_views(self.names[row]))
         return self._never[key] or "the pod never fits this node"
 
-    def scores(self, ask: GpuAsk, names: list[str], policy: str) -> I64:
-        """0..MAX_EXTENDER_PRIORITY per node (0 where the pod does not fit)."""
+    def node_scores(self, ask: GpuAsk, names: list[str], policy: str) -> tuple[Bool, F64]:
+        """Per node: the pod fits now, and gpu_placement.node_score (0..100; meaningless where
+        it does not fit)."""
         found = self._lookup(names)
         answer, at = self._pod(ask, found)
         fits, scores = answer.fits, answer.scores(policy)
         if at is not None:
             fits, scores = fits[at], scores[at]
-        result: I64 = np.where(fits & found.known, priorities(scores), 0)
+        return fits & found.known, scores
+
+    def scores(self, ask: GpuAsk, names: list[str], policy: str) -> I64:
+        """0..MAX_EXTENDER_PRIORITY per node (0 where the pod does not fit)."""
+        fits, scores = self.node_scores(ask, names, policy)
+        result: I64 = np.where(fits, priorities(scores), 0)
         return result
 
     def priority_json(self, names: list[str], scores: I64) -> str:

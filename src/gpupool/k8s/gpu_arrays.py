@@ -127,22 +127,22 @@ class GpuArrays:
         for i, milli in enumerate(TARGET_MILLI):
             self.shape_memory[i, :, node] = total * milli // MILLI_PER_GPU
         compute, memory = self.compute_free[:, node], self.memory_free[:, node]
-        self.fragment[:, node] = _lost(
-            self.usable[:, node], compute, memory, self.shape_memory[:, :, node]
-        )
+        self.fragment[:, node] = _lost(compute, memory, self.shape_memory[:, :, node])
         self.fullness[:, node] = _fullness(compute, memory, total) * self.present[:, node]
 
 
-def _lost(usable: Bool, compute_free: I32, memory_free: I64, shape_memory: I64) -> I32:
-    """gpu_placement.fragment per GPU, without the weight: the free compute of a healthy GPU
-    times the number of target shapes it cannot hold."""
+def _lost(compute_free: I32, memory_free: I64, shape_memory: I64) -> I32:
+    """gpu_placement.fragment per GPU, without the weight: the GPU's free compute times the
+    number of target shapes it cannot hold. (gpu_placement counts healthy GPUs only; a score
+    depends only on the GPUs the pod takes, which are healthy, so the others are not told
+    apart here.)"""
     by_compute = np.zeros(compute_free.shape, np.int32)
     by_memory = np.zeros(compute_free.shape, np.int32)
     for milli, memory in zip(TARGET_MILLI, shape_memory, strict=True):
         by_compute += compute_free >= milli
         by_memory += memory_free >= memory
     held = np.minimum(by_compute, by_memory)
-    lost: I32 = compute_free * (len(TARGET_MILLI) - held) * usable
+    lost: I32 = compute_free * (len(TARGET_MILLI) - held)
     return lost
 
 
@@ -235,7 +235,7 @@ class PodAnswer:
         depends on that GPU alone, so taking them one at a time takes the k least)."""
         gpus, request = self.gpus, self.request
         compute_after = gpus.compute_free - np.int32(request.compute)
-        after = _lost(gpus.usable, compute_after, gpus.memory_free - self.need, gpus.shape_memory)
+        after = _lost(compute_after, gpus.memory_free - self.need, gpus.shape_memory)
         growth = (after - gpus.fragment).astype(np.int64) + ~self.ok * _NO_FIT
         slots = np.arange(len(growth), dtype=np.int64)[:, None]
         least = self._least(growth * _MAX_SLOTS + slots)
