@@ -39,6 +39,7 @@ class Gpu:
     memory_used: int = 0
     milli_used: int = 0
     pods: int = 0
+    held: list[tuple[int, int]] = field(default_factory=list)
 
     def view(self) -> GpuView:
         total = self.info.memory
@@ -98,6 +99,27 @@ def fill(rng: random.Random, fleet: Fleet, node: str, gpu: Gpu) -> None:
             gpu.memory_used += memory
             gpu.milli_used += milli
             gpu.pods += 1
+            gpu.held.append((milli, memory))
+
+
+def churn(rng: random.Random, fleet: Fleet, record: list[Node]) -> None:
+    """Pods come and go on a few nodes (a later pod's answer is the earlier one brought up to
+    date there); one node's GPU turns unhealthy (the answers are made anew)."""
+    for node in rng.sample(record, rng.choice([1, 3, 12])):
+        for gpu in node.gpus:
+            while gpu.held and rng.random() < 0.5:
+                milli, memory = gpu.held.pop()
+                charge = Charge(node.name, (gpu.info.index,), memory, milli, False)
+                fleet.charge(charge, -1)
+                gpu.memory_used -= memory
+                gpu.milli_used -= milli
+                gpu.pods -= 1
+            fill(rng, fleet, node.name, gpu)
+    if rng.random() < 0.5:
+        node = rng.choice(record)
+        gpu = rng.choice(node.gpus)
+        gpu.info = GpuInfo(gpu.info.index, gpu.info.uuid, gpu.info.model, gpu.info.memory, False)
+        fleet.set_node(node.name, [gpu.info for gpu in node.gpus])
 
 
 def random_ask(rng: random.Random) -> GpuAsk:
@@ -145,10 +167,12 @@ def check(fleet: Fleet, record: list[Node], ask: GpuAsk) -> None:
 def test_vectorised_answers_equal_gpu_placement(seed: int) -> None:
     rng = random.Random(seed)
     fleet, record = random_fleet(rng, 60)
-    for _ in range(25):
-        ask = random_ask(rng)
-        check(fleet, record, ask)
-        check(fleet, rng.sample(record, 7), ask)
+    asks = [random_ask(rng) for _ in range(6)]  # fewer than the answers the fleet keeps
+    for _ in range(5):
+        for ask in asks:
+            check(fleet, record, ask)
+            check(fleet, rng.sample(record, 7), ask)
+        churn(rng, fleet, record)
 
 
 def test_the_fleets_cover_what_they_claim() -> None:

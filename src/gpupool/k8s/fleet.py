@@ -41,6 +41,11 @@ DEFAULT_POLICY = "gpupool"
 UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 
 _LOOKUPS_KEPT = 4
+_ANSWERS_KEPT = 8
+#: changes logged; an answer older than the log is made anew
+_LOG_KEPT = 1 << 14
+#: an answer with more than this part of the nodes changed since is made anew
+_UPDATE_AT_MOST = 0.125
 #: a candidate list at least this part of the fleet is answered over the whole fleet's arrays
 #: (no copies; the filter's and the prioritize's lists then share one answer)
 _WHOLE_FLEET = 0.5
@@ -103,8 +108,15 @@ class Fleet:
         self._lookups: list[_Lookup] = []
         #: bumped on every change, so that cached answers know when they are stale
         self.version = 0
-        #: (ask, version, basis, answer) of the last pod asked about; basis None: whole fleet
-        self._answer: tuple[GpuAsk, int, _Lookup | None, PodAnswer] | None = None
+        #: the node changed by each version after `_log_start` (what pods hold on it)
+        self._log: list[int] = []
+        self._log_start = 0
+        self._inventory: dict[str, tuple[GpuInfo, ...]] = {}
+        #: the whole fleet's answers to the last few requests, at the version they are true for:
+        #: a pod like one before (replicas of one workload) updates only the nodes changed since
+        self._answers: dict[GpuRequest, tuple[int, PodAnswer]] = {}
+        #: (ask, version, candidates, answer) of the last pod asked about a few nodes
+        self._answer: tuple[GpuAsk, int, _Lookup, PodAnswer] | None = None
         #: never_fits's line per (request, row), until a node's inventory changes
         self._never: dict[tuple[GpuRequest, int], str | None] = {}
         #: (MAX_EXTENDER_PRIORITY + 1, rows): each node's HostPriority entry for each score
@@ -135,6 +147,9 @@ class Fleet:
 
     def set_node(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         """Add a node or replace its inventory; what pods hold on it is kept."""
+        if self._inventory.get(name) == tuple(gpus):
+            return  # the periodic re-read: nothing to forget
+        self._inventory[name] = tuple(gpus)
         row = self.rows.get(name)
         if row is None:
             row = len(self.names)
@@ -143,6 +158,8 @@ class Fleet:
             self._lookups.clear()
             self._entries = None
         self.version += 1
+        # answers older than the log are made anew: what the GPUs are changed
+        self._log, self._log_start = [], self.version
         self._never.clear()
         g, n = self.gpus.present.shape
         width = max([gpu.index + 1 for gpu in gpus], default=0)
@@ -177,7 +194,19 @@ class Fleet:
         self._milli_used[cols, row] += sign * charge.milli
         self.gpus.shares[cols, row] += sign
         self.version += 1
+        self._log.append(row)
+        if len(self._log) > _LOG_KEPT:
+            del self._log[: _LOG_KEPT // 2]
+            self._log_start = self.version - len(self._log)
         self._refresh(row)
+
+    def _changed_since(self, version: int) -> I64 | None:
+        """The nodes changed since `version`; None when too many to update an answer (or
+        when the log does not reach back that far)."""
+        if version < self._log_start:
+            return None
+        changed = np.unique(np.array(self._log[version - self._log_start :], np.int64))
+        return None if len(changed) > _UPDATE_AT_MOST * len(self.names) else changed
 
     def _refresh(self, row: int) -> None:
         arrays = self.gpus
@@ -192,17 +221,31 @@ class Fleet:
     def _pod(self, ask: GpuAsk, found: _Lookup) -> tuple[PodAnswer, I64 | None]:
         """The pod's answer over the candidates, and the rows to read it at (None: it is per
         candidate already)."""
-        whole = len(found.names) >= _WHOLE_FLEET * len(self.names)
-        basis = None if whole else found
+        rows = np.where(found.known, found.rows, 0)
+        if len(found.names) >= _WHOLE_FLEET * len(self.names):
+            return self._whole_fleet(gpu_request(ask)), rows
         cached = self._answer
-        if cached and cached[0] == ask and cached[1] == self.version and cached[2] is basis:
-            answer = cached[3]
+        if cached and cached[0] == ask and cached[1] == self.version and cached[2] is found:
+            return cached[3], None
+        answer = PodAnswer(gpu_request(ask), self.gpus.nodes(rows), self.models)
+        self._answer = (ask, self.version, found, answer)
+        return answer, None
+
+    def _whole_fleet(self, request: GpuRequest) -> PodAnswer:
+        """The answer to `request` over every node: the one from before, brought up to date
+        where nodes changed since, or a new one."""
+        known = self._answers.pop(request, None)
+        changed = None if known is None else self._changed_since(known[0])
+        if known is None or changed is None:
+            answer = PodAnswer(request, self.gpus.head(len(self.names)), self.models)
         else:
-            rows = np.where(found.known, found.rows, 0)
-            arrays = self.gpus.head(len(self.names)) if whole else self.gpus.nodes(rows)
-            answer = PodAnswer(gpu_request(ask), arrays, self.models)
-            self._answer = (ask, self.version, basis, answer)
-        return answer, (np.where(found.known, found.rows, 0) if whole else None)
+            answer = known[1]
+            if len(changed):
+                answer.update(changed)
+        self._answers[request] = (self.version, answer)
+        while len(self._answers) > _ANSWERS_KEPT:
+            del self._answers[next(iter(self._answers))]
+        return answer
 
     def fits(self, ask: GpuAsk, names: list[str]) -> Bool:
         """Per name: the pod fits the node now (False for a node without inventory)."""
@@ -237,7 +280,11 @@ class Fleet:
                 unresolvable[names[i]] = self.never_fits(ask, row)
             else:
                 failed[names[i]] = str(Shortfall(-1, "gpus", ask.gpus, int(able[i])))
-        return [names[i] for i in np.flatnonzero(fits).tolist()], failed, unresolvable
+        kept = np.flatnonzero(fits)
+        fit = [names[i] for i in kept.tolist()]
+        # kube-scheduler sends prioritize these names: their rows are known already
+        self._lookups = [_Lookup(list(fit), found.rows[kept]), *self._lookups[: _LOOKUPS_KEPT - 1]]
+        return fit, failed, unresolvable
 
     def never_fits(self, ask: GpuAsk, row: int) -> str:
         """gpu_placement.never_fits's line for a node the vectors found the pod never fits."""

@@ -180,6 +180,7 @@ class PodAnswer:
     def __init__(self, request: GpuRequest, gpus: GpuArrays, model_ids: dict[str, int]) -> None:
         self.request = request
         self.gpus = gpus
+        self.model_ids = model_ids
         self.need = memory_need(request, gpus.memory_total)
         self.allowed: Bool = gpus.present
         if request.gpu_models:
@@ -196,6 +197,16 @@ class PodAnswer:
         self.able = self.ok.sum(axis=0, dtype=np.int8)
         self.fits: Bool = self.able >= request.gpus
         self._scores: dict[str, F64] = {}
+
+    def update(self, nodes: I64) -> None:
+        """Answer again for these nodes (column indices), whose GPUs' use changed (not what
+        the GPUs are: a node's inventory changing calls for a new answer)."""
+        again = PodAnswer(self.request, self.gpus.nodes(nodes), self.model_ids)
+        self.ok[:, nodes] = again.ok
+        self.able[nodes] = again.able
+        self.fits[nodes] = again.fits
+        for policy, scores in self._scores.items():
+            scores[nodes] = again.scores(policy)
 
     def never(self, nodes: I64) -> Bool:
         """For these nodes (column indices): gpu_placement.never_fits is not None (too few
@@ -237,8 +248,11 @@ class PodAnswer:
         compute_after = gpus.compute_free - np.int32(request.compute)
         after = _lost(compute_after, gpus.memory_free - self.need, gpus.shape_memory)
         growth = (after - gpus.fragment).astype(np.int64) + ~self.ok * _NO_FIT
-        slots = np.arange(len(growth), dtype=np.int64)[:, None]
-        least = self._least(growth * _MAX_SLOTS + slots)
+        if request.gpus == 1:
+            least = growth.min(axis=0)
+        else:
+            slots = np.arange(len(growth), dtype=np.int64)[:, None]
+            least = self._least(growth * _MAX_SLOTS + slots)
         removed = -least * TARGET_WEIGHT
         score: F64 = np.clip(50 + 50 * removed / (request.compute * request.gpus), 0, 100)
         return score
