@@ -42,6 +42,7 @@ UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 
 _LOOKUPS_KEPT = 4
 _ANSWERS_KEPT = 8
+_FEW_FAIL = 64
 #: changes logged; an answer older than the log is made anew
 _LOG_KEPT = 1 << 14
 #: an answer with more than this part of the nodes changed since is made anew
@@ -75,6 +76,8 @@ class _Lookup:
 
     names: list[str]
     rows: I64
+    #: the list object last found equal to `names` (the extender never changes one it got)
+    seen: list[str] | None = None
 
     @property
     def known(self) -> Bool:
@@ -133,7 +136,9 @@ class Fleet:
         (comparing two lists of strings is far cheaper than 10,000 dict look-ups).
         """
         for known in self._lookups:
-            if len(known.names) == len(names) and known.names == names:
+            # one request's list is looked up several times: the same object, not compared
+            if known.seen is names or (len(known.names) == len(names) and known.names == names):
+                known.seen = names
                 return known
         try:
             rows = np.array([self.rows.get(n, -1) for n in names], np.int64)
@@ -281,7 +286,12 @@ class Fleet:
             else:
                 failed[names[i]] = str(Shortfall(-1, "gpus", ask.gpus, int(able[i])))
         kept = np.flatnonzero(fits)
-        fit = [names[i] for i in kept.tolist()]
+        if len(failing) < _FEW_FAIL:  # cheaper than a list of 10,000 names picked one by one
+            fit = list(names)
+            for i in reversed(failing.tolist()):
+                del fit[i]
+        else:
+            fit = [names[i] for i in kept.tolist()]
         # kube-scheduler sends prioritize these names: their rows are known already
         self._lookups = [_Lookup(list(fit), found.rows[kept]), *self._lookups[: _LOOKUPS_KEPT - 1]]
         return fit, failed, unresolvable
