@@ -10,11 +10,14 @@ since the pod before. The first request's body is encoded before the clock start
 body encoded inside the timing, the prioritize answer read whole inside it and decoded
 (checked) after it, as Python's decoding of 10,000 objects costs more than the extender's whole
 answer and is kube-scheduler's, in Go. The client is http.client on one kept-alive connection,
-lean as kube-scheduler's. `--asks N` takes N pod shapes in turn (default 1, the replicas of one
-workload, whose answers the extender updates where a bind changed a node; more than 8 makes
-every answer anew). Prints a markdown table.
+lean as kube-scheduler's.
 
-    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300] [--asks 1]
+`--asks N` takes N pod shapes in turn (default 1, the replicas of one workload, whose answers
+the extender updates where a bind changed a node; more than 8 makes every answer anew).
+`--floor` times the same client against a server that answers canned bytes of the same size:
+what no extender can save on this machine. Prints a markdown table.
+
+    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300] [--asks 1] [--floor]
 """
 
 from __future__ import annotations
@@ -73,6 +76,35 @@ def serve(port: int, nodes: int, seed: int, pods: int, asks: int) -> None:
     uvicorn.run(
         create_app(build(nodes, seed, pods, asks)), host="127.0.0.1", port=port, log_level="warning"
     )
+
+
+def serve_floor(port: int, node_names: list[str]) -> None:
+    """The floor: an ASGI app under the same uvicorn that reads each body and answers canned
+    bytes of the same size (every node fits, every score 5) without looking at them."""
+    import uvicorn
+
+    canned = {
+        "/filter": json.dumps(
+            {"nodenames": node_names, "failedNodes": {}, "failedAndUnresolvableNodes": {}}
+        ).encode(),
+        "/prioritize": json.dumps(
+            [{"host": n, "score": 5} for n in node_names], separators=(",", ":")
+        ).encode(),
+        "/bind": b"{}",
+        "/healthz": b"{}",
+    }
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        body = canned[scope["path"]]
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def free_port() -> int:
@@ -145,13 +177,24 @@ def main() -> None:
         help="different pod shapes, taken in turn (default 1: replicas of one workload); more "
         "than the extender keeps answers for (8) makes every pod's answer anew",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="time the HTTP server and this client alone: canned answers of the same size",
+    )
     args = parser.parse_args()
     port = free_port()
-    server = multiprocessing.get_context("spawn").Process(
-        target=serve,
-        args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks),
-        daemon=True,
-    )
+    step = max(1, args.nodes // (args.candidates or args.nodes))
+    node_names = [f"node-{n:05d}" for n in range(0, args.nodes, step)][: args.candidates]
+    spawn = multiprocessing.get_context("spawn")
+    if args.floor:
+        server = spawn.Process(target=serve_floor, args=(port, node_names), daemon=True)
+    else:
+        server = spawn.Process(
+            target=serve,
+            args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks),
+            daemon=True,
+        )
     server.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -163,8 +206,6 @@ def main() -> None:
             if time.monotonic() > deadline or not server.is_alive():
                 raise SystemExit("the extender did not start") from None
             time.sleep(0.2)
-    step = max(1, args.nodes // (args.candidates or args.nodes))
-    node_names = [f"node-{n:05d}" for n in range(0, args.nodes, step)][: args.candidates]
     load = os.getloadavg()[0]
     timings = measure(port, node_names, args.pods, args.warmup, args.asks)
     load_after = os.getloadavg()[0]
@@ -175,11 +216,14 @@ def main() -> None:
         f"load average {load:.2f} at start, {load_after:.2f} at the end"
     )
     print()
-    print("| nodes | names per call | pod shapes | pods timed | p50 ms | p99 ms | max ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {args.nodes:,} | {len(node_names):,} | {args.asks} | {len(timings)} | {q[49]:.2f} "
-        f"| {q[98]:.2f} | {max(timings):.2f} |"
+        "| server | nodes | names per call | pod shapes | pods timed | p50 ms | p99 ms | max ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {'canned (floor)' if args.floor else 'extender'} | {args.nodes:,} "
+        f"| {len(node_names):,} | {args.asks} | {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
+        f"| {max(timings):.2f} |"
     )
 
 
