@@ -123,6 +123,22 @@ def test_a_pod_without_gpupool_resources_passes_everywhere() -> None:
     assert result["nodenames"] == ["node-0", "x"]
 
 
+def test_a_node_with_more_gpus_than_gpupool_places_on_is_left_out_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = InMemoryKube()
+    api.add_node("huge", {names.ANN_NODE_GPUS: gpus(40)})
+    api.add_node("node-0", {names.ANN_NODE_GPUS: gpus(2)})
+    extender = Extender(api)
+    extender.resync()
+    with ExtenderServer(extender) as http:
+        args = {"pod": api.add_pod(gpu_pod("p")), "nodenames": ["huge", "node-0"]}
+        result = http.post("/filter", json=args).json()
+    assert result["nodenames"] == ["node-0"]
+    assert "huge" in result["failedAndUnresolvableNodes"]
+    assert "node huge: GPU index 39; gpupool places on nodes of at most 32 GPUs" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("limits", "message"),
     [

@@ -117,11 +117,11 @@ class Extender:
             return False
         try:
             gpus = inventory.decode(text)
+            with self._lock:
+                self.fleet.set_node(str(meta["name"]), gpus)
         except InvalidRequest as err:
             log.warning("node %s: %s", meta.get("name"), err)
             return False
-        with self._lock:
-            self.fleet.set_node(str(meta["name"]), gpus)
         return True
 
     def resync_node(self, node: str) -> None:

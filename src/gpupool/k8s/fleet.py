@@ -25,6 +25,7 @@ from gpupool.k8s.gpu_arrays import (
     F64,
     I64,
     MAX_EXTENDER_PRIORITY,
+    MAX_GPUS_PER_NODE,
     Bool,
     GpuArrays,
     PodAnswer,
@@ -154,6 +155,12 @@ class Fleet:
         """Add a node or replace its inventory; what pods hold on it is kept."""
         if self._inventory.get(name) == tuple(gpus):
             return  # the periodic re-read: nothing to forget
+        width = max([gpu.index + 1 for gpu in gpus], default=0)
+        if width > MAX_GPUS_PER_NODE:
+            raise InvalidRequest(
+                f"node {name}: GPU index {width - 1}; gpupool places on nodes of at most "
+                f"{MAX_GPUS_PER_NODE} GPUs"
+            )
         self._inventory[name] = tuple(gpus)
         row = self.rows.get(name)
         if row is None:
@@ -167,7 +174,6 @@ class Fleet:
         self._log, self._log_start = [], self.version
         self._never.clear()
         g, n = self.gpus.present.shape
-        width = max([gpu.index + 1 for gpu in gpus], default=0)
         if row >= n or width > g:
             self._grow(width, max(row + 1, 2 * n))
         arrays = self.gpus
@@ -251,13 +257,6 @@ class Fleet:
         while len(self._answers) > _ANSWERS_KEPT:
             del self._answers[next(iter(self._answers))]
         return answer
-
-    def fits(self, ask: GpuAsk, names: list[str]) -> Bool:
-        """Per name: the pod fits the node now (False for a node without inventory)."""
-        found = self._lookup(names)
-        answer, at = self._pod(ask, found)
-        fits: Bool = (answer.fits if at is None else answer.fits[at]) & found.known
-        return fits
 
     def filter(
         self, ask: GpuAsk, names: list[str]

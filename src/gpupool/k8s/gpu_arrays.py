@@ -38,6 +38,8 @@ _NO_FIT = 1 << 40
 _MEMORY_BITS = 44
 _SLOT_BITS = 5
 _MAX_SLOTS = 1 << _SLOT_BITS
+#: the GPU indices a node's inventory may use (the slot must fit the sort keys' bits)
+MAX_GPUS_PER_NODE = _MAX_SLOTS
 
 
 def _target() -> tuple[tuple[int, ...], float]:
@@ -83,8 +85,7 @@ class GpuArrays:
 
     @classmethod
     def empty(cls, slots: int, nodes: int) -> GpuArrays:
-        if slots > _MAX_SLOTS:
-            raise ValueError(f"at most {_MAX_SLOTS} GPUs per node")
+        assert slots <= MAX_GPUS_PER_NODE, "Fleet.set_node refuses wider nodes"
         shape = (slots, nodes)
         return cls(
             np.zeros(shape, np.bool_),
