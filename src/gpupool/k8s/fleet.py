@@ -44,6 +44,7 @@ UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 _LOOKUPS_KEPT = 4
 _ANSWERS_KEPT = 8
 _FEW_FAIL = 64
+_NEVER_KEPT = 1 << 16
 #: changes logged; an answer older than the log is made anew
 _LOG_KEPT = 1 << 14
 #: an answer with more than this part of the nodes changed since is made anew
@@ -299,6 +300,8 @@ class Fleet:
         """gpu_placement.never_fits's line for a node the vectors found the pod never fits."""
         key = (gpu_request(ask), row)
         if key not in self._never:
+            if len(self._never) >= _NEVER_KEPT:  # many pod shapes: start again
+                self._never.clear()
             self._never[key] = never_fits(key[0], self.gpu_views(self.names[row]))
         return self._never[key] or "the pod never fits this node"
 
