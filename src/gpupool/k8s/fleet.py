@@ -1,13 +1,13 @@
 """The GPUs of every node the extender knows, as arrays: fit, why-not, score, GPU choice.
 
-One row per node, one column per GPU slot (padded), kept up to date as nodes and pods come and
-go (`set_node`, `charge`: one row recomputed), so that a pod's filter and prioritize over 10,000
-nodes are a few vector operations (gpu_arrays) answered within milliseconds; filter and
-prioritize of one pod share one `PodAnswer`. The answers are scheduler/gpu_placement's, node by
-node; `choose` (at bind) calls gpu_placement itself. Policies, as gpu_placement names them:
-`binpack` fills the fullest node and GPU, `spread` the emptiest, `gpupool` (the default) takes
-the GPUs where the pod grows the fragment least, so whole GPUs stay whole for the pods that
-need them (the fragmentation the trace policy measures).
+One column per node, one row per GPU slot (padded), kept up to date as nodes and pods come and
+go (`set_node`, `charge`: one node's column recomputed), so that a pod's filter and prioritize
+over 10,000 nodes are a few vector operations (gpu_arrays) answered within milliseconds; filter
+and prioritize of one pod share one `PodAnswer`. The answers are scheduler/gpu_placement's,
+node by node; `choose` (at bind) calls gpu_placement itself. Policies, as gpu_placement names
+them: `binpack` fills the fullest node and GPU, `spread` the emptiest, `gpupool` (the default)
+takes the GPUs where the pod grows the fragment least, so whole GPUs stay whole for the pods
+that need them (the fragmentation the trace policy measures).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 
 _LOOKUPS_KEPT = 4
 _ANSWERS_KEPT = 8
+#: the filter's passing list is the candidates less those that fail when fewer fail than this
 _FEW_FAIL = 64
 _NEVER_KEPT = 1 << 16
 #: changes logged; an answer older than the log is made anew
@@ -169,7 +170,7 @@ class Fleet:
             self.rows[name] = row
             self.names.append(name)
             self._lookups.clear()
-            self._entries = None
+            self._entries = None  # made again (all nodes) by the next prioritize
         self.version += 1
         # answers older than the log are made anew: what the GPUs are changed
         self._log, self._log_start = [], self.version
