@@ -3,15 +3,21 @@
 The extender runs as it does in a cluster, an HTTP server (uvicorn, in its own process) with
 a warm cache of every node's GPUs (8 per node, partly used at random); the client posts the
 ExtenderArgs kube-scheduler sends with `nodeCacheCapable: true` (the pod and the node names),
-then the same to /prioritize with the nodes that passed, and times both together: the first
-request's body is encoded before the clock starts (kube-scheduler encodes it in Go, not our
-cost); the filter's answer is decoded and the second body encoded inside the timing, the
-prioritize answer read whole inside it and decoded (checked) after it, as Python's decoding of
-10,000 objects costs more than the extender's whole answer and is kube-scheduler's, in Go. The
-client is
-http.client on one kept-alive connection, lean as kube-scheduler's. Prints a markdown table.
+then the same to /prioritize with the nodes that passed, and times both together; then, untimed,
+it binds the pod to the best node as kube-scheduler does, so every pod meets a fleet changed
+since the pod before. The first request's body is encoded before the clock starts
+(kube-scheduler encodes it in Go, not our cost); the filter's answer is decoded and the second
+body encoded inside the timing, the prioritize answer read whole inside it and decoded
+(checked) after it, as Python's decoding of 10,000 objects costs more than the extender's whole
+answer and is kube-scheduler's, in Go. The client is http.client on one kept-alive connection,
+lean as kube-scheduler's.
 
-    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300]
+`--asks N` takes N pod shapes in turn (default 1, the replicas of one workload, whose answers
+the extender updates where a bind changed a node; more than 8 makes every answer anew).
+`--floor` times the same client against a server that answers canned bytes of the same size:
+what no extender can save on this machine. Prints a markdown table.
+
+    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300] [--asks 1] [--floor]
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from gpupool.k8s.kubeapi import InMemoryKube
 GPUS_PER_NODE = 8
 
 
-def build(nodes: int, seed: int) -> Extender:
+def build(nodes: int, seed: int, pods: int, asks: int = 1) -> Extender:
     """An extender knowing `nodes` nodes of 8 GPUs, a third of each GPU's compute used at random."""
     rng = random.Random(seed)
     api = InMemoryKube()
@@ -49,6 +55,8 @@ def build(nodes: int, seed: int) -> Extender:
             GpuInfo(i, f"GPU-{n}-{i}", "A100-80GB", 80 * GiB) for i in range(GPUS_PER_NODE)
         ]
         api.add_node(f"node-{n:05d}", {names.ANN_NODE_GPUS: encode(inventory)})
+    for i in range(pods):
+        api.add_pod(pod(i, asks))
     extender = Extender(api)
     extender.resync()
     for n in range(nodes):
@@ -60,12 +68,43 @@ def build(nodes: int, seed: int) -> Extender:
     return extender
 
 
-def serve(port: int, nodes: int, seed: int) -> None:
+def serve(port: int, nodes: int, seed: int, pods: int, asks: int) -> None:
     import uvicorn
 
     from gpupool.k8s.extender_http import create_app
 
-    uvicorn.run(create_app(build(nodes, seed)), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(
+        create_app(build(nodes, seed, pods, asks)), host="127.0.0.1", port=port, log_level="warning"
+    )
+
+
+def serve_floor(port: int, node_names: list[str]) -> None:
+    """The floor: an ASGI app under the same uvicorn that reads each body and answers canned
+    bytes of the same size (every node fits, every score 5) without looking at them."""
+    import uvicorn
+
+    canned = {
+        "/filter": json.dumps(
+            {"nodenames": node_names, "failedNodes": {}, "failedAndUnresolvableNodes": {}}
+        ).encode(),
+        "/prioritize": json.dumps(
+            [{"host": n, "score": 5} for n in node_names], separators=(",", ":")
+        ).encode(),
+        "/bind": b"{}",
+        "/healthz": b"{}",
+    }
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        body = canned[scope["path"]]
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def free_port() -> int:
@@ -74,12 +113,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pod(i: int) -> dict[str, Any]:
-    limits = {names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: "10Gi", names.RESOURCE_COMPUTE: "30"}
+def pod(i: int, asks: int = 1) -> dict[str, Any]:
+    """Pod i: 1 GPU, 10Gi and 30 %, or (asks > 1) one of `asks` different memory sizes."""
+    memory = "10Gi" if asks == 1 else f"{10 * 1024 + i % asks}Mi"
+    limits = {names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: memory, names.RESOURCE_COMPUTE: "30"}
     return {
         "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": f"u{i}"},
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
     }
+
+
+def binding(i: int, node: str) -> dict[str, str]:
+    return {"podName": f"bench-{i}", "podNamespace": "default", "podUID": f"u{i}", "node": node}
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
@@ -91,17 +136,21 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
     return data
 
 
-def measure(port: int, node_names: list[str], pods: int, warmup: int) -> list[float]:
+def measure(port: int, node_names: list[str], pods: int, warmup: int, asks: int) -> list[float]:
     timings = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(warmup + pods):
-        args = {"pod": pod(i), "nodenames": node_names}
+        args = {"pod": pod(i, asks), "nodenames": node_names}
         body = json.dumps(args).encode()
         start = time.perf_counter()
         fit = json.loads(post(conn, "/filter", body))["nodenames"]
         answer = post(conn, "/prioritize", json.dumps({**args, "nodenames": fit}).encode())
         elapsed = time.perf_counter() - start
-        assert len(json.loads(answer)) == len(fit) > 0
+        scores = json.loads(answer)
+        assert len(scores) == len(fit) > 0
+        best = max(scores, key=lambda s: s["score"])["host"]
+        bound = post(conn, "/bind", json.dumps(binding(i, best)).encode())
+        assert json.loads(bound) == {}, bound
         if i >= warmup:
             timings.append(elapsed * 1000)
     conn.close()
@@ -121,11 +170,31 @@ def main() -> None:
         help="node names per call (default: all); kube-scheduler sends about 5%% of a large "
         "cluster (percentageOfNodesToScore)",
     )
+    parser.add_argument(
+        "--asks",
+        type=int,
+        default=1,
+        help="different pod shapes, taken in turn (default 1: replicas of one workload); more "
+        "than the extender keeps answers for (8) makes every pod's answer anew",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="time the HTTP server and this client alone: canned answers of the same size",
+    )
     args = parser.parse_args()
     port = free_port()
-    server = multiprocessing.get_context("spawn").Process(
-        target=serve, args=(port, args.nodes, args.seed), daemon=True
-    )
+    step = max(1, args.nodes // (args.candidates or args.nodes))
+    node_names = [f"node-{n:05d}" for n in range(0, args.nodes, step)][: args.candidates]
+    spawn = multiprocessing.get_context("spawn")
+    if args.floor:
+        server = spawn.Process(target=serve_floor, args=(port, node_names), daemon=True)
+    else:
+        server = spawn.Process(
+            target=serve,
+            args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks),
+            daemon=True,
+        )
     server.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -137,21 +206,23 @@ def main() -> None:
             if time.monotonic() > deadline or not server.is_alive():
                 raise SystemExit("the extender did not start") from None
             time.sleep(0.2)
-    step = max(1, args.nodes // (args.candidates or args.nodes))
-    node_names = [f"node-{n:05d}" for n in range(0, args.nodes, step)][: args.candidates]
     load = os.getloadavg()[0]
-    timings = measure(port, node_names, args.pods, args.warmup)
+    timings = measure(port, node_names, args.pods, args.warmup, args.asks)
+    load_after = os.getloadavg()[0]
     server.terminate()
     q = statistics.quantiles(timings, n=100)
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"load average {load:.2f} at start"
+        f"load average {load:.2f} at start, {load_after:.2f} at the end"
     )
     print()
-    print("| nodes | names per call | pods timed | p50 ms | p99 ms | max ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {args.nodes:,} | {len(node_names):,} | {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
+        "| server | nodes | names per call | pod shapes | pods timed | p50 ms | p99 ms | max ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {'canned (floor)' if args.floor else 'extender'} | {args.nodes:,} "
+        f"| {len(node_names):,} | {args.asks} | {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
         f"| {max(timings):.2f} |"
     )
 

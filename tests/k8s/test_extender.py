@@ -99,7 +99,7 @@ def test_multi_gpu_and_exclusive_pods() -> None:
             "/filter", json={"pod": api.pods[("default", "whole")], "nodenames": ["node-0"]}
         ).json()
         assert result["nodenames"] == []
-        assert "2 of its GPUs have room" in result["failedNodes"]["node-0"]
+        assert result["failedNodes"]["node-0"] == "3 GPUs needed, 2 can take the share now"
         assert schedule(http, api.pods[("default", "whole2")], ["node-0"]) == "node-0"
     pair = api.pods[("default", "pair")]["metadata"]["annotations"][names.ANN_GPUS].split(",")
     whole2 = api.pods[("default", "whole2")]["metadata"]["annotations"][names.ANN_GPUS].split(",")
@@ -123,10 +123,26 @@ def test_a_pod_without_gpupool_resources_passes_everywhere() -> None:
     assert result["nodenames"] == ["node-0", "x"]
 
 
+def test_a_node_with_more_gpus_than_gpupool_places_on_is_left_out_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = InMemoryKube()
+    api.add_node("huge", {names.ANN_NODE_GPUS: gpus(40)})
+    api.add_node("node-0", {names.ANN_NODE_GPUS: gpus(2)})
+    extender = Extender(api)
+    extender.resync()
+    with ExtenderServer(extender) as http:
+        args = {"pod": api.add_pod(gpu_pod("p")), "nodenames": ["huge", "node-0"]}
+        result = http.post("/filter", json=args).json()
+    assert result["nodenames"] == ["node-0"]
+    assert "huge" in result["failedAndUnresolvableNodes"]
+    assert "node huge: GPU index 39; gpupool places on nodes of at most 32 GPUs" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ({"memory": "100Gi"}, "asks for 100GiB per GPU, the node's largest GPU has 80GiB"),
+        ({"memory": "100Gi"}, "asks for 100GiB per GPU and the largest GPU it may use has 80GiB"),
         ({"memory": "-1Gi"}, "invalid gpupool.io/gpu-memory '-1Gi': must not be negative"),
         ({"memory": "ten"}, "invalid memory size 'ten'"),
         ({"compute": "150"}, "invalid gpupool.io/gpu-compute '150': must be 1..100 percent"),

@@ -52,7 +52,7 @@ def check_scheduler_config(docs: list[dict[str, Any]]) -> None:
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["profiles"] == [{"schedulerName": names.SCHEDULER_NAME}]
     (extender,) = config["extenders"]
-    routes = {getattr(r, "path", "") for r in create_app(Extender(InMemoryKube())).routes}
+    routes = create_app(Extender(InMemoryKube())).paths
     for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
         assert f"/{extender[verb]}" in routes
     assert extender["managedResources"][0]["name"] == names.RESOURCE_GPU

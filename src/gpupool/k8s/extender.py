@@ -117,11 +117,11 @@ class Extender:
             return False
         try:
             gpus = inventory.decode(text)
+            with self._lock:
+                self.fleet.set_node(str(meta["name"]), gpus)
         except InvalidRequest as err:
             log.warning("node %s: %s", meta.get("name"), err)
             return False
-        with self._lock:
-            self.fleet.set_node(str(meta["name"]), gpus)
         return True
 
     def resync_node(self, node: str) -> None:
@@ -208,14 +208,7 @@ class Extender:
             return self._result(node_names, node_objs, {}, {})
         self._learn(node_names, node_objs or [])
         with self._lock:
-            fit, failed = self.fleet.filter(ask, node_names)
-            unresolvable = {}
-            for name, why in failed.items():
-                row = self.fleet.rows.get(name)
-                if row is None or self.fleet.never_fits(ask, row) is not None:
-                    unresolvable[name] = why
-        for name in unresolvable:
-            del failed[name]
+            fit, failed, unresolvable = self.fleet.filter(ask, node_names)
         if not fit:
             detail = next(iter({**failed, **unresolvable}.values()), "no node has gpupool GPUs")
             self._warn(pod, "GpupoolUnschedulable", f"{ask.describe()} fits no node: {detail}")

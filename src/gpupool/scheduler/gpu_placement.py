@@ -19,12 +19,12 @@ Policies (`GPU_POLICIES`), the GPU-level forms of those the trace simulator meas
 - `spread`: the emptiest GPUs that fit; the node score is how empty the node stays.
 - `gpupool`: fragmentation-aware, FGD at GPU level with memory and models. For a target
   workload M of shapes with weights p_m, the fragment of a node is
-  F = sum_m p_m * (free compute of the GPUs that cannot hold shape m), counting every GPU when
-  fewer than m's GPU count can; a GPU "holds" m when its model is allowed and both m's compute
-  and m's memory fit. GPUs are taken one at a time, each the one whose use grows F least (ties
-  go as binpack); the node score is 50 + 50 * (F before - F after) / (compute taken), clipped
-  to 0..100. M is the caller's (the daemon passes the shapes of its queued and running jobs),
-  else `DEFAULT_TARGET`.
+  F = sum_m p_m * (free compute of the healthy GPUs that cannot hold shape m), counting every
+  healthy GPU when fewer than m's GPU count can; a GPU "holds" m when its model is allowed and
+  both m's compute and m's memory fit. GPUs are taken one at a time, each the one whose use
+  grows F least (ties go as binpack); the node score is 50 + 50 * (F before - F after) /
+  (compute taken), clipped to 0..100. M is the caller's (the daemon passes the shapes of its
+  queued and running jobs), else `DEFAULT_TARGET`.
 """
 
 from __future__ import annotations
@@ -171,7 +171,12 @@ def fragment(gpus: Sequence[GpuView], target: Target) -> float:
         if sum(holds) < shape.gpus:
             lost = sum(gpu.compute_free for gpu in gpus if gpu.healthy)
         else:
-            lost = sum(gpu.compute_free for gpu, ok in zip(gpus, holds, strict=True) if not ok)
+            # a GPU that is not healthy is no fragment: no shape can use it, held or not
+            lost = sum(
+                gpu.compute_free
+                for gpu, ok in zip(gpus, holds, strict=True)
+                if gpu.healthy and not ok
+            )
         total += weight * lost
     return total
 
