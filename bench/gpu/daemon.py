@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_daemon import daemon_url, start_daemon
+
 from gpupool.api.client import Client
-from gpupool.core.errors import DaemonError
 
 MiB = 1 << 20
 CAP_HELD, CAP_BROKEN = 0, 3
@@ -74,29 +75,9 @@ sys.exit(0 if past == "OutOfMemoryError" else 3)
 """
 
 
-def start_daemon(root: Path, simulate: str | None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(root / "state")]
-    if simulate:
-        args += ["--simulate", simulate, "--node-dir", str(root / "node")]
-    log = (root / "serve.log").open("ab")
-    daemon = subprocess.Popen(args, stdout=log, stderr=log)
-    url = f"unix://{root / 'state' / 'gpupool.sock'}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with Client(url) as client:
-                client.call("GET", "/v1/health")
-            return daemon
-        except DaemonError:
-            if daemon.poll() is not None:
-                raise SystemExit((root / "serve.log").read_text()) from None
-            time.sleep(0.1)
-    raise SystemExit("the daemon did not start within 60 s")
-
-
 def run(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], int]:
     """Each job's result and live memory, and the daemon's context reserve per job and GPU."""
-    url = f"unix://{root / 'state' / 'gpupool.sock'}"
+    url = daemon_url(root)
     script = root / "job.py"
     script.write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
     limit = args.limit_gib << 30

@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_daemon import daemon_url, start_daemon
+
 from gpupool.agent.mps import control_command
 from gpupool.api.client import Client
-from gpupool.core.errors import DaemonError
 
 MiB = 1 << 20
 TOLERANCE_POINTS = 5.0
@@ -116,26 +117,6 @@ past = "OutOfMemoryError" if rc == 2 else "allocated"
 print("RESULT " + json.dumps({"rate": rate, "filled": filled, "past": past}), flush=True)
 """
 )
-
-
-def start_daemon(root: Path, simulate: str | None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(root / "state")]
-    if simulate:
-        args += ["--simulate", simulate, "--node-dir", str(root / "node")]
-    log = (root / "serve.log").open("ab")
-    daemon = subprocess.Popen(args, stdout=log, stderr=log)
-    url = f"unix://{root / 'state' / 'gpupool.sock'}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with Client(url) as client:
-                client.call("GET", "/v1/health")
-            return daemon
-        except DaemonError:
-            if daemon.poll() is not None:
-                raise SystemExit((root / "serve.log").read_text()) from None
-            time.sleep(0.1)
-    raise SystemExit("the daemon did not start within 60 s")
 
 
 def run_step(client: Client, root: Path, percents: tuple[int, ...], args: Any) -> list[dict]:
@@ -228,7 +209,7 @@ def main() -> None:
         (root / "job.py").write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
         daemon = start_daemon(root, args.simulate)
         try:
-            with Client(f"unix://{root / 'state' / 'gpupool.sock'}") as client:
+            with Client(daemon_url(root)) as client:
                 alone = {p: run_step(client, root, (p,), args)[0] for p in ALONE}
                 pair = run_step(client, root, TOGETHER, args)
                 together = dict(zip(TOGETHER, pair, strict=True))

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_daemon import daemon_url, start_daemon
+
 from gpupool.api.client import Client
-from gpupool.core.errors import DaemonError
 
 GiB = 1 << 30
 WITHIN_S = 5.0
@@ -57,30 +58,6 @@ if role == "parent":
     sys.exit(subprocess.run(argv, env=env).returncode)
 time.sleep(seconds)
 """
-
-
-def start_daemon(root: Path, simulate: str | None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(root / "state")]
-    args += ["--watchdog", "kill"]
-    if simulate:
-        args += ["--simulate", simulate, "--node-dir", str(root / "node")]
-    log = (root / "serve.log").open("ab")
-    daemon = subprocess.Popen(args, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with Client(_url(root)) as client:
-                client.call("GET", "/v1/health")
-            return daemon
-        except DaemonError:
-            if daemon.poll() is not None:
-                raise SystemExit((root / "serve.log").read_text()) from None
-            time.sleep(0.1)
-    raise SystemExit("the daemon did not start within 60 s")
-
-
-def _url(root: Path) -> str:
-    return f"unix://{root / 'state' / 'gpupool.sock'}"
 
 
 def _holding(text: str, role: str) -> dict[str, Any] | None:
@@ -210,9 +187,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpupool-gpu-wd-", dir="/tmp") as tmp:
         root = Path(tmp)
         (root / "job.py").write_text(JOB)
-        daemon = start_daemon(root, args.simulate)
+        daemon = start_daemon(root, args.simulate, "--watchdog", "kill")
         try:
-            with Client(_url(root)) as client:
+            with Client(daemon_url(root)) as client:
                 reserve = int(client.call("GET", "/v1/node")["context_reserve"])
                 rows = [
                     escape_row(client, root, args, kind),
