@@ -86,9 +86,10 @@ def test_a_person_sees_the_gpus_jobs_and_events_live(
     browser.execute_script("window.notReloaded = true;")
 
     # each job's share as a segment of its GPU's bars, filled as the sampler sees it work
-    wait.until(lambda b: "trainer 512MiB/4GiB" in _text(b, '[data-gpu="0"] .seg-label'))
+    # the name as typed, escaped, not markup
+    labels = ("trainer 512MiB/4GiB", "tuner<b> 256MiB/2GiB")
+    wait.until(lambda b: all(x in _text(b, '[data-gpu="0"] .seg-label') for x in labels))
     gpu0 = _text(browser, '[data-gpu="0"]')
-    assert "tuner<b> 256MiB/2GiB" in gpu0  # the name as typed, escaped, not markup
     assert "A100-40GB" in gpu0 and "60% shared" in gpu0
 
     # the jobs table: one row per job, the queued one waiting for both GPUs

@@ -244,13 +244,14 @@ def test_kernel_time_is_proportional_to_threads(
 ) -> None:
     node_dir, state = node
     run = records(run_probe(probe, sim_dir, node_dir, "kernels", "20", "256", "128"), "kernels")[0]
-    assert float(run["event_ms"]) == pytest.approx(20 * KERNEL_NS / 1e6, abs=0.01)
+    # between events: the kernels' time, plus any gap where a loaded host launched late (2 %)
+    assert float(run["event_ms"]) == pytest.approx(20 * KERNEL_NS / 1e6, rel=0.02)
     assert float(run["queued_ms"]) < 10  # launches are asynchronous
     assert float(run["wall_ms"]) >= 20
     assert (run["query_rc"], run["stream_query_rc"], run["after_rc"]) == ("600", "600", "0")
     assert state.gpu(0).busy_ns_total == 20 * KERNEL_NS
     half = records(run_probe(probe, sim_dir, node_dir, "kernels", "4", "128", "128"), "kernels")
-    assert float(half[0]["event_ms"]) == pytest.approx(2.0, abs=0.01)
+    assert float(half[0]["event_ms"]) == pytest.approx(2.0, rel=0.02)
 
 
 def test_kernel_time_override(probe: Path, sim_dir: Path, node: tuple[Path, SimState]) -> None:
