@@ -17,15 +17,22 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.observe import HistogramReading
 from gpupool.agent.usage import Usage
+from gpupool.core.errors import ConfigError
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
+from gpupool.isolation.region import DeviceCounters, read_counters
 
 MIB = 1 << 20
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
@@ -127,6 +134,17 @@ class AgentCollector(Collector):
             "A job's compute share on one GPU (percent of the GPU)",
             labels=JOB_GPU_LABELS,
         )
+        throttled = CounterMetricFamily(
+            "gpupool_job_throttled_seconds",
+            "Time a job's launches on one GPU were held back: sleeping for its compute cap "
+            "(reason cap) or waiting for the GPU's lease while another share held it (lease)",
+            labels=(*JOB_GPU_LABELS, "reason"),
+        )
+        refused = CounterMetricFamily(
+            "gpupool_job_refused_allocations",
+            "Allocations of a job on one GPU refused for passing its memory share",
+            labels=JOB_GPU_LABELS,
+        )
         state = GaugeMetricFamily(
             "gpupool_job_state",
             "1 for each queued or running job, labelled with its state",
@@ -143,6 +161,7 @@ class AgentCollector(Collector):
                 oldest = max(oldest, now - job.submitted_at)
                 continue
             self._job_gpus(job, uuids, totals, per_gpu, (used, limit, compute, compute_share))
+            self._job_counters(job, uuids, throttled, refused)
         running = GaugeMetricFamily(
             "gpupool_jobs", "Jobs by state (queued, running)", labels=("state",)
         )
@@ -181,6 +200,8 @@ class AgentCollector(Collector):
             limit,
             compute,
             compute_share,
+            throttled,
+            refused,
             state,
             running,
             queue,
@@ -219,6 +240,35 @@ class AgentCollector(Collector):
             if usage is not None and usage.utilization is not None:
                 compute.add_metric(labels, usage.utilization)
             compute_share.add_metric(labels, share)
+
+    def _job_counters(
+        self,
+        job: Job,
+        uuids: dict[int, str],
+        throttled: CounterMetricFamily,
+        refused: CounterMetricFamily,
+    ) -> None:
+        counters = self._region_counters(job)
+        if counters is None:
+            return
+        for position, index in enumerate(job.gpus[: len(counters)]):
+            labels = [str(job.id), job.name, job.user, str(index), uuids.get(index, "")]
+            # the region counts per CUDA ordinal: the job sees its GPUs in job.gpus's order
+            device = counters[position]
+            throttled.add_metric([*labels, "cap"], device.cap_wait_seconds)
+            throttled.add_metric([*labels, "lease"], device.lease_wait_seconds)
+            refused.add_metric(labels, device.refused_allocations)
+
+    def _region_counters(self, job: Job) -> list[DeviceCounters] | None:
+        """The job's counters from its accounting region (in its directory); None, and its
+        samples left out, where it has none (`exclusive`, no GPU used yet) or it cannot be read."""
+        for path in sorted(self.agent.jobdir(job.id).path.glob("gpupool-share-*/region")):
+            try:
+                return read_counters(path)
+            except ConfigError as err:
+                self._report(err)
+                return None
+        return None
 
 
 def metrics_router(agent: Agent, caller: Callable[..., Any]) -> APIRouter:
