@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -32,6 +33,7 @@ from gpupool.agent.usage import Usage
 from gpupool.core.errors import ConfigError
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
+from gpupool.isolation.launch import find_shared_region
 from gpupool.isolation.region import DeviceCounters, read_counters
 
 MIB = 1 << 20
@@ -55,6 +57,8 @@ class AgentCollector(Collector):
         self.agent = agent
         self.host = socket.gethostname()
         self._reported: set[str] = set()
+        #: each running job's accounting region (None: it has none), looked for once
+        self._regions: dict[int, Path | None] = {}
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("gpupool_up", "1 when the daemon could read all its state")
@@ -150,6 +154,8 @@ class AgentCollector(Collector):
             "1 for each queued or running job, labelled with its state",
             labels=("job_id", "job_name", "user", "state"),
         )
+        running_ids = {job.id for job in jobs if job.state is State.RUNNING}
+        self._regions = {i: p for i, p in self._regions.items() if i in running_ids}
         counts = {s: 0 for s in (State.QUEUED, State.RUNNING)}
         queued_by_priority: dict[str, int] = {"high": 0, "low": 0}
         oldest = 0.0
@@ -248,7 +254,7 @@ class AgentCollector(Collector):
         throttled: CounterMetricFamily,
         refused: CounterMetricFamily,
     ) -> None:
-        counters = self._region_counters(job)
+        counters = self._region_counters(job, len(job.gpus))
         if counters is None:
             return
         for position, index in enumerate(job.gpus[: len(counters)]):
@@ -259,16 +265,19 @@ class AgentCollector(Collector):
             throttled.add_metric([*labels, "lease"], device.lease_wait_seconds)
             refused.add_metric(labels, device.refused_allocations)
 
-    def _region_counters(self, job: Job) -> list[DeviceCounters] | None:
+    def _region_counters(self, job: Job, devices: int) -> list[DeviceCounters] | None:
         """The job's counters from its accounting region (in its directory); None, and its
-        samples left out, where it has none (`exclusive`, no GPU used yet) or it cannot be read."""
-        for path in sorted(self.agent.jobdir(job.id).path.glob("gpupool-share-*/region")):
-            try:
-                return read_counters(path)
-            except ConfigError as err:
-                self._report(err)
-                return None
-        return None
+        samples left out, where it has none (`exclusive`) or it cannot be read."""
+        if job.id not in self._regions:  # the launcher made it before the job started
+            self._regions[job.id] = find_shared_region(self.agent.jobdir(job.id).path)
+        path = self._regions[job.id]
+        if path is None:
+            return None
+        try:
+            return read_counters(path, devices)
+        except ConfigError as err:
+            self._report(err)
+            return None
 
 
 def metrics_router(agent: Agent, caller: Callable[..., Any]) -> APIRouter:

@@ -10,6 +10,7 @@ of each one. Offsets here and in the header change together (bump VERSION); a te
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +56,17 @@ def region_share_id(region: Path) -> int | None:
     return found if magic == MAGIC and version == VERSION else None
 
 
-def read_counters(region: Path) -> list[DeviceCounters] | None:
-    """The share's counters per device (index = the device's ordinal in the share); None if the
-    region does not exist (yet). Raises ConfigError, one line, for a file that cannot be read or
-    is not a region of this version."""
+def read_counters(region: Path, devices: int = DEVICES) -> list[DeviceCounters] | None:
+    """The share's counters on its first `devices` devices (index = the device's ordinal in the
+    share); None if the region does not exist (yet). Raises ConfigError, one line, for a file
+    that cannot be read or is not a region of this version."""
+    devices = min(devices, DEVICES)
     try:
-        with region.open("rb") as f:
-            data = f.read(_COUNTERS_END)
+        fd = os.open(region, os.O_RDONLY | os.O_CLOEXEC)  # no file object: /metrics reads many
+        try:
+            data = os.pread(fd, _COUNTERS_END, 0)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -73,10 +78,8 @@ def read_counters(region: Path) -> list[DeviceCounters] | None:
         raise ConfigError(
             f"{region} is not a gpupool shared region of this version (it reads version {VERSION})"
         )
-    counters = []
-    for dev in range(DEVICES):
-        refused, cap_ns, lease_ns = COUNTERS.unpack_from(
-            data, COUNTERS_OFFSET + dev * COUNTERS.size
-        )
-        counters.append(DeviceCounters(refused, cap_ns / 1e9, lease_ns / 1e9))
-    return counters
+    end = COUNTERS_OFFSET + devices * COUNTERS.size
+    return [
+        DeviceCounters(refused, cap_ns / 1e9, lease_ns / 1e9)
+        for refused, cap_ns, lease_ns in COUNTERS.iter_unpack(data[COUNTERS_OFFSET:end])
+    ]
