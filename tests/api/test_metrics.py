@@ -112,6 +112,8 @@ def test_throttled_time_and_refused_allocations_are_counted_per_job(daemon: Daem
         memory="1Gi",
         compute=10,
     )
+    # a whole GPU with no limits: no region, so no counters (and no failed scrape)
+    whole = daemon.submit([sys.executable, CUDA_JOB, "60"], gpus=1, mode="exclusive")
 
     def counted() -> Samples | None:
         samples = scrape(daemon)
@@ -126,6 +128,9 @@ def test_throttled_time_and_refused_allocations_are_counted_per_job(daemon: Daem
         labels["job_id"]: labels for labels, _ in first["gpupool_job_refused_allocations_total"]
     }
     assert set(labels) == {str(capped), str(other), str(greedy)}
+    states = {labels["job_id"]: labels["state"] for labels, _ in first["gpupool_job_state"]}
+    assert states[str(whole)] == "running"
+    assert str(whole) in job_values(first, "vGPU_device_memory_limit_in_bytes")
     assert labels[str(greedy)]["gpu"] == "0" and labels[str(greedy)]["UUID"].startswith("GPU-")
     refused = job_values(first, "gpupool_job_refused_allocations_total")
     assert refused == {str(capped): 0, str(other): 0, str(greedy): 1}

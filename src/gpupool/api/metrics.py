@@ -31,6 +31,7 @@ from gpupool.agent.jobs import Job, State
 from gpupool.agent.observe import HistogramReading
 from gpupool.agent.usage import Usage
 from gpupool.core.errors import ConfigError
+from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
 from gpupool.isolation.launch import find_shared_region
@@ -57,8 +58,8 @@ class AgentCollector(Collector):
         self.agent = agent
         self.host = socket.gethostname()
         self._reported: set[str] = set()
-        #: each running job's accounting region (None: it has none), looked for once
-        self._regions: dict[int, Path | None] = {}
+        #: each running job's accounting region, once found
+        self._regions: dict[int, Path] = {}
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("gpupool_up", "1 when the daemon could read all its state")
@@ -267,12 +268,17 @@ class AgentCollector(Collector):
 
     def _region_counters(self, job: Job, devices: int) -> list[DeviceCounters] | None:
         """The job's counters from its accounting region (in its directory); None, and its
-        samples left out, where it has none (`exclusive`) or it cannot be read."""
-        if job.id not in self._regions:  # the launcher made it before the job started
-            self._regions[job.id] = find_shared_region(self.agent.jobdir(job.id).path)
-        path = self._regions[job.id]
-        if path is None:
+        samples left out, where it has none (`exclusive`, or not launched yet: the store marks a
+        job running just before its launcher makes the region's directory) or it cannot be
+        read."""
+        if job.spec.mode is Mode.EXCLUSIVE:
             return None
+        path = self._regions.get(job.id)
+        if path is None:
+            path = find_shared_region(self.agent.jobdir(job.id).path)
+            if path is None:
+                return None
+            self._regions[job.id] = path
         try:
             return read_counters(path, devices)
         except ConfigError as err:
