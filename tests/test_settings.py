@@ -14,6 +14,7 @@ NAME = re.compile(r"\bGPUPOOL_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
 # of a message, not variables
 NOT_VARIABLES = re.compile(
     r"^GPUPOOL_(SIM_(GPU|PROC|STATE|HEADER|GPUS|PROCS|MAX|MIG)_|SIMSTATE_|ARBITER_(MAGIC|VERSION|SHARES)$"
+    r"|REGION_(MAGIC|VERSION|DEVICES|PROCS|SPANS)$"
     r"|\w+_H$|CUDA_API_VERSION$|NAME$)"
 )
 

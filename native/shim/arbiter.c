@@ -224,11 +224,18 @@ int gp_arbiter_active(int dev) { return ready(dev) != NULL; }
 void gp_arbiter_acquire(int dev, uint32_t weight) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
+    uint64_t waiting_since = 0;
     for (;;) {
+        uint64_t now = gp_now_ns();
         lock(d->file);
-        int taken = try_take(d, weight, gp_now_ns());
+        int taken = try_take(d, weight, now);
         pthread_mutex_unlock(&d->file->lock.mutex);
-        if (taken) return;
+        if (taken) {
+            /* the share's time held back for the lease (counted once, when it ends) */
+            if (waiting_since != 0) gp_region_count_wait(dev, GP_WAIT_LEASE, now - waiting_since);
+            return;
+        }
+        if (waiting_since == 0) waiting_since = now;
         gp_sleep_ns(GP_POLL_NS);
     }
 }

@@ -90,6 +90,7 @@ static int reserve(int dev, uint64_t bytes) {
     gp_format_bytes(bytes, asked_text, sizeof asked_text);
     gp_format_bytes(limit, limit_text, sizeof limit_text);
     uint64_t count = __atomic_add_fetch(&refusals, 1, __ATOMIC_RELAXED);
+    gp_region_count_refusal(dev);
     if (count <= GP_REFUSALS_LOGGED)
         gp_log(GP_LOG_WARN, "out of memory on device %d: %s used + %s asked > limit %s%s", dev,
                used_text, asked_text, limit_text,

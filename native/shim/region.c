@@ -3,7 +3,9 @@
  * share. It fixes the share's limits (the first process writes them; later ones, children
  * included, read them and cannot loosen them through their environment) and counts the bytes each
  * live process holds per device, under a robust process-shared mutex. A process that dies without
- * freeing is found by its pid and start time and its bytes are given back.
+ * freeing is found by its pid and start time and its bytes are given back. It also counts, per
+ * device, what the daemon exports per job: allocations refused and time launches were held back.
+ * The layout is in native/include/gpupool_region.h (Python reads it).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,44 +20,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpupool_region.h"
 #include "shim.h"
 
-#define GP_REGION_MAGIC 0x314e474552505047ULL /* "GPPREGN1" read as little-endian u64 */
-#define GP_REGION_VERSION 2u
-#define GP_REGION_PROCS 256
+#define GP_REGION_MAGIC GPUPOOL_REGION_MAGIC
+#define GP_REGION_VERSION GPUPOOL_REGION_VERSION
+#define GP_REGION_PROCS GPUPOOL_REGION_PROCS
+#define GP_SPANS GPUPOOL_REGION_SPANS
 
-typedef struct {
-    int32_t pid; /* 0 = free */
-    uint32_t pad;
-    uint64_t start_time; /* /proc/PID/stat field 22, guards against pid reuse */
-    uint64_t used[GP_MAX_DEVICES];
-} gp_region_proc;
+_Static_assert(GPUPOOL_REGION_DEVICES == GP_MAX_DEVICES, "the region counts every device");
 
-#define GP_SPANS 16
-
-typedef struct {
-    uint64_t start, end; /* end 0 = unused */
-} gp_span;
-
-typedef struct {
-    uint64_t magic; /* written last, once the rest is initialised */
-    uint32_t version;
-    uint32_t size;
-    uint64_t share_id; /* random: tells this share from others in the GPUs' arbiters */
-    uint32_t policy;
-    uint32_t pad;
-    uint64_t memory_limit[GP_MAX_DEVICES];
-    uint32_t compute_limit[GP_MAX_DEVICES];
-    union {
-        pthread_mutex_t mutex;
-        char pad[128];
-    } lock;
-    uint64_t used[GP_MAX_DEVICES];
-    int64_t credit_ns[GP_MAX_DEVICES];     /* the share's compute bucket per device */
-    uint64_t credit_at_ns[GP_MAX_DEVICES]; /* when it was last refilled; 0 = never */
-    gp_span spans[GP_MAX_DEVICES][GP_SPANS]; /* recent busy time already paid, disjoint */
-    gp_region_proc procs[GP_REGION_PROCS];
-} gp_region;
+typedef gpupool_region_proc gp_region_proc;
+typedef gpupool_region_span gp_span;
+typedef gpupool_region gp_region;
 
 static gp_region *region;
 static int my_slot = -1; /* claimed at the first reservation */
@@ -347,4 +324,17 @@ int64_t gp_region_credit(int dev, uint32_t percent, uint64_t now, int64_t cap_ns
     int64_t left = *credit;
     region_unlock();
     return left;
+}
+
+/* one relaxed add each, no lock: the launch path pays nothing more than that, and only when it
+ * was refused or waited */
+void gp_region_count_refusal(int dev) {
+    if (region != NULL) __atomic_add_fetch(&region->counters[dev].refused, 1, __ATOMIC_RELAXED);
+}
+
+void gp_region_count_wait(int dev, gp_wait_reason reason, uint64_t ns) {
+    if (region == NULL || ns == 0) return;
+    uint64_t *total = reason == GP_WAIT_CAP ? &region->counters[dev].cap_wait_ns
+                                            : &region->counters[dev].lease_wait_ns;
+    __atomic_add_fetch(total, ns, __ATOMIC_RELAXED);
 }

@@ -211,12 +211,16 @@ static void wait_for_credit(gp_throttle *t) {
         drain(t);
         gp_arbiter_release(t->dev);
     }
+    if (t->credit_ns >= 0) return;
+    uint64_t since = gp_now_ns(), now = since;
     while (t->credit_ns < 0) {
         uint64_t need = (uint64_t)(-t->credit_ns) * 100 / t->percent;
         gp_sleep_ns(need < GP_MAX_SLEEP_NS ? need : GP_MAX_SLEEP_NS);
         account(t, 0);
-        settle(t, gp_now_ns(), 0, 0);
+        now = gp_now_ns();
+        settle(t, now, 0, 0);
     }
+    gp_region_count_wait(t->dev, GP_WAIT_CAP, now - since);
 }
 
 /* before a batch: give the lease back if its time is up and another share waits, pay for the

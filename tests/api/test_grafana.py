@@ -10,7 +10,7 @@ from typing import Any
 
 import promql_parser
 import pytest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.api.metrics import AgentCollector
@@ -22,7 +22,7 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range":
 
 
 def exported_names(tmp_path: Path) -> set[str]:
-    """What the daemon's collector exports, histograms as their series names."""
+    """What the daemon's collector exports, histograms and counters as their series names."""
     (tmp_path / "state").mkdir()
     with open_backend("1xA30", tmp_path / "node") as backend:
         agent = Agent(AgentConfig(tmp_path / "state"), backend)
@@ -30,6 +30,8 @@ def exported_names(tmp_path: Path) -> set[str]:
         for family in AgentCollector(agent).collect():
             if isinstance(family, HistogramMetricFamily):
                 names |= {f"{family.name}{end}" for end in ("_bucket", "_sum", "_count")}
+            elif isinstance(family, CounterMetricFamily):
+                names.add(f"{family.name}_total")
             else:
                 names.add(family.name)
         agent.store.close()

@@ -94,6 +94,66 @@ def test_busy_jobs_show_their_use_and_share_and_vanish_when_they_end(daemon: Dae
     assert until(gone)
 
 
+def by_reason(samples: Samples, job_id: int) -> dict[str, float]:
+    return {
+        labels["reason"]: value
+        for labels, value in samples.get("gpupool_job_throttled_seconds_total", [])
+        if labels["job_id"] == str(job_id)
+    }
+
+
+def test_throttled_time_and_refused_allocations_are_counted_per_job(daemon: Daemon) -> None:
+    capped, other = (
+        daemon.submit([sys.executable, CUDA_JOB, "60"], memory="2Gi", compute=30) for _ in range(2)
+    )
+    # past its 1 GiB share: refused (the process exits 2), and the job lives on in its shell
+    greedy = daemon.submit(
+        ["sh", "-c", f"{sys.executable} {CUDA_JOB} 0 256 2048; exec sleep 60"],
+        memory="1Gi",
+        compute=10,
+    )
+    # a whole GPU with no limits: no region, so no counters (and no failed scrape)
+    whole = daemon.submit([sys.executable, CUDA_JOB, "60"], gpus=1, mode="exclusive")
+
+    def counted() -> Samples | None:
+        samples = scrape(daemon)
+        throttled = by_reason(samples, capped)
+        refused = job_values(samples, "gpupool_job_refused_allocations_total")
+        ready = throttled.get("cap", 0) > 0.5 and refused.get(str(greedy), 0) >= 1
+        return samples if ready else None
+
+    first = until(counted, timeout=30)
+    assert first, scrape(daemon)
+    labels = {
+        labels["job_id"]: labels for labels, _ in first["gpupool_job_refused_allocations_total"]
+    }
+    assert set(labels) == {str(capped), str(other), str(greedy)}
+    states = {labels["job_id"]: labels["state"] for labels, _ in first["gpupool_job_state"]}
+    assert states[str(whole)] == "running"
+    assert str(whole) in job_values(first, "vGPU_device_memory_limit_in_bytes")
+    assert labels[str(greedy)]["gpu"] == "0" and labels[str(greedy)]["UUID"].startswith("GPU-")
+    refused = job_values(first, "gpupool_job_refused_allocations_total")
+    assert refused == {str(capped): 0, str(other): 0, str(greedy): 1}
+    assert by_reason(first, other)["cap"] > 0  # the other 30 % job is held back too
+    time.sleep(1.5)
+    later = scrape(daemon)
+    # a 30 % cap next to a busy job: most of every second is held back, and the counter grows
+    grew = by_reason(later, capped)["cap"] - by_reason(first, capped)["cap"]
+    assert grew > 0.5, (by_reason(first, capped), by_reason(later, capped))
+    assert job_values(later, "gpupool_job_refused_allocations_total")[str(greedy)] == 1
+
+    # a region the daemon cannot read: that job's counters are left out, the scrape still works
+    (region,) = (daemon.state_dir / "jobs" / str(greedy)).glob("gpupool-share-*/region")
+    region.write_bytes(b"\xff" * 4096)
+    spoiled = scrape(daemon)
+    assert spoiled["gpupool_up"] == [({}, 1.0)]
+    assert set(job_values(spoiled, "gpupool_job_refused_allocations_total")) == {
+        str(capped),
+        str(other),
+    }
+    assert str(greedy) in job_values(spoiled, "vGPU_device_memory_limit_in_bytes")
+
+
 def test_a_scrape_of_a_closed_store_says_down_and_raises_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,8 +16,8 @@ from gpupool.isolation.arbiter import (
     find_share,
     live_shares,
     read_shares,
-    region_share_id,
 )
+from gpupool.isolation.region import region_share_id
 
 GPU = "GPU-5f3e2a10-0b1c-4d2e-8f90-123456789abc"
 

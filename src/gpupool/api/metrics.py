@@ -12,20 +12,30 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.observe import HistogramReading
 from gpupool.agent.usage import Usage
+from gpupool.core.errors import ConfigError
+from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
+from gpupool.isolation.launch import find_shared_region
+from gpupool.isolation.region import DeviceCounters, read_counters
 
 MIB = 1 << 20
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
@@ -48,6 +58,8 @@ class AgentCollector(Collector):
         self.agent = agent
         self.host = socket.gethostname()
         self._reported: set[str] = set()
+        #: each running job's accounting region, once found
+        self._regions: dict[int, Path] = {}
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("gpupool_up", "1 when the daemon could read all its state")
@@ -127,11 +139,24 @@ class AgentCollector(Collector):
             "A job's compute share on one GPU (percent of the GPU)",
             labels=JOB_GPU_LABELS,
         )
+        throttled = CounterMetricFamily(
+            "gpupool_job_throttled_seconds",
+            "Time a job's launches on one GPU were held back: sleeping for its compute cap "
+            "(reason cap) or waiting for the GPU's lease while another share held it (lease)",
+            labels=(*JOB_GPU_LABELS, "reason"),
+        )
+        refused = CounterMetricFamily(
+            "gpupool_job_refused_allocations",
+            "Allocations of a job on one GPU refused for passing its memory share",
+            labels=JOB_GPU_LABELS,
+        )
         state = GaugeMetricFamily(
             "gpupool_job_state",
             "1 for each queued or running job, labelled with its state",
             labels=("job_id", "job_name", "user", "state"),
         )
+        running_ids = {job.id for job in jobs if job.state is State.RUNNING}
+        self._regions = {i: p for i, p in self._regions.items() if i in running_ids}
         counts = {s: 0 for s in (State.QUEUED, State.RUNNING)}
         queued_by_priority: dict[str, int] = {"high": 0, "low": 0}
         oldest = 0.0
@@ -143,6 +168,7 @@ class AgentCollector(Collector):
                 oldest = max(oldest, now - job.submitted_at)
                 continue
             self._job_gpus(job, uuids, totals, per_gpu, (used, limit, compute, compute_share))
+            self._job_counters(job, uuids, throttled, refused)
         running = GaugeMetricFamily(
             "gpupool_jobs", "Jobs by state (queued, running)", labels=("state",)
         )
@@ -181,6 +207,8 @@ class AgentCollector(Collector):
             limit,
             compute,
             compute_share,
+            throttled,
+            refused,
             state,
             running,
             queue,
@@ -219,6 +247,43 @@ class AgentCollector(Collector):
             if usage is not None and usage.utilization is not None:
                 compute.add_metric(labels, usage.utilization)
             compute_share.add_metric(labels, share)
+
+    def _job_counters(
+        self,
+        job: Job,
+        uuids: dict[int, str],
+        throttled: CounterMetricFamily,
+        refused: CounterMetricFamily,
+    ) -> None:
+        counters = self._region_counters(job, len(job.gpus))
+        if counters is None:
+            return
+        for position, index in enumerate(job.gpus[: len(counters)]):
+            labels = [str(job.id), job.name, job.user, str(index), uuids.get(index, "")]
+            # the region counts per CUDA ordinal: the job sees its GPUs in job.gpus's order
+            device = counters[position]
+            throttled.add_metric([*labels, "cap"], device.cap_wait_seconds)
+            throttled.add_metric([*labels, "lease"], device.lease_wait_seconds)
+            refused.add_metric(labels, device.refused_allocations)
+
+    def _region_counters(self, job: Job, devices: int) -> list[DeviceCounters] | None:
+        """The job's counters from its accounting region (in its directory); None, and its
+        samples left out, where it has none (`exclusive`, or not launched yet: the store marks a
+        job running just before its launcher makes the region's directory) or it cannot be
+        read."""
+        if job.spec.mode is Mode.EXCLUSIVE:
+            return None
+        path = self._regions.get(job.id)
+        if path is None:
+            path = find_shared_region(self.agent.jobdir(job.id).path)
+            if path is None:
+                return None
+            self._regions[job.id] = path
+        try:
+            return read_counters(path, devices)
+        except ConfigError as err:
+            self._report(err)
+            return None
 
 
 def metrics_router(agent: Agent, caller: Callable[..., Any]) -> APIRouter:

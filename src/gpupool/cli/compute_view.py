@@ -17,9 +17,9 @@ from gpupool.isolation.arbiter import (
     arbiter_file,
     compute_use,
     find_share,
-    region_share_id,
 )
 from gpupool.isolation.launch import arbiter_dir
+from gpupool.isolation.region import region_share_id
 
 #: how long `gpupool gpus` watches the shares' GPU time (only when a share runs)
 WINDOW_SECONDS = 0.5

@@ -31,11 +31,6 @@ FILE_PREFIX = "gpupool-arbiter-"
 PRIORITIES = {0: None, 1: "high", 2: "low"}
 POLICIES = {0: "cap", 1: "share"}
 
-#: the accounting region of a share (native/shim/region.c): its id, which names its arbiter slots
-REGION_MAGIC = 0x314E474552505047  # b"GPPREGN1"
-REGION_VERSION = 2
-_REGION_HEAD = struct.Struct("<QIIQ")  # magic, version, size, share_id
-
 #: a share whose processes last asked for a GPU this long ago is not shown as running
 LIVE_SECONDS = 10.0
 
@@ -140,20 +135,6 @@ def compute_use(paths: Sequence[Path], window_s: float) -> list[list[ComputeUse]
             uses.append(ComputeUse(share, used))
         result.append(uses)
     return result
-
-
-def region_share_id(region: Path) -> int | None:
-    """The id of the share whose accounting region is at `region`; None if it was never created
-    (the command never used a GPU) or is not one of this version."""
-    try:
-        with region.open("rb") as f:
-            head = f.read(_REGION_HEAD.size)
-    except OSError:
-        return None
-    if len(head) < _REGION_HEAD.size:
-        return None
-    magic, version, _size, share_id = _REGION_HEAD.unpack(head)
-    return share_id if magic == REGION_MAGIC and version == REGION_VERSION else None
 
 
 def find_share(directory: Path, gpu_uuid: str, share_id: int) -> ArbitratedShare | None:
