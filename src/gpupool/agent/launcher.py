@@ -13,7 +13,7 @@ import os
 import pwd
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gpupool.agent import mps, supervisor
@@ -54,6 +54,27 @@ def _share_memory(job: Job) -> int | MemoryShare | None:
     return None if compute >= MILLI_PER_GPU else MemoryShare(fraction=compute / MILLI_PER_GPU)
 
 
+def _shim_env(
+    job: Job,
+    limits: ShareLimits,
+    totals: Sequence[int | None],
+    node: LaunchNode,
+    jobdir: JobDir,
+    base: Mapping[str, str],
+) -> dict[str, str]:
+    """The interception library's launch of `job` under `limits` (the shim, mps and mig modes
+    all enforce memory through it), its accounting region in the job's directory."""
+    spec = build_launch_spec(
+        job.spec.argv,
+        limits,
+        gpu_totals=totals,
+        sim_node=node.sim_node,
+        base_env=base,
+        shared_region=new_shared_region(jobdir.path),
+    )
+    return dict(spec.env)
+
+
 class ShimLauncher:
     def env(
         self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
@@ -63,15 +84,7 @@ class ShimLauncher:
         limits = ShareLimits(
             job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority
         )
-        spec = build_launch_spec(
-            job.spec.argv,
-            limits,
-            gpu_totals=node.totals_of(job.gpus),
-            sim_node=node.sim_node,
-            base_env=base,
-            shared_region=new_shared_region(jobdir.path),
-        )
-        return dict(spec.env)
+        return _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base)
 
 
 class ExclusiveLauncher:
@@ -99,20 +112,14 @@ class MpsLauncher:
         [gpu] = job.gpus
         # no compute limit and no priority: the shim neither throttles nor joins the arbiter
         limits = ShareLimits(job.gpus, _share_memory(job))
-        spec = build_launch_spec(
-            job.spec.argv,
-            limits,
-            gpu_totals=node.totals_of(job.gpus),
-            sim_node=node.sim_node,
-            base_env=base,
-            shared_region=new_shared_region(jobdir.path),
-        )
-        memory = memory_bytes(limits.memory, node.totals_of(job.gpus)[0])
+        totals = node.totals_of(job.gpus)
+        env = _shim_env(job, limits, totals, node, jobdir, base)
+        memory = memory_bytes(limits.memory, totals[0])
         server = self.control.ensure_server(gpu, job.uid)
         mps.record(jobdir.path, server)
         pipe = self.control.pipe_dir(gpu)
         visible = self.control.visible(gpu)
-        return {**spec.env, **mps_client_env(pipe, visible, job.spec.compute, memory)}
+        return {**env, **mps_client_env(pipe, visible, job.spec.compute, memory)}
 
 
 class MigLauncher:
@@ -131,15 +138,7 @@ class MigLauncher:
             priority=job.spec.priority,
             mig_uuid=job.mig.uuid,
         )
-        spec = build_launch_spec(
-            job.spec.argv,
-            limits,
-            gpu_totals=[job.mig.memory_total],
-            sim_node=node.sim_node,
-            base_env=base,
-            shared_region=new_shared_region(jobdir.path),
-        )
-        return dict(spec.env)
+        return _shim_env(job, limits, [job.mig.memory_total], node, jobdir, base)
 
 
 LAUNCHERS: dict[Mode, ModeLauncher] = {
