@@ -12,11 +12,16 @@ from gpupool.api.client import Client
 from gpupool.core.errors import DaemonError
 
 
-def start_daemon(root: Path, spec: str, log_name: str = "serve.log") -> subprocess.Popen[bytes]:
-    """`gpupool serve` on `root`'s node and state dirs, once its socket answers."""
-    args = ["--node-dir", str(root / "node"), "--state-dir", str(root / "state")]
-    if not (root / "node").exists():
-        args += ["--simulate", spec]
+def start_daemon(
+    root: Path, spec: str | None, *extra: str, log_name: str = "serve.log"
+) -> subprocess.Popen[bytes]:
+    """`gpupool serve EXTRA...` with its state under `root`, once its socket answers: on the
+    simulated node of `spec` in `root` (made when new), or on the real GPUs when `spec` is None."""
+    args = ["--state-dir", str(root / "state"), *extra]
+    if spec is not None:
+        args += ["--node-dir", str(root / "node")]
+        if not (root / "node").exists():
+            args += ["--simulate", spec]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     log = (root / log_name).open("ab")
     process = subprocess.Popen(

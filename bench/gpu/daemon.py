@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_daemon import daemon_url, start_daemon
-
 from gpupool.api.client import Client
+
+# the daemon benchmarks' start and stop, one directory up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from daemon_support import start_daemon, url
 
 MiB = 1 << 20
 CAP_HELD, CAP_BROKEN = 0, 3
@@ -77,14 +79,14 @@ sys.exit(0 if past == "OutOfMemoryError" else 3)
 
 def run(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], int]:
     """Each job's result and live memory, and the daemon's context reserve per job and GPU."""
-    url = daemon_url(root)
+    address = url(root)
     script = root / "job.py"
     script.write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
     limit = args.limit_gib << 30
     compute = max(1, 100 // args.jobs)
     passed_env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
     seen: dict[int, int] = {}
-    with Client(url) as client:
+    with Client(address) as client:
         reserve = int(client.call("GET", "/v1/node")["context_reserve"])
         ids = []
         for n in range(args.jobs):
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], int
             ids.append(client.call("POST", "/v1/jobs", json=body)["job"]["id"])
         while True:
             done = subprocess.run(
-                [sys.executable, "-m", "gpupool", "ps", "--all", "--json", "--url", url],
+                [sys.executable, "-m", "gpupool", "ps", "--all", "--json", "--url", address],
                 capture_output=True,
                 text=True,
                 check=True,

@@ -33,10 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_daemon import daemon_url, start_daemon
-
 from gpupool.agent.mps import control_command
 from gpupool.api.client import Client
+
+# the daemon benchmarks' start and stop, one directory up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from daemon_support import start_daemon, url
 
 MiB = 1 << 20
 TOLERANCE_POINTS = 5.0
@@ -209,7 +211,7 @@ def main() -> None:
         (root / "job.py").write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
         daemon = start_daemon(root, args.simulate)
         try:
-            with Client(daemon_url(root)) as client:
+            with Client(url(root)) as client:
                 alone = {p: run_step(client, root, (p,), args)[0] for p in ALONE}
                 pair = run_step(client, root, TOGETHER, args)
                 together = dict(zip(TOGETHER, pair, strict=True))

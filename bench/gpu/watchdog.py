@@ -28,9 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_daemon import daemon_url, start_daemon
-
 from gpupool.api.client import Client
+
+# the daemon benchmarks' start and stop, one directory up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from daemon_support import start_daemon, url
 
 GiB = 1 << 30
 WITHIN_S = 5.0
@@ -189,7 +191,7 @@ def main() -> None:
         (root / "job.py").write_text(JOB)
         daemon = start_daemon(root, args.simulate, "--watchdog", "kill")
         try:
-            with Client(daemon_url(root)) as client:
+            with Client(url(root)) as client:
                 reserve = int(client.call("GET", "/v1/node")["context_reserve"])
                 rows = [
                     escape_row(client, root, args, kind),
