@@ -63,6 +63,8 @@ static gp_priority priority;
 static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
 static gp_arb_dev devs[GP_MAX_DEVICES];
 static uint64_t my_start;
+/* getpid() is a system call (glibc no longer caches it) and the lease checks ask at every batch */
+static pid_t my_pid;
 
 void gp_arbiter_configure(const char *dir, gp_priority chosen) {
     arbiter_dir = dir;
@@ -137,7 +139,10 @@ static gp_arb_dev *ready(int dev) {
                               (unsigned char)uuid.bytes[i]);
             d->file = map_file(path);
             d->slot = -1;
-            if (my_start == 0) my_start = gp_proc_start_time(getpid());
+            if (my_start == 0) {
+                my_pid = getpid();
+                my_start = gp_proc_start_time(my_pid);
+            }
         }
         __atomic_store_n(&d->state, d->file != NULL ? 1 : -1, __ATOMIC_RELEASE);
     }
@@ -195,8 +200,8 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
     s->weight = weight;
     s->priority = priority;
     s->policy = (uint32_t)gp_region_policy();
-    s->pid = getpid();
-    if (f->holder_pid == getpid()) return 1;
+    s->pid = my_pid;
+    if (f->holder_pid == my_pid) return 1;
     const gp_arb_share *holder = &f->share[f->holder_slot % GP_ARB_SHARES];
     /* a high share takes the GPU from a low holder at once: the low one finds it gone at its
      * next slice, and what it has in flight then is one small slice */
@@ -212,7 +217,7 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
         /* a high share goes first; within a class, the earliest clock */
         if (is_low(o) < is_low(s) || (is_low(o) == is_low(s) && o->vtime < s->vtime)) return 0;
     }
-    f->holder_pid = getpid();
+    f->holder_pid = my_pid;
     f->holder_start = my_start;
     f->holder_slot = (uint32_t)me;
     f->granted_ns = f->last_launch_ns = f->busy_until_ns = now;
@@ -244,9 +249,12 @@ int gp_arbiter_should_yield(int dev, uint64_t now) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return 0;
     gp_arb_file *f = d->file;
-    if (__atomic_load_n(&f->holder_pid, __ATOMIC_RELAXED) != getpid()) return 0;
+    if (__atomic_load_n(&f->holder_pid, __ATOMIC_RELAXED) != my_pid) return 0;
     int low = priority == GP_PRIORITY_LOW;
     int expired = now >= __atomic_load_n(&f->granted_ns, __ATOMIC_RELAXED) + GP_LEASE_NS;
+    /* only a low holder yields before its lease is up: the others need not look (this runs at
+     * every batch of a busy share) */
+    if (!expired && !low) return 0;
     for (int i = 0; i < GP_ARB_SHARES; i++) {
         const gp_arb_share *o = &f->share[i];
         if (i == d->slot || !wants(o, now)) continue;
@@ -270,14 +278,28 @@ int gp_arbiter_high_active(int dev, uint64_t now) {
 
 int gp_arbiter_holds(int dev) {
     gp_arb_dev *d = ready(dev);
-    return d != NULL && __atomic_load_n(&d->file->holder_pid, __ATOMIC_RELAXED) == getpid();
+    return d != NULL && __atomic_load_n(&d->file->holder_pid, __ATOMIC_RELAXED) == my_pid;
 }
 
 void gp_arbiter_release(int dev) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
     lock(d->file);
-    if (d->file->holder_pid == getpid()) d->file->holder_pid = 0;
+    if (d->file->holder_pid == my_pid) d->file->holder_pid = 0;
+    pthread_mutex_unlock(&d->file->lock.mutex);
+}
+
+/* A share asleep for its cap has work it may not run yet: it stops wanting the GPU until it asks
+ * again, so that the others, a low share too, use the time it leaves (without this, a low share
+ * next to a capped share with no priority waited out the want window after its every batch) */
+void gp_arbiter_rest(int dev, uint64_t now) {
+    gp_arb_dev *d = ready(dev);
+    if (d == NULL || d->slot < 0 || now <= GP_WANT_NS) return;
+    lock(d->file);
+    gp_arb_share *s = &d->file->share[d->slot];
+    /* just outside every want window, and far from the idle and stale limits */
+    if (s->share_id == gp_region_share_id() && s->wanted_ns >= now - GP_WANT_NS)
+        s->wanted_ns = now - GP_WANT_NS - 1;
     pthread_mutex_unlock(&d->file->lock.mutex);
 }
 
@@ -313,8 +335,9 @@ void gp_arbiter_close(void) {
 void gp_arbiter_after_fork(void) {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     local_lock = fresh;
+    my_pid = getpid();
     my_start = 0;
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
-        if (devs[dev].state > 0) my_start = gp_proc_start_time(getpid());
+        if (devs[dev].state > 0) my_start = gp_proc_start_time(my_pid);
     }
 }

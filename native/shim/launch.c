@@ -23,12 +23,13 @@ enum { GP_LAUNCH_ENTRIES(GP_ENTRY_ENUM) GP_ENTRY_COUNT };
 #define GP_ENTRY_NAME(name) #name,
 static const char *const entry_names[GP_ENTRY_COUNT] = {GP_LAUNCH_ENTRIES(GP_ENTRY_NAME)};
 
-/* launches seen per entry point, and of them held (accounted to a compute share) */
-static uint64_t seen[GP_ENTRY_COUNT], held[GP_ENTRY_COUNT];
+/* launches per entry point, held (accounted to a compute share) or passed straight through:
+ * one atomic add a launch, seen = held + passed */
+static uint64_t held[GP_ENTRY_COUNT], passed[GP_ENTRY_COUNT];
 
 void gp_launch_after_fork(void) {
-    memset(seen, 0, sizeof seen);
     memset(held, 0, sizeof held);
+    memset(passed, 0, sizeof passed);
 }
 
 void gp_launch_report(void) {
@@ -36,11 +37,12 @@ void gp_launch_report(void) {
     char line[768];
     size_t len = 0;
     for (int i = 0; i < GP_ENTRY_COUNT; i++) {
-        uint64_t n = __atomic_load_n(&seen[i], __ATOMIC_RELAXED);
+        uint64_t n_held = __atomic_load_n(&held[i], __ATOMIC_RELAXED);
+        uint64_t n = n_held + __atomic_load_n(&passed[i], __ATOMIC_RELAXED);
         if (n == 0) continue;
         int m = snprintf(line + len, sizeof line - len, "%s %s %llu (%llu held)",
                          len ? "," : "", entry_names[i], (unsigned long long)n,
-                         (unsigned long long)__atomic_load_n(&held[i], __ATOMIC_RELAXED));
+                         (unsigned long long)n_held);
         if (m < 0 || (size_t)m >= sizeof line - len) break;
         len += (size_t)m;
     }
@@ -69,8 +71,9 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
         if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;                                  \
         gp_launch launch;                                                                     \
         gp_throttle_before(&launch, (stream), (ptsz));                                        \
-        __atomic_add_fetch(&seen[GP_ENTRY_##real_name], 1, __ATOMIC_RELAXED);                 \
-        if (launch.dev >= 0) __atomic_add_fetch(&held[GP_ENTRY_##real_name], 1, __ATOMIC_RELAXED); \
+        __atomic_add_fetch(launch.dev >= 0 ? &held[GP_ENTRY_##real_name]                      \
+                                           : &passed[GP_ENTRY_##real_name],                    \
+                           1, __ATOMIC_RELAXED);                                              \
         CUresult rc = real call;                                                              \
         gp_throttle_after(&launch, rc);                                                       \
         return rc;                                                                            \

@@ -40,14 +40,14 @@ uint64_t gp_memory_limit(int dev) {
 }
 
 /* The calling thread's context and its device, with the device cached per thread: one driver
- * call per allocation instead of two. A context handle may be reused for another device after a
+ * call per allocation or launch instead of two. A context handle may be reused for another device after a
  * context is destroyed, so teardown bumps a generation that invalidates every thread's cache. */
 static uint64_t context_generation;
 static __thread CUcontext cached_ctx;
 static __thread int cached_dev = -1;
 static __thread uint64_t cached_generation;
 
-static int current_device_and_context(uint64_t *ctx_out) {
+int gp_current_device_and_context(uint64_t *ctx_out) {
     __typeof__(&cuCtxGetCurrent) get_current = GP_REAL(cuCtxGetCurrent);
     __typeof__(&cuCtxGetDevice) get_device = GP_REAL(cuCtxGetDevice);
     CUcontext ctx = NULL;
@@ -67,7 +67,7 @@ static int current_device_and_context(uint64_t *ctx_out) {
 
 static int current_device(void) {
     uint64_t ctx;
-    return current_device_and_context(&ctx);
+    return gp_current_device_and_context(&ctx);
 }
 
 static void forget_context(uint64_t ctx) {
@@ -140,7 +140,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     __typeof__(&cuMemAlloc_v2) real = GP_REAL(cuMemAlloc_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize);
     settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
@@ -151,7 +151,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     __typeof__(&cuMemAllocManaged) real = GP_REAL(cuMemAllocManaged);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, flags);
     settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
@@ -166,7 +166,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
     __typeof__(&cuMemAllocPitch_v2) real = GP_REAL(cuMemAllocPitch_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     size_t padded =
         (WidthInBytes + GP_MAX_PITCH_ALIGN - 1) / GP_MAX_PITCH_ALIGN * GP_MAX_PITCH_ALIGN;
     uint64_t bound = (uint64_t)padded * Height;
@@ -191,7 +191,7 @@ static CUresult alloc_async(CUresult (*real)(CUdeviceptr *, size_t, CUstream), C
                             size_t bytesize, CUstream stream) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, stream);
     settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
@@ -211,7 +211,7 @@ static CUresult alloc_from_pool(CUresult (*real)(CUdeviceptr *, size_t, CUmemory
                                 CUstream stream) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, pool, stream);
     settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
@@ -280,7 +280,7 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
                                   .NumChannels = pAllocateArray->NumChannels};
     uint64_t bytes = array3d_bytes(&d3, 1);
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pAllocateArray);
     settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes,
@@ -294,7 +294,7 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
     if (pAllocateArray == NULL) return real(pHandle, pAllocateArray);
     uint64_t bytes = array3d_bytes(pAllocateArray, 1);
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pAllocateArray);
     settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_ARRAY, dev, bytes,
@@ -310,7 +310,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     if (pMipmappedArrayDesc == NULL) return real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     uint64_t bytes = array3d_bytes(pMipmappedArrayDesc, numMipmapLevels);
     uint64_t ctx = 0;
-    int dev = current_device_and_context(&ctx);
+    int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_MIPMAP, dev,

@@ -136,6 +136,8 @@ void *gp_real_dlsym(void *handle, const char *name);
 
 /* ---- memory.c ------------------------------------------------------------------------------ */
 
+/* the calling thread's current context (0: none) and its device (-1: none, or not one we track) */
+int gp_current_device_and_context(uint64_t *ctx_out);
 /* the share's effective limit on `dev` (clamped to the GPU's memory; 0 = none) */
 uint64_t gp_memory_limit(int dev);
 /* at exit: how many allocations were refused, when more than were logged */
@@ -170,6 +172,8 @@ int gp_arbiter_holds(int dev);
 /* a high-priority share asked for the GPU within the last 50 ms */
 int gp_arbiter_high_active(int dev, uint64_t now);
 void gp_arbiter_release(int dev);
+/* the share sleeps for its cap: it does not want the GPU until it next asks for the lease */
+void gp_arbiter_rest(int dev, uint64_t now);
 /* a launch of about `estimate_ns` of GPU time was queued at `now` */
 void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);
 /* the share's measured GPU time, on its virtual clock */

@@ -137,6 +137,8 @@ static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
             start = end_ns - busy;
         }
     } else if (b->launches > 0 && busy > 0) {
+        /* a batch that ended before the frontier (its time already counted, as when batches
+         * overlap) says nothing of its launches' length: it does not count here */
         uint64_t per_launch = busy / b->launches;
         t->avg_launch_ns = t->avg_launch_ns ? (3 * t->avg_launch_ns + per_launch) / 4 : per_launch;
         uint64_t target = t->avg_launch_ns ? GP_BATCH_NS / t->avg_launch_ns : 1;
@@ -213,6 +215,7 @@ static void wait_for_credit(gp_throttle *t) {
     }
     if (t->credit_ns >= 0) return;
     uint64_t since = gp_now_ns(), now = since;
+    gp_arbiter_rest(t->dev, since);
     while (t->credit_ns < 0) {
         uint64_t need = (uint64_t)(-t->credit_ns) * 100 / t->percent;
         gp_sleep_ns(need < GP_MAX_SLEEP_NS ? need : GP_MAX_SLEEP_NS);
@@ -245,18 +248,25 @@ static void take_turn(gp_throttle *t) {
     if (arbitrated) gp_arbiter_acquire(t->dev, t->percent);
 }
 
+/* the driver's entry points do not change once resolved: look once, not at every launch */
 static int events_available(void) {
-    return GP_REAL(cuEventCreate) && GP_REAL(cuEventRecord) && GP_REAL(cuEventQuery) &&
-           GP_REAL(cuEventSynchronize) && GP_REAL(cuEventElapsedTime);
+    static int known; /* 0 not yet, 1 yes, -1 no */
+    int state = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (state == 0) {
+        state = GP_REAL(cuEventCreate) && GP_REAL(cuEventRecord) && GP_REAL(cuEventQuery) &&
+                        GP_REAL(cuEventSynchronize) && GP_REAL(cuEventElapsedTime)
+                    ? 1
+                    : -1;
+        __atomic_store_n(&known, state, __ATOMIC_RELAXED);
+    }
+    return state > 0;
 }
 
 static int current_context_device(CUcontext *ctx) {
-    __typeof__(&cuCtxGetDevice) get_device = GP_REAL(cuCtxGetDevice);
-    __typeof__(&cuCtxGetCurrent) get_current = GP_REAL(cuCtxGetCurrent);
-    CUdevice dev = -1;
-    if (get_device == NULL || get_device(&dev) != CUDA_SUCCESS) return -1;
-    if (ctx != NULL && (get_current == NULL || get_current(ctx) != CUDA_SUCCESS)) return -1;
-    return dev >= 0 && dev < GP_MAX_DEVICES ? dev : -1;
+    uint64_t handle = 0;
+    int dev = gp_current_device_and_context(&handle);
+    *ctx = (CUcontext)(uintptr_t)handle;
+    return dev;
 }
 
 /* the device of a launch made while no context is current on the calling thread (a runtime may
@@ -299,7 +309,6 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     uint32_t percent = gp_region_compute_limit(dev);
     gp_throttle *t = &throttles[dev];
     if (percent >= 100 && gp_arbiter_priority() == GP_PRIORITY_UNSET) return;
-    if (capturing(stream, is_ptsz)) return;
     pthread_mutex_lock(&t->lock);
     if (t->ctx != ctx) {
         /* another context: our events belong to the old one; forget them */
@@ -322,6 +331,12 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
         close_batch(t, 1);
     }
     if (!t->open) {
+        /* asked when a batch opens, not at every launch: a capture that begins on the stream of
+         * an open batch is found when the batch closes, which then records nothing */
+        if (capturing(stream, is_ptsz)) {
+            pthread_mutex_unlock(&t->lock);
+            return;
+        }
         take_turn(t);
         t->open = 1;
         t->stream = stream;

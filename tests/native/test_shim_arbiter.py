@@ -247,3 +247,30 @@ def test_a_high_request_loop_keeps_its_latency_and_the_low_share_uses_its_gaps(
         if tail_holds or attempt == ATTEMPTS - 1:
             break
     assert tail_holds, (high, alone)
+
+
+def test_a_low_share_uses_what_a_capped_share_without_priority_leaves(
+    client: Path, tmp_path: Path
+) -> None:
+    """A share asleep for its cap does not want the GPU: a low share next to it gets the rest."""
+    node = make_node(tmp_path / "node")
+    base = throughput(run_client(client, shim_env(node), "run", SECONDS, "kernel"))
+    results: dict[str, Result] = {}
+
+    def one(name: str, **settings: str) -> None:
+        env = shim_env(node, SHARED_REGION=str(tmp_path / name), **settings)
+        results[name] = run_client(client, env, "run", SECONDS, "kernel")
+
+    threads = [
+        threading.Thread(target=one, args=("capped",), kwargs={"COMPUTE_LIMIT": "30"}),
+        threading.Thread(
+            target=one, args=("low",), kwargs={"COMPUTE_LIMIT": "60", "COMPUTE_PRIORITY": "low"}
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    capped, low = (throughput(results[name]) / base for name in ("capped", "low"))
+    assert abs(capped - 0.30) <= TOLERANCE, (capped, low)
+    assert abs(low - 0.60) <= TOLERANCE, (capped, low)
