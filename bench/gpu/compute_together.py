@@ -42,6 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# sibling of this script: on sys.path when it runs
+from job_snippets import TORCH_MATMUL
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 TOLERANCE_POINTS = 5.0
@@ -49,16 +52,13 @@ LAUNCH_SHARE = 25
 LONG_KERNELS_MS = (20, 50, 200)
 PAIRS = ((30, 70), (10, 90), (25, 25, 25, 25))
 
-MATMUL = """
+MATMUL = (
+    """
 import json, sys, time
-import torch
 seconds = float(sys.argv[1])
-a = torch.randn(4096, 4096, device="cuda")
-b = torch.randn(4096, 4096, device="cuda")
-c = torch.empty_like(a)
-for _ in range(10):
-    torch.mm(a, b, out=c)
-torch.cuda.synchronize()
+"""
+    + TORCH_MATMUL
+    + """
 start = time.perf_counter()
 began = time.monotonic()
 count = 0
@@ -72,6 +72,7 @@ torch.cuda.synchronize()
 result = {"kernels": count, "seconds": time.perf_counter() - start}
 print("RESULT " + json.dumps(result | {"start": began, "end": time.monotonic(), "marks": marks}))
 """
+)
 
 REQUESTS = """
 import json, sys, time

@@ -31,25 +31,18 @@ from gpupool.api.client import Client
 # the daemon benchmarks' start and stop, one directory up
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from daemon_support import start_daemon, url
+from job_snippets import CTYPES_CONTEXT, CTYPES_FILL, TORCH_FILL
 
 MiB = 1 << 20
 CAP_HELD, CAP_BROKEN = 0, 3
 
-TORCH_JOB = """
+TORCH_JOB = (
+    """
 import json, sys, time
-import torch
 limit, hold = int(sys.argv[1]), float(sys.argv[2])
-chunks = []
-filled = 0
-while filled < limit - 256 * 2**20:
-    size = min(512 * 2**20, limit - 256 * 2**20 - filled)
-    chunks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-    filled += size
-try:
-    chunks.append(torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda"))
-    past = "allocated"
-except torch.cuda.OutOfMemoryError:
-    past = "OutOfMemoryError"
+"""
+    + TORCH_FILL
+    + """
 print("RESULT " + json.dumps({"filled": filled, "past": past}), flush=True)
 a = torch.randn(2048, 2048, device="cuda")
 end = time.monotonic() + hold
@@ -58,23 +51,21 @@ while time.monotonic() < end:
 torch.cuda.synchronize()
 sys.exit(0 if past == "OutOfMemoryError" else 3)
 """
+)
 
-CTYPES_JOB = """
-import ctypes, json, sys, time
+CTYPES_JOB = (
+    """
+import json, sys, time
 limit, hold = int(sys.argv[1]), float(sys.argv[2])
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
-assert cuda.cuInit(0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-filled = limit - 256 * 2**20
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(filled)) == 0
-rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(512 * 2**20))
-past = "OutOfMemoryError" if rc == 2 else "allocated"
+"""
+    + CTYPES_CONTEXT
+    + CTYPES_FILL
+    + """
 print("RESULT " + json.dumps({"filled": filled, "past": past}), flush=True)
 time.sleep(hold)
 sys.exit(0 if past == "OutOfMemoryError" else 3)
 """
+)
 
 
 def run(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], int]:

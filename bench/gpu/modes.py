@@ -39,6 +39,7 @@ from gpupool.api.client import Client
 # the daemon benchmarks' start and stop, one directory up
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from daemon_support import start_daemon, url
+from job_snippets import CTYPES_CONTEXT, CTYPES_FILL, TORCH_FILL, TORCH_MATMUL
 
 MiB = 1 << 20
 TOLERANCE_POINTS = 5.0
@@ -59,14 +60,8 @@ def wait_for_partners():
 
 TORCH_JOB = (
     BARRIER
+    + TORCH_MATMUL
     + """
-import torch
-a = torch.randn(4096, 4096, device="cuda")
-b = torch.randn(4096, 4096, device="cuda")
-c = torch.empty_like(a)
-for _ in range(10):
-    torch.mm(a, b, out=c)
-torch.cuda.synchronize()
 wait_for_partners()
 start = time.perf_counter()
 count = 0
@@ -77,31 +72,18 @@ while time.perf_counter() - start < seconds:
         torch.cuda.synchronize()
 torch.cuda.synchronize()
 rate = count / (time.perf_counter() - start)
-chunks = []
-filled = torch.cuda.memory_reserved()
-while filled < limit - 256 * 2**20:
-    size = min(512 * 2**20, limit - 256 * 2**20 - filled)
-    chunks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-    filled += size
-try:
-    chunks.append(torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda"))
-    past = "allocated"
-except torch.cuda.OutOfMemoryError:
-    past = "OutOfMemoryError"
+"""
+    + TORCH_FILL
+    + """
 print("RESULT " + json.dumps({"rate": rate, "filled": filled, "past": past}), flush=True)
 """
 )
 
 CTYPES_JOB = (
     BARRIER
+    + CTYPES_CONTEXT
     + """
-import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx, ptr, module, function = (ctypes.c_void_p(), ctypes.c_ulonglong(), ctypes.c_void_p(),
-                              ctypes.c_void_p())
-assert cuda.cuInit(0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+module, function = ctypes.c_void_p(), ctypes.c_void_p()
 assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
 assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"matmul") == 0
 wait_for_partners()
@@ -112,10 +94,9 @@ while time.perf_counter() - start < seconds:
     assert cuda.cuCtxSynchronize() == 0
     count += 1
 rate = count / (time.perf_counter() - start)
-filled = limit - 256 * 2**20
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(filled)) == 0
-rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(512 * 2**20))
-past = "OutOfMemoryError" if rc == 2 else "allocated"
+"""
+    + CTYPES_FILL
+    + """
 print("RESULT " + json.dumps({"rate": rate, "filled": filled, "past": past}), flush=True)
 """
 )

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,14 @@ from gpupool.api.client import Client
 # the daemon benchmarks' start and stop, one directory up
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from daemon_support import start_daemon, url
+from job_snippets import CTYPES_CONTEXT
 
 GiB = 1 << 30
 WITHIN_S = 5.0
 
 #: `job.py torch|ctypes parent|child|stranger GIB SECONDS [ESCAPE_GIB]`
-JOB = """
+JOB = (
+    """
 import ctypes, json, os, subprocess, sys, time
 kind, role, gib, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 size = int(gib * 2**30)
@@ -47,11 +50,9 @@ if kind == "torch":
     held = torch.empty(size, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
 else:
-    cuda = ctypes.CDLL("libcuda.so.1")
-    ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
-    assert cuda.cuInit(0) == 0
-    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-    assert cuda.cuCtxSetCurrent(ctx) == 0
+"""
+    + textwrap.indent(CTYPES_CONTEXT, "    ")
+    + """
     assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)) == 0
 print("HOLDING " + json.dumps({"role": role, "pid": os.getpid(), "at": time.time()}), flush=True)
 if role == "parent":
@@ -60,6 +61,7 @@ if role == "parent":
     sys.exit(subprocess.run(argv, env=env).returncode)
 time.sleep(seconds)
 """
+)
 
 
 def _holding(text: str, role: str) -> dict[str, Any] | None:

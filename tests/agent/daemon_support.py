@@ -7,15 +7,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.client import Client
 from gpupool.core.errors import DaemonError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CUDA_JOB = str(EXAMPLES / "cuda_job.py")
+
+#: one scrape of /metrics: each sample name's (labels, value) pairs
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+T = TypeVar("T")
 
 
 def cli(
@@ -118,3 +126,27 @@ class Daemon:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=30)
+
+
+def scrape(daemon: Daemon) -> Samples:
+    """One scrape of the daemon's /metrics, over its socket."""
+    transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
+    with httpx.Client(transport=transport, base_url="http://gpupool") as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+def until(check: Callable[[], T], timeout: float = 20.0) -> T:
+    """`check()`'s first truthy result, or its last one after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.2)

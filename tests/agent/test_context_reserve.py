@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
+from tests.agent.daemon_support import CUDA_JOB, Daemon, cli, scrape, until
 
 from gpupool.core.errors import Unschedulable
 from gpupool.core.units import GiB
@@ -43,6 +43,31 @@ def test_each_job_takes_its_share_and_the_reserve(reserved: Daemon) -> None:
     assert reserved.call("GET", "/v1/node")["gpus"][0]["memory_admitted"] == total
     reserved.call("POST", f"/v1/jobs/{first}/cancel")
     assert reserved.wait(third, ("running",))["state"] == "running"
+
+
+def test_an_exclusive_job_holds_the_whole_gpu_and_no_share_lands_beside_it(
+    reserved: Daemon,
+) -> None:
+    whole = reserved.submit([sys.executable, CUDA_JOB, "30"], mode="exclusive")
+    assert reserved.wait(whole, ("running",))["memory"] == 40 * GiB  # not net of the reserve
+    gpu = reserved.call("GET", "/v1/node")["gpus"][0]
+    assert (gpu["memory_admitted"], gpu["compute_admitted"]) == (40 * GiB, 1000)
+    shown = cli("ps", url=reserved.url, check=True).stdout.splitlines()
+    assert "40GiB" in next(line for line in shown if line.startswith(str(whole))).split()
+    described = cli("describe", str(whole), url=reserved.url, check=True).stdout
+    assert "1 GPU(s), 40GiB and 100% compute each, mode exclusive" in described
+    limits = scrape(reserved)["vGPU_device_memory_limit_in_bytes"]
+    assert [value for labels, value in limits if labels["job_id"] == str(whole)] == [40 * GiB]
+    gpus = ("gpus", "--node-dir", str(reserved.node_dir))
+    mark = f"job {whole}, 40GiB share"  # once the watchdog has seen its process
+    assert until(lambda: mark in cli(*gpus, url=reserved.url, check=True).stdout)
+    # the whole GPU is taken: even the smallest share waits for it
+    shared = reserved.submit(["true"], memory="1Mi", compute=10)
+    waiting = until(lambda: reserved.call("GET", f"/v1/jobs/{shared}")["waiting"])
+    assert "memory 1MiB needed, 0B free" in "\n".join(waiting)
+    assert reserved.job(shared)["state"] == "queued"
+    reserved.call("POST", f"/v1/jobs/{whole}/cancel")
+    assert reserved.wait(shared)["state"] == "succeeded"
 
 
 def test_a_share_that_leaves_no_room_for_its_context_never_fits(reserved: Daemon) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.node import free_now
 from gpupool.agent.queue import plan
-from gpupool.core.resources import Priority
+from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import GiB
 from gpupool.scheduler.gpus import GpuView
 
@@ -29,8 +30,6 @@ def node() -> tuple[GpuView, ...]:
 
 
 def free(running: list[Job]) -> tuple[GpuView, ...]:
-    from gpupool.agent.node import free_now
-
     return free_now(node(), running)
 
 
@@ -60,3 +59,15 @@ def test_without_a_blocked_head_nothing_is_held_back() -> None:
     running = [job(1, 500, at=0, gpus=(0,))]
     result = plan([job(2, 250, at=1), job(3, 250, at=2)], running, free(running), node(), "binpack")
     assert [(s.job.id, s.backfill) for s in result.starts] == [(2, False), (3, False)]
+
+
+def test_an_exclusive_job_is_admitted_the_whole_gpu_and_leaves_no_room() -> None:
+    reserve = GiB
+    capacity = (GpuView.idle(0, "A100", 39 * GiB),)  # a 40 GiB GPU less one context reserve
+    spec = JobSpec(("true",), mode=Mode.EXCLUSIVE)
+    whole = Job(1, spec, 0, "u", State.QUEUED, 1.0)
+    result = plan([whole, job(2, 10, at=2)], [], capacity, capacity, "binpack", reserve=reserve)
+    assert [(s.job.id, s.memory) for s in result.starts] == [(1, (40 * GiB,))]
+    running = [Job(1, spec, 0, "u", State.RUNNING, 1.0, (0,), (40 * GiB,), started_at=1.0)]
+    (gpu,) = free_now(capacity, running, reserve)
+    assert (gpu.memory_free, gpu.compute_free) == (0, 0)

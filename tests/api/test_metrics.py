@@ -4,48 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from tests.agent.daemon_support import CUDA_JOB, Daemon
+from tests.agent.daemon_support import CUDA_JOB, Daemon, Samples, scrape, until
 
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.api.metrics import AgentCollector
 from gpupool.core.units import GiB
 from gpupool.devices.factory import open_backend
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-T = TypeVar("T")
-
-
-def scrape(daemon: Daemon) -> Samples:
-    transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
-    with httpx.Client(transport=transport, base_url="http://gpupool") as client:
-        response = client.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    found: Samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
-
 
 def job_values(samples: Samples, name: str) -> dict[str, float]:
     return {labels["job_id"]: value for labels, value in samples.get(name, [])}
-
-
-def until(check: Callable[[], T], timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.2)
 
 
 def test_busy_jobs_show_their_use_and_share_and_vanish_when_they_end(daemon: Daemon) -> None:

@@ -253,7 +253,7 @@ class Agent:
         for cap, now in zip(self.capacity, free, strict=True):
             # shares and their context reserves, summed (free room clips at zero)
             admitted = sum(
-                memory + self.context_reserve
+                node.held(job.spec, memory, self.context_reserve)
                 for job in running
                 for index, memory in zip(job.gpus, job.memory, strict=False)
                 if index == cap.index

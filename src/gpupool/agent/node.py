@@ -4,7 +4,9 @@ Every process on a GPU also holds memory the interception library does not count
 context and loaded modules (about 480 MiB for PyTorch on an H100, measured). Admission therefore
 sets aside `reserve` bytes per job on each of its GPUs, on top of its share, so that shares that
 are admitted also fit physically: a GPU's capacity for shares is its memory less one reserve
-(the new job's own), and each running job takes its share plus a reserve.
+(the new job's own), and each running job takes its share plus a reserve. An exclusive job is
+the one exception: it has the whole GPU, so its share is all of the GPU's memory, its context's
+included, and no reserve is added on top (no other job's context will ever sit beside it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gpupool.agent.jobs import Job
+from gpupool.agent.jobs import Job, JobSpec
+from gpupool.core.resources import Mode
 from gpupool.core.units import MiB
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.scheduler.gpus import GpuView
@@ -36,11 +39,24 @@ def capacity(snapshot: NodeSnapshot, reserve: int = 0) -> tuple[GpuView, ...]:
     )
 
 
+def share_on(spec: JobSpec, gpu: GpuView, reserve: int) -> int:
+    """Bytes admitted to `spec` on `gpu` (a view of `capacity()`'s, less one reserve): its share
+    of that room, or for an exclusive job the whole GPU, the reserve given back."""
+    share = spec.request().memory_on(gpu)
+    return share + reserve if spec.mode is Mode.EXCLUSIVE else share
+
+
+def held(spec: JobSpec, share: int, reserve: int) -> int:
+    """Bytes a job admitted `share` on a GPU holds there: its share and one context reserve;
+    an exclusive job's share is already the whole GPU."""
+    return share if spec.mode is Mode.EXCLUSIVE else share + reserve
+
+
 def free_now(
     gpus: Sequence[GpuView], running: Sequence[Job], reserve: int = 0
 ) -> tuple[GpuView, ...]:
     """`gpus` less the compute and memory admitted to `running`, each job's memory with its
-    `reserve` (never below zero)."""
+    reserve (`held`, never below zero)."""
     compute = {gpu.index: gpu.compute_free for gpu in gpus}
     memory = {gpu.index: gpu.memory_free for gpu in gpus}
     for job in running:
@@ -48,7 +64,7 @@ def free_now(
         for index, taken in zip(job.gpus, job.memory, strict=False):
             if index in compute:
                 compute[index] = max(0, compute[index] - request.compute)
-                memory[index] = max(0, memory[index] - taken - reserve)
+                memory[index] = max(0, memory[index] - held(job.spec, taken, reserve))
     return tuple(
         replace(gpu, compute_free=compute[gpu.index], memory_free=memory[gpu.index]) for gpu in gpus
     )

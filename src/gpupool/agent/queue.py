@@ -8,8 +8,9 @@ GPU's other occupants have ended; or could never use that GPU at all (its model,
 larger than the GPU). So a backfilled job never takes room that a job ahead of it waits for:
 a blocked job waits only for what was already running when it was submitted.
 
-Memory a job takes on a GPU is its share plus the node's context reserve (agent/node.py); the
-GPUs passed in already leave one reserve aside for the job being placed.
+Memory a job takes on a GPU is its share plus the node's context reserve, an exclusive job's the
+whole GPU (agent/node.py); the GPUs passed in already leave one reserve aside for the job being
+placed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpupool.agent.jobs import PRIORITY_RANK, Job
+from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec
+from gpupool.agent.node import held, share_on
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.gpu_placement import Target, gpu_shortfalls, place
 from gpupool.scheduler.gpus import GpuRequest, GpuView, take
@@ -67,23 +69,26 @@ def _taken_by(jobs: Sequence[Job], reserve: int) -> list[_Taken]:
         compute = job.spec.request().compute
         started = job.started_at if job.started_at is not None else math.inf
         for gpu, memory in zip(job.gpus, job.memory, strict=False):
-            taken.append(_Taken(gpu, started, _order(job), compute, memory + reserve))
+            taken.append(
+                _Taken(gpu, started, _order(job), compute, held(job.spec, memory, reserve))
+            )
     return taken
 
 
 def _delays(
     blocked: Sequence[Job],
     gpu: GpuView,
-    request: GpuRequest,
+    spec: JobSpec,
     taken: Sequence[_Taken],
     reserve: int,
 ) -> int | None:
-    """The id of a blocked job that `request` on `gpu` would delay, or None.
+    """The id of a blocked job that `spec` on `gpu` would delay, or None.
 
     A blocked job waits only for what ran before it was submitted and for jobs ahead of it:
-    room on `gpu` taken by jobs behind it started since (backfills), plus `request`, must still
+    room on `gpu` taken by jobs behind it started since (backfills), plus `spec`'s, must still
     leave room for it there.
     """
+    request = spec.request()
     for job in blocked:
         ahead = job.spec.request()
         if _never_uses(ahead, gpu):
@@ -94,7 +99,7 @@ def _delays(
             if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > _order(job)
         ]
         compute = request.compute + sum(t.compute for t in later)
-        memory = request.memory_on(gpu) + reserve + sum(t.memory for t in later)
+        memory = held(spec, share_on(spec, gpu, reserve), reserve) + sum(t.memory for t in later)
         if compute > MILLI_PER_GPU or memory > gpu.memory_total:
             return job.id
         beside = replace(
@@ -141,15 +146,15 @@ def plan(
             waiting[job.id] = tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
             continue
-        delayed = [_delays(blocked, by_index[g], request, taken, reserve) for g in result.gpus]
+        delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
         victim = next((d for d in delayed if d is not None), None)
         if victim is not None:
             waiting[job.id] = (f"it fits now, but would delay job {victim} queued ahead of it",)
             blocked.append(job)
             continue
-        memory = tuple(request.memory_on(by_index[g]) for g in result.gpus)
+        memory = tuple(share_on(job.spec, by_index[g], reserve) for g in result.gpus)
         taken.extend(
-            _Taken(g, math.inf, _order(job), request.compute, m + reserve)
+            _Taken(g, math.inf, _order(job), request.compute, held(job.spec, m, reserve))
             for g, m in zip(result.gpus, memory, strict=True)
         )
         views = _less_reserve(take(views, request, result.gpus), result.gpus, reserve)
