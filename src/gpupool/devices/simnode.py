@@ -332,12 +332,6 @@ def _slots(start: int, size: int) -> str:
     return f"slot {start}" if size == 1 else f"slots {start}-{start + size - 1}"
 
 
-def _describe_layout(gpu: SimGpu) -> str:
-    return (
-        ", ".join(f"{i.profile} at {_slots(i.start, i.size)}" for i in gpu.instances) or "nothing"
-    )
-
-
 def _gpus_of(data: dict[str, Any]) -> list[SimGpu]:
     return [_gpu_from_json(g) for g in data["gpus"]]
 

@@ -10,7 +10,6 @@ from gpupool.core.errors import NativeLibraryError
 
 NATIVE_DIR = Path(__file__).resolve().parent.parent / "_native"
 SHIM_LIBRARY = "libgpupool-cuda.so"
-SIM_DRIVER_LIBRARY = "libgpupool-simcuda.so"
 SIM_DIR = "sim"
 SIM_DRIVER_NAME = "libcuda.so.1"
 _FIX = "run `make native` in the source tree, or reinstall gpupool"

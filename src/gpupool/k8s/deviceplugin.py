@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 PLUGIN_SOCKET = "gpupool.sock"
-DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
 

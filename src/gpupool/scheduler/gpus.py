@@ -48,10 +48,6 @@ class GpuView:
         """A GPU with nothing admitted on it."""
         return cls(index, model, memory_total, memory_total, MILLI_PER_GPU, healthy)
 
-    @property
-    def is_idle(self) -> bool:
-        return self.compute_free == MILLI_PER_GPU and self.memory_free == self.memory_total
-
 
 @dataclass(frozen=True)
 class GpuRequest:

@@ -69,7 +69,6 @@ class ClusterState:
         self.mem_capacity: IntArray = np.array([x.host_memory for x in self.nodes], np.int64)
         self.gpu_capacity: IntArray = self.gpu_count * MILLI_PER_GPU
         slots = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
-        self.gpu_present: BoolArray = slots
         self.cpu_free: IntArray = self.cpu_capacity.copy()
         self.mem_free: IntArray = self.mem_capacity.copy()
         self.gpu_free: IntArray = np.where(slots, MILLI_PER_GPU, NO_GPU).astype(np.int64)
