@@ -256,7 +256,7 @@ uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
     start = start > now ? start : now;
     if (self != NULL && self->mps_end_ns > start) /* its own earlier work, and any delay */
         start = self->mps_end_ns;
-    static sim_mps_busy busy[GPUPOOL_SIM_MAX_PROCS]; /* under the driver lock */
+    sim_mps_busy busy[GPUPOOL_SIM_MAX_PROCS];
     int count = 0;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         const gpupool_sim_proc *p = sim_proc((int)s);

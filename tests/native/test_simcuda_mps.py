@@ -147,6 +147,21 @@ def test_a_normal_client_beside_a_below_normal_one_with_long_kernels_is_as_fast_
     assert equal_low["requests"] > 0
 
 
+def test_the_control_daemons_environment_sets_the_default_client_priority(tmp_path: Path) -> None:
+    below = Twin(tmp_path / "pipe", tmp_path / "log")
+    start = [*mps_twin.command(), "-d"]
+    env = dict(os.environ, **below.env, CUDA_MPS_CLIENT_PRIORITY="1")
+    assert subprocess.run(start, env=env, timeout=30, check=False).returncode == 0
+    try:
+        assert below.ask("get_default_client_priority") == "1\n"
+    finally:
+        below.run(stdin="quit\n")
+    env["CUDA_MPS_CLIENT_PRIORITY"] = "low"
+    assert subprocess.run(start, env=env, timeout=30, check=False).returncode == 1
+    last = (below.log / "control.log").read_text().splitlines()[-1]
+    assert "Failed to start: CUDA_MPS_CLIENT_PRIORITY 'low' is not 0 (normal) or 1" in last
+
+
 def test_a_client_priority_is_0_or_1(sim_dir: Path, node: Path, twin: Twin) -> None:
     assert "not 0 (normal) or 1 (below normal)" in twin.ask("set_default_client_priority 2")
     env = sim_env(sim_dir, node, **twin.env, CUDA_MPS_CLIENT_PRIORITY="high")

@@ -111,13 +111,13 @@ class Server:
 class Control:
     """The daemon's state: its servers (one per user), defaults, and the commands on them."""
 
-    def __init__(self, pipe_dir: Path, log_dir: Path) -> None:
+    def __init__(self, pipe_dir: Path, log_dir: Path, default_priority: str) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.servers: dict[int, Server] = {}
         self.default_percent = 100.0
         self.default_pinned: dict[int, str] = {}
-        self.default_priority = _client_priority(os.environ.get("CUDA_MPS_CLIENT_PRIORITY") or "0")
+        self.default_priority = default_priority
         self.quitting = False
 
     def log(self, message: str) -> None:
@@ -251,11 +251,15 @@ def serve(ready_fd: int | None = None) -> int:
     """Run the control daemon until `quit` (or SIGTERM)."""
     pipe_dir, log_dir = _dirs()
     try:
-        control = Control(pipe_dir, log_dir)
+        priority = _client_priority(os.environ.get("CUDA_MPS_CLIENT_PRIORITY") or "0")
     except ValueError as err:
         message = f"CUDA_MPS_CLIENT_PRIORITY {err}"
+        with contextlib.suppress(OSError):
+            log_dir.mkdir(parents=True, exist_ok=True)
+        _log(log_dir, "control.log", f"Failed to start: {message}")
         print(f"nvidia-cuda-mps-control (simulated): {message}", file=sys.stderr)
         return 1
+    control = Control(pipe_dir, log_dir, priority)
     address = pipe_dir / "control"
     try:
         pipe_dir.mkdir(parents=True, exist_ok=True)
