@@ -4,6 +4,8 @@ Two jobs through a real `gpupool serve --simulate` in `--mode mps`, 30 % and 70 
 each alone and then together; the control daemon is gpupool's twin, the kernels run on the
 simulated driver, which gives an MPS client its percentage of the SMs and runs clients of one
 server at once. Target (issue 10): each of the pair within 5 points of the same percentage alone.
+Then the priority pair: a `high` 50 % request loop alone, beside a busy `low` 50 % job of two
+long-kernel clients, and beside the same job at `high`; the low job's share of its rate alone.
 
     make -C native && PYTHONPATH=src python bench/modes.py --out docs/benchmarks/modes-sim.md
 """

@@ -1,4 +1,4 @@
-"""MPS mode on a real GPU: two PyTorch jobs through the node daemon with 30 % and 70 % of the SMs.
+"""MPS mode on a real GPU: PyTorch jobs through the node daemon, 30 % + 70 %, then high beside low.
 
 A `gpupool serve` (state in a temporary directory) runs every job in `--mode mps` on GPU 0, so
 it starts GPU 0's MPS control daemon itself, with its own pipe and log directories under that
@@ -13,6 +13,12 @@ Target (issue 10): each job of the pair within 5 points (of the 100 % job's thro
 the same percentage gives alone. It never changes the GPU's compute mode, MIG mode, clocks or
 limits; MIG is not checked here. Writes a markdown table to --out.
 
+Then the priority pair, measured and recorded (no target): a `high` 50 % job's request loop
+(one 1024^2 matmul and a synchronize per request) alone, beside a busy `low` 50 % job of
+`--low-clients` processes of 4096^2 matmul loops (each process is an MPS client with the job's
+50 %, so together they oversubscribe the SMs), and beside the same job at `high` (no
+priorities); and the low job alone, for its share of the GPU beside the request loop.
+
     make -C native && PYTHONPATH=src python bench/gpu/modes.py --out modes-gpu.md
     PYTHONPATH=src python bench/gpu/modes.py --simulate 1xH100-80GB --out /tmp/dry.md
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -79,6 +86,96 @@ print("RESULT " + json.dumps({"rate": rate, "filled": filled, "past": past}), fl
 """
 )
 
+# the priority pair's jobs: argv seconds, barrier directory, processes to wait for
+REQUESTS_TORCH = (
+    BARRIER
+    + """
+import torch
+a = torch.randn(1024, 1024, device="cuda")
+b = torch.randn(1024, 1024, device="cuda")
+c = torch.empty_like(a)
+def request():
+    torch.mm(a, b, out=c)
+    torch.cuda.synchronize()
+"""
+)
+REQUESTS_CTYPES = (
+    BARRIER
+    + """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"request") == 0
+def request():  # 2 ms on the whole simulated GPU
+    assert cuda.cuLaunchKernel(function, 512, 1, 1, 128, 1, 1, 0, None, None, None) == 0
+    assert cuda.cuCtxSynchronize() == 0
+"""
+)
+REQUEST_LOOP = """
+for _ in range(10):
+    request()
+wait_for_partners()
+latencies = []
+start = time.perf_counter()
+while (began := time.perf_counter()) - start < seconds:
+    request()
+    latencies.append((time.perf_counter() - began) * 1000)
+latencies.sort()
+rate = len(latencies) / (time.perf_counter() - start)
+p50, p99 = (latencies[min(len(latencies) - 1, int(f * len(latencies)))] for f in (0.5, 0.99))
+print("RESULT " + json.dumps({"rate": rate, "p50_ms": p50, "p99_ms": p99}), flush=True)
+"""
+LONG_TORCH = (
+    BARRIER
+    + """
+import torch
+a = torch.randn(4096, 4096, device="cuda")
+b = torch.randn(4096, 4096, device="cuda")
+c = torch.empty_like(a)
+def kernel():
+    torch.mm(a, b, out=c)
+def synchronize():
+    torch.cuda.synchronize()
+"""
+)
+LONG_CTYPES = (
+    BARRIER
+    + """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"long") == 0
+def kernel():  # 50 ms on the whole simulated GPU
+    assert cuda.cuLaunchKernel(function, 12800, 1, 1, 128, 1, 1, 0, None, None, None) == 0
+def synchronize():
+    assert cuda.cuCtxSynchronize() == 0
+"""
+)
+LONG_LOOP = """
+for _ in range(3):
+    kernel()
+synchronize()
+wait_for_partners()
+start = time.perf_counter()
+count = 0
+while time.perf_counter() - start < seconds:
+    kernel()
+    count += 1
+    if count % 4 == 0:
+        synchronize()
+synchronize()
+print("RESULT " + json.dumps({"rate": count / (time.perf_counter() - start)}), flush=True)
+"""
+PAIR_PERCENT = 50
+
 CTYPES_JOB = (
     BARRIER
     + CTYPES_CONTEXT
@@ -102,34 +199,66 @@ print("RESULT " + json.dumps({"rate": rate, "filled": filled, "past": past}), fl
 )
 
 
+def submit(
+    client: Client, root: Path, argv: list[str], percent: int, args: Any, **extra: Any
+) -> int:
+    passed_env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
+    body = {
+        "argv": argv,
+        "mode": "mps",
+        "compute": percent,
+        "memory": f"{args.memory_gib}GiB",
+        "name": f"mps-{percent}",
+        "gpu_models": [],
+        "env": passed_env,
+        "workdir": str(root),
+        **extra,
+    }
+    return int(client.call("POST", "/v1/jobs", json=body)["job"]["id"])
+
+
+def finish(client: Client, job_id: int) -> dict:
+    """The ended job and its RESULT lines (one per process that printed one)."""
+    while (job := client.call("GET", f"/v1/jobs/{job_id}"))["state"] in ("queued", "running"):
+        time.sleep(0.2)
+    out = client.call("GET", f"/v1/jobs/{job_id}/logs")["data"]
+    results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    return {"job": job, "results": results, "result": results[0] if results else {}}
+
+
 def run_step(client: Client, root: Path, percents: tuple[int, ...], args: Any) -> list[dict]:
     """Jobs with `percents` at once (each waits for the others); each one's job and result."""
     barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=root))
-    passed_env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
     ids = []
     for percent in percents:
         argv = [str(args.seconds), str(barrier), str(len(percents)), str(args.memory_gib << 30)]
-        body = {
-            "argv": [sys.executable, str(root / "job.py"), *argv],
-            "mode": "mps",
-            "compute": percent,
-            "memory": f"{args.memory_gib}GiB",
-            "name": f"mps-{percent}",
-            "gpu_models": [],
-            "env": passed_env,
-            "workdir": str(root),
-        }
-        ids.append(client.call("POST", "/v1/jobs", json=body)["job"]["id"])
-    rows = []
-    for job_id in ids:
-        while (job := client.call("GET", f"/v1/jobs/{job_id}"))["state"] in ("queued", "running"):
-            time.sleep(0.2)
-        out = client.call("GET", f"/v1/jobs/{job_id}/logs")["data"]
-        result = next(
-            (json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), {}
+        ids.append(
+            submit(client, root, [sys.executable, str(root / "job.py"), *argv], percent, args)
         )
-        rows.append({"job": job, "result": result})
-    return rows
+    return [finish(client, job_id) for job_id in ids]
+
+
+def priority_step(client: Client, root: Path, requests: bool, low: str | None, args: Any) -> dict:
+    """The high request loop (when `requests`) and the long-kernel job at priority `low` (when
+    not None) at once; the rate and latencies of each that ran."""
+    barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=root))
+    processes = (1 if requests else 0) + (args.low_clients if low is not None else 0)
+    tail = f"{args.seconds} {barrier} {processes} 0"
+    ids = {}
+    if low is not None:
+        one = shlex.join([sys.executable, str(root / "long.py"), *tail.split()])
+        script = " & ".join([one] * args.low_clients) + "; wait"
+        ids["low"] = submit(client, root, ["sh", "-c", script], PAIR_PERCENT, args, priority=low)
+    if requests:
+        argv = [sys.executable, str(root / "requests.py"), *tail.split()]
+        ids["high"] = submit(client, root, argv, PAIR_PERCENT, args, priority="high")
+    ended = {name: finish(client, job_id) for name, job_id in ids.items()}
+    row: dict[str, Any] = {}
+    if "high" in ended:
+        row.update(ended["high"]["result"])
+    if "low" in ended:
+        row["low_rate"] = sum(r.get("rate", 0.0) for r in ended["low"]["results"])
+    return row
 
 
 def quit_control_daemons(root: Path, simulated: bool) -> None:
@@ -180,27 +309,71 @@ def table(alone: dict[int, dict], together: dict[int, dict], args: Any) -> tuple
     return "\n".join(lines) + "\n", passed
 
 
+def priority_table(steps: dict[str, dict], args: Any) -> str:
+    low_alone = steps["low alone"].get("low_rate", 0.0) or float("nan")
+    lines = [
+        "",
+        f"Priority pair: a `high` {PAIR_PERCENT} % request loop beside a `low` {PAIR_PERCENT} % "
+        f"job of {args.low_clients} long-kernel clients (MPS client priority 0 and 1); "
+        "requests/s and latency per request in ms, the low job's kernels/s over its clients",
+        "",
+        "| step | requests/s | p50 | p99 | low job kernels/s | low job, % of alone |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in steps.items():
+        cells = [name]
+        if "rate" in row:
+            cells += [f"{row['rate']:.1f}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}"]
+        else:
+            cells += ["", "", ""]
+        if "low_rate" in row:
+            cells += [f"{row['low_rate']:.1f}", f"{row['low_rate'] * 100 / low_alone:.0f}"]
+        else:
+            cells += ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PRIORITY_STEPS = (
+    ("high alone", True, None),
+    ("low alone", False, "low"),
+    ("high beside low", True, "low"),
+    ("high beside the same job at high (no priorities)", True, "high"),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="markdown file to write")
     parser.add_argument("--simulate", metavar="SPEC", help="dry run on a simulated node")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds each job measures")
     parser.add_argument("--memory-gib", type=int, default=8, help="memory share per job, GiB")
+    parser.add_argument(
+        "--low-clients", type=int, default=2, help="processes of the priority pair's low job"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpupool-gpu-modes-") as tmp:
         root = Path(tmp)
         (root / "job.py").write_text(CTYPES_JOB if args.simulate else TORCH_JOB)
+        requests = REQUESTS_CTYPES if args.simulate else REQUESTS_TORCH
+        (root / "requests.py").write_text(requests + REQUEST_LOOP)
+        (root / "long.py").write_text((LONG_CTYPES if args.simulate else LONG_TORCH) + LONG_LOOP)
         daemon = start_daemon(root, args.simulate)
         try:
             with Client(url(root)) as client:
                 alone = {p: run_step(client, root, (p,), args)[0] for p in ALONE}
                 pair = run_step(client, root, TOGETHER, args)
                 together = dict(zip(TOGETHER, pair, strict=True))
+                steps = {
+                    name: priority_step(client, root, requests_on, low, args)
+                    for name, requests_on, low in PRIORITY_STEPS
+                }
         finally:
             daemon.terminate()
             daemon.wait()
             quit_control_daemons(root, bool(args.simulate))
     text, passed = table(alone, together, args)
+    text += priority_table(steps, args)
     args.out.write_text(text)
     print(text)
     sys.exit(0 if passed else 1)

@@ -84,7 +84,11 @@ typedef struct {
     uint64_t memory_used;    /* 16 bytes this process holds on this GPU */
     uint64_t busy_ns;        /* 24 cumulative simulated kernel time of this process here */
     uint64_t last_launch_ns; /* 32 CLOCK_MONOTONIC ns of its latest launch */
-    uint8_t reserved[24];    /* 40 */
+    /* the driver's own, for an MPS client (zero otherwise, and in state files of before) */
+    uint64_t mps_end_ns;     /* 40 CLOCK_MONOTONIC ns at which its queued kernels end */
+    uint32_t mps_percent;    /* 48 its active thread percentage */
+    uint32_t mps_priority;   /* 52 its client priority: 0 normal, 1 below normal */
+    uint8_t reserved[8];     /* 56 */
 } gpupool_sim_proc;
 
 #endif /* GPUPOOL_SIMSTATE_H */

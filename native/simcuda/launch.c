@@ -428,15 +428,14 @@ static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const u
         return SIM_LOST_ERROR;
     uint64_t duration = sim_kernel_duration_ns(threads);
     if (!sim_mps_active()) {
-        sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration, duration, 0);
+        sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration);
         return CUDA_SUCCESS;
     }
-    /* an MPS client's kernel gets its active thread percentage of the SMs: it takes that much
-     * longer, and runs beside the other clients' kernels instead of taking turns with them */
+    /* an MPS client's kernel runs beside the other clients' kernels on its share of the SMs,
+     * instead of taking turns with them (mps.c) */
     if (sim_mps_server_gone())
         return CUDA_ERROR_MPS_SERVER_NOT_READY;
-    sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration * 100 / sim_mps_percent(),
-                       duration, 1);
+    sim_mps_queue(st->ctx->gpu, &st->last_end_ns, duration);
     return CUDA_SUCCESS;
 }
 

@@ -115,8 +115,10 @@ gpupool_sim_proc *sim_slot_locked(int phys);
 int sim_reclaim_dead_locked(void);
 CUresult sim_memory_reserve(int phys, size_t size);
 void sim_memory_release(int phys, size_t size);
-uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t busy_ns,
-                            int concurrent);
+gpupool_sim_proc *sim_proc(int slot);
+uint64_t sim_on_device_ns(int phys, uint64_t duration_ns);
+void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now);
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
 void sim_complain(const char *fmt, const char *arg);
 uint64_t sim_kernel_duration_ns(uint64_t threads);
 
@@ -145,8 +147,8 @@ void sim_host_release_ctx(sim_ctx *ctx);
 /* mps.c: the client side of MPS, served by gpupool's twin of the control daemon */
 CUresult sim_mps_connect(void);
 int sim_mps_active(void);
-unsigned sim_mps_percent(void);
 int sim_mps_server_gone(void);
+uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
 int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size);
 
 /* launch.c */

@@ -81,7 +81,7 @@ static int sim_device_exists(int phys)
     return sim_gpu(phys)->mig_parent != 0;
 }
 
-static gpupool_sim_proc *sim_proc(int slot)
+gpupool_sim_proc *sim_proc(int slot)
 {
     return (gpupool_sim_proc *)(g_sim.map + GPUPOOL_SIM_PROCS_OFFSET +
                                 (size_t)slot * GPUPOOL_SIM_PROC_RECORD_SIZE);
@@ -289,37 +289,44 @@ uint64_t sim_kernel_duration_ns(uint64_t threads)
     return (uint64_t)((unsigned __int128)threads * g_sim.dur_num / g_sim.dur_den);
 }
 
-/* Queues `duration_ns` of work after the stream's last work; `busy_ns` of it is the GPU's
- * (SM time). A time-sliced kernel also waits for the GPU's last work (one kernel at a time per
- * GPU across all processes); an MPS client's kernel runs on its own SMs, beside the others'.
- * Returns the work's end time. */
-uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t busy_ns,
-                            int concurrent)
+/* The same grid takes longer on a MIG instance, which has a slice of its GPU's SMs. */
+uint64_t sim_on_device_ns(int phys, uint64_t duration_ns)
 {
-    sim_driver_lock();
-    gpupool_sim_gpu *rec = sim_gpu(phys);
-    if (phys >= (int)GPUPOOL_SIM_MAX_GPUS && rec->sm_count > 0) {
-        /* a MIG instance has a slice of its GPU's SMs: the same grid takes longer there */
-        uint32_t gpu_sms = sim_gpu(sim_parent_of(phys))->sm_count;
-        duration_ns = (uint64_t)((unsigned __int128)duration_ns * gpu_sms / rec->sm_count);
-    }
-    uint64_t now = sim_now_ns();
-    uint64_t start = now;
-    if (!concurrent && rec->busy_until_ns > start)
-        start = rec->busy_until_ns;
-    uint64_t stream_last = __atomic_load_n(stream_end, __ATOMIC_ACQUIRE);
-    if (stream_last > start)
-        start = stream_last;
-    uint64_t end = start + duration_ns;
-    if (!concurrent)
-        rec->busy_until_ns = end;
-    rec->busy_ns_total += busy_ns;
-    __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);
-    gpupool_sim_proc *slot = sim_slot_locked(phys);
+    const gpupool_sim_gpu *rec = sim_gpu(phys);
+    if (phys < (int)GPUPOOL_SIM_MAX_GPUS || rec->sm_count == 0)
+        return duration_ns;
+    uint32_t gpu_sms = sim_gpu(sim_parent_of(phys))->sm_count;
+    return (uint64_t)((unsigned __int128)duration_ns * gpu_sms / rec->sm_count);
+}
+
+/* Charges `busy_ns` of SM time to the GPU and to this process's slot (taken under the lock). */
+void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now)
+{
+    sim_gpu(phys)->busy_ns_total += busy_ns;
     if (slot != NULL) {
         slot->busy_ns += busy_ns;
         slot->last_launch_ns = now;
     }
+}
+
+/* Queues `duration_ns` of work after the stream's last work and the GPU's last work: one kernel
+ * at a time per GPU across all processes, as a time-sliced GPU runs them (MPS clients: mps.c).
+ * Returns the work's end time. */
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
+{
+    sim_driver_lock();
+    gpupool_sim_gpu *rec = sim_gpu(phys);
+    uint64_t now = sim_now_ns();
+    uint64_t start = now;
+    if (rec->busy_until_ns > start)
+        start = rec->busy_until_ns;
+    uint64_t stream_last = __atomic_load_n(stream_end, __ATOMIC_ACQUIRE);
+    if (stream_last > start)
+        start = stream_last;
+    uint64_t end = start + sim_on_device_ns(phys, duration_ns);
+    rec->busy_until_ns = end;
+    __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);
+    sim_charge_locked(phys, sim_slot_locked(phys), duration_ns, now);
     sim_driver_unlock();
     return end;
 }

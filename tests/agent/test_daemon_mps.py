@@ -5,6 +5,7 @@ will not start."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
+from tests.agent.daemon_support import CUDA_JOB, EXAMPLES, Daemon, cli
 from tests.agent.test_daemon_recovery import _as_user, open_daemon
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
@@ -25,16 +26,30 @@ from gpupool.devices import mps_twin
 __all__ = ["open_daemon"]  # the fixture: a daemon other users can reach
 
 
+@contextlib.contextmanager
+def simulated_node(root: Path, spec: str) -> Iterator[Daemon]:
+    running = Daemon(root, spec).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        _kill_jobs(running)
+        for pipe in running.state_dir.glob("mps/*/pipe"):  # leave no control daemon behind
+            env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
+            quit_twin = mps_twin.command()
+            subprocess.run(quit_twin, input="quit\n", text=True, env=env, timeout=30, check=False)
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "2xA100-40GB").start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
-    for pipe in running.state_dir.glob("mps/*/pipe"):  # leave no control daemon behind
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
-        quit_twin = mps_twin.command()
-        subprocess.run(quit_twin, input="quit\n", text=True, env=env, timeout=30, check=False)
+    with simulated_node(tmp_path, "2xA100-40GB") as running:
+        yield running
+
+
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
+    with simulated_node(tmp_path, "1xH100-80GB") as running:
+        yield running
 
 
 FAILS_ON_LAUNCH_ERROR = """
@@ -109,6 +124,64 @@ def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
     assert 0.35 < kernels(node, low) / kernels(node, high) < 0.5
     assert control_gone(node, 0)
     assert not Path(f"/proc/{server}").exists()
+
+
+REQUEST_LOOP = str(EXAMPLES / "request_loop.py")
+# two clients of 50 ms kernels back to back: a job with two CUDA processes is two MPS clients,
+# each with the job's percentage, so with a 50 % request loop beside it the SMs are oversubscribed
+TWO_LONG_LOOPS = (
+    f"{sys.executable} {REQUEST_LOOP} 4 12800 & {sys.executable} {REQUEST_LOOP} 4 12800; wait"
+)
+
+
+def results(daemon: Daemon, job_id: int) -> list[dict[str, float]]:
+    assert daemon.wait(job_id)["state"] == "succeeded", daemon.job(job_id)["events"]
+    out = (daemon.state_dir / "jobs" / str(job_id) / "stdout").read_text()
+    return [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+
+
+def requests_beside(daemon: Daemon, other_priority: str | None) -> dict[str, float]:
+    """A high 50 % job's 2 s request loop (2 ms kernels on the whole GPU): alone when
+    `other_priority` is None, else beside a busy 50 % job of that priority with long kernels."""
+    other = None
+    if other_priority is not None:
+        argv = ["sh", "-c", TWO_LONG_LOOPS]
+        other = daemon.submit(argv, mode="mps", compute=50, priority=other_priority)
+        daemon.wait(other, ("running",))
+        time.sleep(0.5)  # its two clients busy
+    argv = [sys.executable, REQUEST_LOOP, "2", "512"]
+    high = daemon.submit(argv, mode="mps", compute=50, priority="high")
+    environment = environ(running_pid(daemon, high))
+    assert environment["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    [result] = results(daemon, high)
+    if other is not None:
+        assert len(results(daemon, other)) == 2  # both its clients ran to the end
+    return result
+
+
+def test_a_high_mps_job_beside_a_busy_low_one_with_long_kernels_is_as_fast_as_alone(
+    one_gpu: Daemon,
+) -> None:
+    alone = requests_beside(one_gpu, None)
+    beside_low = requests_beside(one_gpu, "low")
+    beside_high = requests_beside(one_gpu, "high")
+    assert beside_low["p50_ms"] < 1.3 * alone["p50_ms"]
+    assert beside_low["requests"] > 0.8 * alone["requests"]
+    # the same pair without priorities: the requests wait for the long kernels
+    assert beside_high["p50_ms"] > 5 * alone["p50_ms"]
+
+
+def test_an_mps_jobs_priority_is_its_client_priority_whatever_its_own_environment(
+    node: Daemon,
+) -> None:
+    raised = {"CUDA_MPS_CLIENT_PRIORITY": "0"}  # a low job may not make itself normal
+    low = node.submit(
+        [sys.executable, CUDA_JOB, "2"], mode="mps", compute=30, priority="low", env=raised
+    )
+    high = node.submit([sys.executable, CUDA_JOB, "2"], mode="mps", compute=30)
+    assert environ(running_pid(node, low))["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert environ(running_pid(node, high))["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    assert node.wait(low)["state"] == node.wait(high)["state"] == "succeeded"
 
 
 def test_a_killed_server_fails_its_clients_and_a_later_job_gets_a_new_one(node: Daemon) -> None:

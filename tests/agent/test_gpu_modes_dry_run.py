@@ -1,4 +1,6 @@
-"""bench/gpu/modes.py's dry run on a simulated node: the MPS GPU check is never run blind."""
+"""bench/gpu/modes.py's dry run on a simulated node: the MPS GPU check is never run blind.
+
+Both of its tables: the 30 % + 70 % pair, and the high request loop beside a low job."""
 
 from __future__ import annotations
 
@@ -30,3 +32,10 @@ def test_the_mps_gpu_check_passes_on_a_simulated_node(tmp_path: Path) -> None:
     pair = [row for row in rows if row.startswith(("| 30 %", "| 70 %"))]
     assert len(pair) == 2
     assert all("| yes | OutOfMemoryError |" in row for row in pair), rows
+    # the priority pair on the twin: the high request loop keeps its latency beside the low job,
+    # and loses it beside the same job at high priority
+    steps = {row.split(" | ")[0][2:]: row.split(" | ")[1:] for row in rows}
+    alone_p50 = float(steps["high alone"][1])
+    assert float(steps["high beside low"][1]) < 1.5 * alone_p50, rows
+    no_priorities = steps["high beside the same job at high (no priorities)"]
+    assert float(no_priorities[0]) < 0.5 * float(steps["high alone"][0]), rows

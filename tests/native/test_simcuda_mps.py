@@ -6,6 +6,7 @@ the simulated driver that connect to it at cuInit, servers killed with SIGKILL.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ __all__ = ["sim_dir"]  # the fixture that builds the simulated driver
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_JOB = ROOT / "examples" / "cuda_job.py"
+REQUEST_LOOP = ROOT / "examples" / "request_loop.py"
 WORKLOAD_SOURCE = ROOT / "tests" / "native" / "progs" / "sim_workload.c"
 CUDA_ERROR_MPS_SERVER_NOT_READY = 807
 
@@ -101,6 +103,72 @@ def kernels(sim_dir: Path, node: Path, twin: Twin, percents: list[int]) -> list[
         assert job.returncode == 0, out
         counts.append(int(out.split("done: ")[1].split()[0]))
     return counts
+
+
+def request_loops(
+    sim_dir: Path, node: Path, twin: Twin, clients: list[tuple[int, int, str | None]]
+) -> list[dict[str, float]]:
+    """Request loops at once for 2 s, one per (percentage, blocks per kernel, client priority
+    or None for the control daemon's default); each one's RESULT."""
+    loops = []
+    for percent, blocks, priority in clients:
+        env = sim_env(sim_dir, node, **twin.env, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(percent))
+        if priority is not None:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = priority
+        command = [sys.executable, str(REQUEST_LOOP), "2", str(blocks)]
+        loops.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
+    results = []
+    for loop in loops:
+        out, _ = loop.communicate(timeout=60)
+        assert loop.returncode == 0, out
+        results.append(json.loads(out.split("RESULT ")[1]))
+    return results
+
+
+REQUESTS = (50, 512)  # a 50 % client, 2 ms kernels on the whole GPU (4 ms at 50 %)
+LONG_KERNELS = (100, 256 * 50)  # a 100 % client, 50 ms kernels back to back
+
+
+def test_a_normal_client_beside_a_below_normal_one_with_long_kernels_is_as_fast_as_alone(
+    sim_dir: Path, node: Path, twin: Twin
+) -> None:
+    [alone] = request_loops(sim_dir, node, twin, [(*REQUESTS, None)])
+    [low_alone] = request_loops(sim_dir, node, twin, [(*LONG_KERNELS, None)])
+    equal, equal_low = request_loops(sim_dir, node, twin, [(*REQUESTS, "0"), (*LONG_KERNELS, "0")])
+    # the SMs are oversubscribed (150 %): among equals a request waits for the long kernels
+    assert equal["p50_ms"] > 5 * alone["p50_ms"]
+    # below normal by the control daemon's default; the request loop sets its own normal
+    assert twin.ask("set_default_client_priority 1", "get_default_client_priority") == "1\n"
+    high, low = request_loops(sim_dir, node, twin, [(*REQUESTS, "0"), (*LONG_KERNELS, None)])
+    assert high["p50_ms"] < 1.3 * alone["p50_ms"]
+    assert high["requests"] > 0.8 * alone["requests"]
+    # the below-normal client gets the SMs the normal one leaves: half of them, here
+    assert 0.3 < low["rate"] / low_alone["rate"] < 0.75
+    assert equal_low["requests"] > 0
+
+
+def test_the_control_daemons_environment_sets_the_default_client_priority(tmp_path: Path) -> None:
+    below = Twin(tmp_path / "pipe", tmp_path / "log")
+    start = [*mps_twin.command(), "-d"]
+    env = dict(os.environ, **below.env, CUDA_MPS_CLIENT_PRIORITY="1")
+    assert subprocess.run(start, env=env, timeout=30, check=False).returncode == 0
+    try:
+        assert below.ask("get_default_client_priority") == "1\n"
+    finally:
+        below.run(stdin="quit\n")
+    env["CUDA_MPS_CLIENT_PRIORITY"] = "low"
+    assert subprocess.run(start, env=env, timeout=30, check=False).returncode == 1
+    last = (below.log / "control.log").read_text().splitlines()[-1]
+    assert "Failed to start: CUDA_MPS_CLIENT_PRIORITY 'low' is not 0 (normal) or 1" in last
+
+
+def test_a_client_priority_is_0_or_1(sim_dir: Path, node: Path, twin: Twin) -> None:
+    assert "not 0 (normal) or 1 (below normal)" in twin.ask("set_default_client_priority 2")
+    env = sim_env(sim_dir, node, **twin.env, CUDA_MPS_CLIENT_PRIORITY="high")
+    command = [sys.executable, str(REQUEST_LOOP), "0.1", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode != 0
+    assert "CUDA_MPS_CLIENT_PRIORITY=high is not 0 (normal) or 1 (below normal)" in done.stderr
 
 
 def test_the_twin_speaks_the_control_protocol_and_refuses_a_second_daemon(twin: Twin) -> None:

@@ -3,8 +3,9 @@
 The per-mode part is one small interface (`ModeLauncher.env`): `shim` builds exactly the launch
 spec of `gpupool exec` (one accounting region per job, in the job's directory); `exclusive` gives
 whole GPUs with no limits, only CUDA_VISIBLE_DEVICES; `mps` makes the job a client of its GPU's
-MPS server (started on demand, agent/mps.py) with the shim's memory limit and no compute
-arbitration (MPS provisions SMs, not time); `mig` is the shim's on the job's MIG instance.
+MPS server (started on demand, agent/mps.py) with the shim's memory limit, no compute
+arbitration (MPS provisions SMs, not time) and its priority as the MPS client priority; `mig`
+is the shim's on the job's MIG instance.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class MpsLauncher:
         self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
     ) -> dict[str, str]:
         [gpu] = job.gpus
-        # no compute limit and no priority: the shim neither throttles nor joins the arbiter
+        # no compute limit and no priority for the shim: it neither throttles nor joins the
+        # arbiter; the priority goes to MPS instead, as the client priority
         limits = ShareLimits(job.gpus, _share_memory(job))
         totals = node.totals_of(job.gpus)
         env = _shim_env(job, limits, totals, node, jobdir, base)
@@ -119,7 +121,8 @@ class MpsLauncher:
         mps.record(jobdir.path, server)
         pipe = self.control.pipe_dir(gpu)
         visible = self.control.visible(gpu)
-        return {**env, **mps_client_env(pipe, visible, job.spec.compute, memory)}
+        client = mps_client_env(pipe, visible, job.spec.compute, memory, job.spec.priority)
+        return {**env, **client}
 
 
 class MigLauncher:

@@ -11,7 +11,10 @@ none runs, as the real one does. A server is a plain process of its user (`sleep
 no work (the simulated driver runs the kernels) and goes when its control daemon goes; killing
 it fails its clients' next launches, as a real server's death does. One server per user at a
 time: a client of another user is refused while one runs (the real daemon queues it until the
-running server's clients are done).
+running server's clients are done). Client priority as documented: CUDA_MPS_CLIENT_PRIORITY
+in the daemon's environment, or `set_default_client_priority`, is the default for clients that
+connect later (0 normal, 1 below normal); a client's own variable wins (the simulated driver
+reads it).
 
 Standard library only, so it starts fast with `python -S -E`.
 """
@@ -63,6 +66,12 @@ def _percent(text: str) -> float:
     return value
 
 
+def _client_priority(text: str) -> str:
+    if text not in ("0", "1"):
+        raise ValueError(f"{text!r} is not 0 (normal) or 1 (below normal)")
+    return text
+
+
 def _server_setup(uid: int | None) -> Callable[[], None]:
     """What a server does between fork and exec: become its user, then ask for SIGTERM when the
     control daemon dies (Linux; in this order, as a change of user clears that request)."""
@@ -102,12 +111,13 @@ class Server:
 class Control:
     """The daemon's state: its servers (one per user), defaults, and the commands on them."""
 
-    def __init__(self, pipe_dir: Path, log_dir: Path) -> None:
+    def __init__(self, pipe_dir: Path, log_dir: Path, default_priority: str) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.servers: dict[int, Server] = {}
         self.default_percent = 100.0
         self.default_pinned: dict[int, str] = {}
+        self.default_priority = default_priority
         self.quitting = False
 
     def log(self, message: str) -> None:
@@ -189,6 +199,11 @@ class Control:
             return ""
         if command == "get_default_device_pinned_mem_limit":
             return self.default_pinned.get(int(args[0]), "0")
+        if command == "set_default_client_priority":
+            self.default_priority = _client_priority(args[0])
+            return ""
+        if command == "get_default_client_priority":
+            return self.default_priority
         if command == "terminate_client":
             client = int(args[1])
             if client not in self.server(args[0]).live_clients():
@@ -202,7 +217,7 @@ class Control:
             server = self.start_server(int(args[1]))
             server.clients.add(int(args[0]))
             self.log(f"New client {args[0]} connected to server {server.pid}")
-            return f"server {server.pid} {server.percent:.1f}"
+            return f"server {server.pid} {server.percent:.1f} {self.default_priority}"
         if command == "quit":
             self.quitting = True
             return ""
@@ -235,7 +250,16 @@ def _answer(control: Control, conn: socket.socket) -> None:
 def serve(ready_fd: int | None = None) -> int:
     """Run the control daemon until `quit` (or SIGTERM)."""
     pipe_dir, log_dir = _dirs()
-    control = Control(pipe_dir, log_dir)
+    try:
+        priority = _client_priority(os.environ.get("CUDA_MPS_CLIENT_PRIORITY") or "0")
+    except ValueError as err:
+        message = f"CUDA_MPS_CLIENT_PRIORITY {err}"
+        with contextlib.suppress(OSError):
+            log_dir.mkdir(parents=True, exist_ok=True)
+        _log(log_dir, "control.log", f"Failed to start: {message}")
+        print(f"nvidia-cuda-mps-control (simulated): {message}", file=sys.stderr)
+        return 1
+    control = Control(pipe_dir, log_dir, priority)
     address = pipe_dir / "control"
     try:
         pipe_dir.mkdir(parents=True, exist_ok=True)
