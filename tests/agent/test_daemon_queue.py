@@ -86,3 +86,21 @@ def test_drain_starts_nothing_new_and_lets_running_jobs_finish(one_gpu: Daemon) 
     assert job["state"] == "queued" and "draining" in job["waiting"][0]
     cli("drain", "--off", url=one_gpu.url, check=True)
     assert one_gpu.wait(later)["state"] == "succeeded"
+
+
+def test_a_low_job_is_admitted_beside_guaranteed_compute_and_holds_none(one_gpu: Daemon) -> None:
+    first = one_gpu.submit(["sleep", "30"], compute=50, memory="4GiB")
+    low = one_gpu.submit(["sleep", "30"], compute=100, memory="4GiB", priority="low")
+    second = one_gpu.submit(["sleep", "30"], compute=50, memory="4GiB")
+    for job_id in (first, low, second):
+        one_gpu.wait(job_id, ("running",), timeout=10)
+    late = one_gpu.submit(["true"], compute=10, memory="1GiB")
+    time.sleep(0.5)  # a pass of the queue
+    assert one_gpu.job(late)["waiting"] == [
+        "GPU 0: compute 10% needed, 0% free",
+        "1 GPU needed, 0 can take the share now",
+    ]
+    (gpu,) = one_gpu.call("GET", "/v1/node")["gpus"]
+    assert gpu["compute_admitted"] == 1000
+    for job_id in (late, first, low, second):
+        one_gpu.call("POST", f"/v1/jobs/{job_id}/cancel")

@@ -71,3 +71,41 @@ def test_an_exclusive_job_is_admitted_the_whole_gpu_and_leaves_no_room() -> None
     running = [Job(1, spec, 0, "u", State.RUNNING, 1.0, (0,), (40 * GiB,), started_at=1.0)]
     (gpu,) = free_now(capacity, running, reserve)
     assert (gpu.memory_free, gpu.compute_free) == (0, 0)
+
+
+def test_a_low_job_holds_no_compute_and_runs_beside_a_guaranteed_one() -> None:
+    running = [job(1, 1000, at=0, gpus=(0,))]
+    result = plan(
+        [job(2, 500, at=1, priority=Priority.LOW)], running, free(running), node(), "binpack"
+    )
+    assert [s.job.id for s in result.starts] == [2]
+    running.append(job(2, 500, at=1, gpus=(0,), priority=Priority.LOW))
+    (gpu,) = free(running)
+    assert (gpu.compute_free, gpu.memory_free) == (0, 38 * GiB)
+
+
+def test_a_guaranteed_job_is_not_held_back_by_a_low_jobs_compute() -> None:
+    running = [job(1, 1000, at=0, gpus=(0,), priority=Priority.LOW)]
+    result = plan([job(2, 1000, at=1)], running, free(running), node(), "binpack")
+    assert [s.job.id for s in result.starts] == [2]
+
+
+def test_a_low_job_still_needs_its_memory() -> None:
+    big = JobSpec(("true",), compute=100, memory="39GiB")
+    running = [Job(1, big, 0, "u", State.RUNNING, 0.0, (0,), (39 * GiB,), started_at=0.0)]
+    low = JobSpec(("true",), compute=100, memory="2GiB", priority=Priority.LOW)
+    queued = [Job(2, low, 0, "u", State.QUEUED, 1.0)]
+    result = plan(queued, running, free(running), node(), "binpack")
+    assert result.starts == ()
+    assert result.waiting[2][0] == "GPU 0: memory 2GiB needed, 1GiB free"
+
+
+def test_a_low_job_backfills_beside_a_head_that_waits_for_compute() -> None:
+    running = [job(1, 500, at=0, gpus=(0,))]
+    head, low = job(2, 600, at=1), job(3, 800, at=2, priority=Priority.LOW)
+    result = plan([head, low], running, free(running), node(), "binpack")
+    assert [(s.job.id, s.backfill) for s in result.starts] == [(3, True)]
+    assert result.waiting[2] == (
+        "GPU 0: compute 60% needed, 50% free",
+        "1 GPU needed, 0 can take the share now",
+    )

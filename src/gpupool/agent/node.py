@@ -7,6 +7,10 @@ are admitted also fit physically: a GPU's capacity for shares is its memory less
 (the new job's own), and each running job takes its share plus a reserve. An exclusive job is
 the one exception: it has the whole GPU, so its share is all of the GPU's memory, its context's
 included, and no reserve is added on top (no other job's context will ever sit beside it).
+
+Compute admitted is what is guaranteed: a `low` job is opportunistic (the compute arbiter runs it
+only in the time the others leave), so it holds none, and it is admitted on a GPU whatever
+compute the others hold there. Memory cannot be lent: every job holds its own.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpupool.agent.jobs import Job, JobSpec
-from gpupool.core.resources import Mode
-from gpupool.core.units import MiB
+from gpupool.core.resources import Mode, Priority
+from gpupool.core.units import MILLI_PER_GPU, MiB
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.scheduler.gpus import GpuView
 
@@ -39,6 +43,23 @@ def capacity(snapshot: NodeSnapshot, reserve: int = 0) -> tuple[GpuView, ...]:
     )
 
 
+def opportunistic(spec: JobSpec) -> bool:
+    """A job that holds no compute: it runs in the time the guaranteed jobs leave."""
+    return spec.priority is Priority.LOW
+
+
+def guaranteed_compute(spec: JobSpec) -> int:
+    """Milli-GPU `spec` holds on each of its GPUs (none for an opportunistic job)."""
+    return 0 if opportunistic(spec) else spec.request().compute
+
+
+def as_seen_by(spec: JobSpec, gpus: Sequence[GpuView]) -> tuple[GpuView, ...]:
+    """`gpus` as `spec`'s admission sees them: to an opportunistic job, all compute is free."""
+    if not opportunistic(spec):
+        return tuple(gpus)
+    return tuple(replace(gpu, compute_free=MILLI_PER_GPU) for gpu in gpus)
+
+
 def share_on(spec: JobSpec, gpu: GpuView, reserve: int) -> int:
     """Bytes admitted to `spec` on `gpu` (a view of `capacity()`'s, less one reserve): its share
     of that room, or for an exclusive job the whole GPU, the reserve given back."""
@@ -56,14 +77,14 @@ def free_now(
     gpus: Sequence[GpuView], running: Sequence[Job], reserve: int = 0
 ) -> tuple[GpuView, ...]:
     """`gpus` less the compute and memory admitted to `running`, each job's memory with its
-    reserve (`held`, never below zero)."""
+    reserve (`held`, never below zero), its compute what it is guaranteed."""
     compute = {gpu.index: gpu.compute_free for gpu in gpus}
     memory = {gpu.index: gpu.memory_free for gpu in gpus}
     for job in running:
-        request = job.spec.request()
+        guaranteed = guaranteed_compute(job.spec)
         for index, taken in zip(job.gpus, job.memory, strict=False):
             if index in compute:
-                compute[index] = max(0, compute[index] - request.compute)
+                compute[index] = max(0, compute[index] - guaranteed)
                 memory[index] = max(0, memory[index] - held(job.spec, taken, reserve))
     return tuple(
         replace(gpu, compute_free=compute[gpu.index], memory_free=memory[gpu.index]) for gpu in gpus

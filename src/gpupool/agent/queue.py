@@ -10,7 +10,8 @@ a blocked job waits only for what was already running when it was submitted.
 
 Memory a job takes on a GPU is its share plus the node's context reserve, an exclusive job's the
 whole GPU (agent/node.py); the GPUs passed in already leave one reserve aside for the job being
-placed.
+placed. Compute a job takes is what it is guaranteed: none for a `low` job, which is admitted
+whatever compute the others hold (node.opportunistic).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec
-from gpupool.agent.node import held, share_on
+from gpupool.agent.node import as_seen_by, guaranteed_compute, held, opportunistic, share_on
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.gpu_placement import Target, gpu_shortfalls, place
 from gpupool.scheduler.gpus import GpuRequest, GpuView, take
@@ -66,7 +67,7 @@ def _order(job: Job) -> tuple[int, int]:
 def _taken_by(jobs: Sequence[Job], reserve: int) -> list[_Taken]:
     taken = []
     for job in jobs:
-        compute = job.spec.request().compute
+        compute = guaranteed_compute(job.spec)
         started = job.started_at if job.started_at is not None else math.inf
         for gpu, memory in zip(job.gpus, job.memory, strict=False):
             taken.append(
@@ -88,7 +89,6 @@ def _delays(
     room on `gpu` taken by jobs behind it started since (backfills), plus `spec`'s, must still
     leave room for it there.
     """
-    request = spec.request()
     for job in blocked:
         ahead = job.spec.request()
         if _never_uses(ahead, gpu):
@@ -98,26 +98,36 @@ def _delays(
             for t in taken
             if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > _order(job)
         ]
-        compute = request.compute + sum(t.compute for t in later)
+        compute = guaranteed_compute(spec) + sum(t.compute for t in later)
         memory = held(spec, share_on(spec, gpu, reserve), reserve) + sum(t.memory for t in later)
-        if compute > MILLI_PER_GPU or memory > gpu.memory_total:
+        if memory > gpu.memory_total or (compute > MILLI_PER_GPU and not opportunistic(job.spec)):
             return job.id
         beside = replace(
             gpu,
-            compute_free=MILLI_PER_GPU - compute,
+            compute_free=max(0, MILLI_PER_GPU - compute),
             memory_free=gpu.memory_total - memory,
             healthy=True,
         )
-        if gpu_shortfalls(ahead, beside):
+        if gpu_shortfalls(ahead, as_seen_by(job.spec, [beside])[0]):
             return job.id
     return None
 
 
-def _less_reserve(
-    gpus: Sequence[GpuView], chosen: Sequence[int], reserve: int
+def _after(
+    gpus: Sequence[GpuView], spec: JobSpec, chosen: Sequence[int], reserve: int
 ) -> tuple[GpuView, ...]:
+    """`gpus` once `spec` took its room on `chosen`: its share and a context reserve of memory,
+    and the compute it is guaranteed."""
+    taken = {gpu.index: gpu for gpu in take(as_seen_by(spec, gpus), spec.request(), chosen)}
+    guaranteed = guaranteed_compute(spec)
     return tuple(
-        replace(gpu, memory_free=max(0, gpu.memory_free - reserve)) if gpu.index in chosen else gpu
+        replace(
+            gpu,
+            compute_free=gpu.compute_free - guaranteed,
+            memory_free=max(0, taken[gpu.index].memory_free - reserve),
+        )
+        if gpu.index in chosen
+        else gpu
         for gpu in gpus
     )
 
@@ -141,7 +151,7 @@ def plan(
     waiting: dict[int, tuple[str, ...]] = {}
     for job in queued:
         request = job.spec.request()
-        result = place(request, views, policy, target)
+        result = place(request, as_seen_by(job.spec, views), policy, target)
         if result.gpus is None:
             waiting[job.id] = tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
@@ -153,10 +163,11 @@ def plan(
             blocked.append(job)
             continue
         memory = tuple(share_on(job.spec, by_index[g], reserve) for g in result.gpus)
+        compute = guaranteed_compute(job.spec)
         taken.extend(
-            _Taken(g, math.inf, _order(job), request.compute, held(job.spec, m, reserve))
+            _Taken(g, math.inf, _order(job), compute, held(job.spec, m, reserve))
             for g, m in zip(result.gpus, memory, strict=True)
         )
-        views = _less_reserve(take(views, request, result.gpus), result.gpus, reserve)
+        views = _after(views, job.spec, result.gpus, reserve)
         starts.append(Start(job, result.gpus, memory, backfill=bool(blocked)))
     return Plan(tuple(starts), waiting)
