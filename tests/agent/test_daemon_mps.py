@@ -171,6 +171,23 @@ def test_a_high_mps_job_beside_a_busy_low_one_with_long_kernels_is_as_fast_as_al
     assert beside_high["p50_ms"] > 5 * alone["p50_ms"]
 
 
+def test_a_low_mps_job_runs_beside_a_high_one_that_holds_every_sm(one_gpu: Daemon) -> None:
+    """A low job holds no compute in admission: a one-process low job is admitted beside a high
+    job at 100 % (the SMs oversubscribed), and its priority keeps it out of the high one's way."""
+    requests = [sys.executable, REQUEST_LOOP, "2", "512"]
+    alone = one_gpu.submit(requests, mode="mps", compute=100, memory="4GiB", priority="high")
+    [served_alone] = results(one_gpu, alone)
+    long_loop = [sys.executable, REQUEST_LOOP, "4", "12800"]
+    low = one_gpu.submit(long_loop, mode="mps", compute=100, memory="4GiB", priority="low")
+    running_pid(one_gpu, low)
+    time.sleep(0.5)  # busy
+    high = one_gpu.submit(requests, mode="mps", compute=100, memory="4GiB", priority="high")
+    [served] = results(one_gpu, high)
+    [_] = results(one_gpu, low)
+    assert one_gpu.job(high)["started_at"] < one_gpu.job(low)["finished_at"]  # at once
+    assert served["p50_ms"] < 1.3 * served_alone["p50_ms"]
+
+
 def test_an_mps_jobs_priority_is_its_client_priority_whatever_its_own_environment(
     node: Daemon,
 ) -> None:
