@@ -237,7 +237,9 @@ class AgentCollector(Collector):
         families: tuple[Family, ...],
     ) -> None:
         used, limit, compute, compute_share = families
-        share = round(job.spec.request().compute * 100 / MILLI_PER_GPU)
+        # the spec's compute is its request's (exclusive: MILLI_PER_GPU, as JobSpec checks);
+        # request() would parse the memory share again, for every job at every scrape
+        share = round(job.spec.compute * 100 / MILLI_PER_GPU)
         for position, index in enumerate(job.gpus):
             labels = (str(job.id), job.name, job.user, str(index), uuids.get(index, ""))
             usage = per_gpu.get((job.id, index))
