@@ -32,7 +32,7 @@ from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
 from gpupool.isolation.launch import find_shared_region
-from gpupool.isolation.region import DeviceCounters, read_counters
+from gpupool.isolation.region import DeviceCounters, OpenRegions
 
 MIB = 1 << 20
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
@@ -51,8 +51,9 @@ class AgentCollector(Collector):
         self.agent = agent
         self.host = socket.gethostname()
         self._reported: set[str] = set()
-        #: each running job's accounting region, once found
+        #: each running job's accounting region, once found, and kept open while it runs
         self._regions: dict[int, Path] = {}
+        self._open_regions = OpenRegions()
 
     def families(self) -> list[Family | Histogram]:
         up = Family("gpupool_up", "1 when the daemon could read all its state", "gauge")
@@ -157,6 +158,7 @@ class AgentCollector(Collector):
         )
         running_ids = {job.id for job in jobs if job.state is State.RUNNING}
         self._regions = {i: p for i, p in self._regions.items() if i in running_ids}
+        self._open_regions.keep(self._regions.values())
         counts = {s: 0 for s in (State.QUEUED, State.RUNNING)}
         queued_by_priority: dict[str, int] = {"high": 0, "low": 0}
         oldest = 0.0
@@ -278,7 +280,7 @@ class AgentCollector(Collector):
                 return None
             self._regions[job.id] = path
         try:
-            return read_counters(path, devices)
+            return self._open_regions.read(path, devices)
         except ConfigError as err:
             self._report(err)
             return None
