@@ -4,7 +4,7 @@ A custom collector reads the agent (the last GPU snapshot, the store's queued an
 the scheduling histograms) when Prometheus asks, so a job that ended is simply absent from the
 next scrape: nothing is registered per job, nothing leaks. It builds light families
 (api/exposition.py) that the route writes in the text format itself, the same bytes as
-prometheus_client in less than half the time. Names follow dcgm-exporter for GPUs and HAMi for a
+prometheus_client at about a third of its cost. Names follow dcgm-exporter for GPUs and HAMi for a
 share's memory; the rest are gpupool_*. docs/metrics.md lists them all.
 """
 
