@@ -100,3 +100,15 @@ def test_recent_events_span_jobs_newest_first(tmp_path: Path) -> None:
     ]
     assert recent[0]["detail"] == "refused 1GiB" and recent[0]["at"] >= recent[1]["at"]
     assert len(store.recent_events()) == 3
+
+
+def test_a_stored_spec_is_parsed_once_and_each_job_keeps_its_own(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    first = store.add(JobSpec(("sleep", "60"), compute=300, env={"A": "1"}), 1000, "alice")
+    second = store.add(JobSpec(("sleep", "60"), compute=500, env={"A": "2"}), 1000, "alice")
+    read = {job.id: job.spec for job in store.jobs([State.QUEUED])}
+    again = {job.id: job.spec for job in store.jobs([State.QUEUED])}
+    # the queue loop and every /metrics scrape read the live jobs: no parse and check each time
+    assert read[first.id] is again[first.id] and store.job(first.id).spec is read[first.id]
+    assert read[first.id] == first.spec and read[second.id] == second.spec
+    assert read[second.id].env == {"A": "2"} and read[second.id].compute == 500

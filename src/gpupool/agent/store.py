@@ -6,6 +6,7 @@ i + 1, so an older store is brought forward at open and a newer one is refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -90,10 +91,18 @@ _COLUMNS = (
 )
 
 
+@functools.lru_cache(maxsize=1024)  # more than the live jobs of any node
+def _spec(text: str) -> JobSpec:
+    """A stored spec, parsed and checked once: a spec never changes after its submission, and
+    the daemon reads its live jobs several times a second (the queue loop, each /metrics
+    scrape). Callers share the frozen JobSpec; its env they copy before changing anything."""
+    return JobSpec.from_json(json.loads(text))
+
+
 def _job(row: sqlite3.Row) -> Job:
     return Job(
         id=row["id"],
-        spec=JobSpec.from_json(json.loads(row["spec"])),
+        spec=_spec(row["spec"]),
         uid=row["uid"],
         user=row["user"],
         state=State(row["state"]),

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,18 +61,54 @@ def region_share_id(region: Path) -> int | None:
 def read_counters(region: Path, devices: int = DEVICES) -> list[DeviceCounters] | None:
     """The share's counters on its first `devices` devices (index = the device's ordinal in the
     share); None if the region does not exist (yet). Raises ConfigError, one line, for a file
-    that cannot be read or is not a region of this version."""
-    devices = min(devices, DEVICES)
+    that cannot be read or is not a region of this version. One read: the file is closed after
+    it (a reader of many regions, again and again, keeps them open with `OpenRegions`)."""
+    regions = OpenRegions()
     try:
-        fd = os.open(region, os.O_RDONLY | os.O_CLOEXEC)  # no file object: /metrics reads many
-        try:
-            data = os.pread(fd, _COUNTERS_END, 0)
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise ConfigError(f"cannot read the shared region {region}: {err.strerror}") from err
+        return regions.read(region, devices)
+    finally:
+        regions.keep(())
+
+
+class OpenRegions:
+    """Regions kept open between reads, for /metrics, which reads every running share's counters
+    at each scrape: one pread a region, not an open, a pread and a close (three system calls, the
+    open a path lookup, and each lets the daemon's other threads take the GIL). A region's path
+    is new at each launch (a fresh private directory) and the library creates the file once and
+    never replaces it, so a descriptor kept by path reads that launch's region; `keep` closes
+    those of the shares that ended. No mapping: a job can truncate its region, and a read of a
+    mapping past the end of its file kills the reader (SIGBUS), where pread just reads short.
+    Thread-safe (two scrapes at once must not close a descriptor the other reads)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, region: Path, devices: int = DEVICES) -> list[DeviceCounters] | None:
+        """read_counters's answer for `region`, kept open after."""
+        with self._lock:
+            try:
+                fd = self._open.get(region)
+                if fd is None:
+                    fd = self._open[region] = os.open(region, os.O_RDONLY | os.O_CLOEXEC)
+                data = os.pread(fd, _COUNTERS_END, 0)
+            except FileNotFoundError:
+                return None
+            except OSError as err:
+                raise ConfigError(
+                    f"cannot read the shared region {region}: {err.strerror}"
+                ) from err
+        return _counters(region, data, min(devices, DEVICES))
+
+    def keep(self, regions: Iterable[Path]) -> None:
+        """Close every region but `regions`."""
+        kept = set(regions)
+        with self._lock:
+            for region in [r for r in self._open if r not in kept]:
+                os.close(self._open.pop(region))
+
+
+def _counters(region: Path, data: bytes, devices: int) -> list[DeviceCounters] | None:
     if not any(data[: HEADER.size]):
         return None  # created (and maybe sized) by its first process, not yet initialised
     magic, version, size, _ = HEADER.unpack_from(data.ljust(HEADER.size, b"\0"))
