@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
@@ -193,3 +195,20 @@ def test_no_daemon_says_how_to_start_one(tmp_path: object) -> None:
         "no gpupool daemon at unix:///nonexistent/gpupool.sock: start one with `gpupool serve`"
         in done.stderr
     )
+
+
+def test_the_daemon_raises_its_open_file_limit_to_the_hard_one(tmp_path: Path) -> None:
+    """It keeps each running share's region open: the default soft limit would not do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))  # the daemon inherits it
+    try:
+        daemon = Daemon(tmp_path, "1xA100-40GB").start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert daemon.process is not None
+        limits = Path(f"/proc/{daemon.process.pid}/limits").read_text().splitlines()
+        (line,) = [row for row in limits if row.startswith("Max open files")]
+        assert line.split()[3] == str(hard)
+    finally:
+        daemon.stop()

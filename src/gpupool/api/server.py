@@ -8,7 +8,9 @@ connection as TCP, where the bearer token decides).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import socket
 import struct
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -92,8 +94,20 @@ def tcp_socket(listen: str) -> socket.socket:
     return sock
 
 
+def _raise_open_file_limit() -> None:
+    """The soft limit on open files up to the hard one: the daemon keeps each running share's
+    accounting region open between scrapes, and the default soft limit (1024 on most systems)
+    would be reached near a thousand running shares with the clients' connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        # a container may forbid it: the soft limit then stands
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def serve(app: Any, sockets: list[socket.socket]) -> None:
     """Run until SIGINT or SIGTERM."""
+    _raise_open_file_limit()
     config = uvicorn.Config(
         app, http=PeerCredProtocol, lifespan="off", log_level="warning", access_log=False
     )
