@@ -99,17 +99,18 @@ def request():
     torch.cuda.synchronize()
 """
 )
+#: after CTYPES_CONTEXT, a kernel `function` of the simulated driver (whose kernels take the time
+#: their grid asks for, whatever their module)
+CTYPES_FUNCTION = """
+module, function = ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"kernel") == 0
+"""
 REQUESTS_CTYPES = (
     BARRIER
+    + CTYPES_CONTEXT
+    + CTYPES_FUNCTION
     + """
-import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-assert cuda.cuInit(0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
-assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"request") == 0
 def request():  # 2 ms on the whole simulated GPU
     assert cuda.cuLaunchKernel(function, 512, 1, 1, 128, 1, 1, 0, None, None, None) == 0
     assert cuda.cuCtxSynchronize() == 0
@@ -144,15 +145,9 @@ def synchronize():
 )
 LONG_CTYPES = (
     BARRIER
+    + CTYPES_CONTEXT
+    + CTYPES_FUNCTION
     + """
-import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-assert cuda.cuInit(0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-assert cuda.cuModuleLoadData(ctypes.byref(module), b"no device code\\0") == 0
-assert cuda.cuModuleGetFunction(ctypes.byref(function), module, b"long") == 0
 def kernel():  # 50 ms on the whole simulated GPU
     assert cuda.cuLaunchKernel(function, 12800, 1, 1, 128, 1, 1, 0, None, None, None) == 0
 def synchronize():
