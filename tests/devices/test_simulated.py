@@ -123,14 +123,16 @@ def test_each_process_has_the_kind_its_slot_records(
     # the driver's own slots are compute; a display server's is staged as NVML would list it
     staged = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
     try:
-        for slot, (process, kind) in enumerate(zip(staged, (PROC_GRAPHICS, PROC_BOTH)), 1):
+        for slot, (process, kind) in enumerate(
+            zip(staged, (PROC_GRAPHICS, PROC_BOTH), strict=True), 1
+        ):
             start = process_start_time(process.pid)
             assert start is not None
             sim_node.node.state.write_proc(
                 slot, SimProcSlot(slot, process.pid, 0, start, GiB, 0, 0, kind)
             )
-        kinds = {p.pid: p.kind for p in sim_node.snapshot().gpus[0].processes}
-        assert kinds == {
+        listed = {p.pid: p.kind for p in sim_node.snapshot().gpus[0].processes}
+        assert listed == {
             sim_live_process.pid: ProcessKind.COMPUTE,
             staged[0].pid: ProcessKind.GRAPHICS,
             staged[1].pid: ProcessKind.BOTH,
