@@ -136,7 +136,8 @@ def _of_no_job(entry: GpuProcess, exemptions: Exemptions) -> tuple[GpuProcess, F
         # CUDA contexts, so this is no share's escape, and SIGKILL to Xorg would take the node's
         # display and every session on it down. Listed, but no finding.
         return entry, None
-    entry = replace(entry, exempt=exemptions.why(entry.name, process_uid(entry.pid)))
+    uid = process_uid(entry.pid) if exemptions.uids else None  # /proc read only when needed
+    entry = replace(entry, exempt=exemptions.why(entry.name, uid))
     return entry, Finding(NO_JOB if entry.exempt is None else EXEMPT, entry.gpu, (entry,))
 
 
