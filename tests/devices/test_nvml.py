@@ -49,6 +49,14 @@ def test_each_process_has_the_kind_of_the_lists_it_is_in(
         (5151, ProcessKind.GRAPHICS, 200 * MiB),
     ]
     assert h100.to_json()["processes"][2]["kind"] == "graphics"
+    # a driver that does not give the compute list cannot say a process is graphics only
+    base = "nvmlDeviceGetComputeRunningProcesses"
+    fake_nvml.gpus[0].not_supported |= {f"{base}_v3", f"{base}_v2", base}
+    h100 = nvml_backend.snapshot().gpus[0]
+    assert [(p.pid, p.kind) for p in h100.processes] == [
+        (4343, ProcessKind.BOTH),
+        (5151, ProcessKind.BOTH),
+    ]
 
 
 def test_json_has_the_issue_schema(nvml_backend: NvmlBackend) -> None:

@@ -176,10 +176,13 @@ class NvmlBackend(GpuBackend):
         nvml = self._nvml
         memory: dict[int, int | None] = {}
         listed_in: dict[str, set[int]] = {}
+        compute_known = True
         for kind in ("Compute", "Graphics"):
             base = f"nvmlDeviceGet{kind}RunningProcesses"
             listed = nvml.query((f"{base}_v3", f"{base}_v2", base), handle)
             listed_in[kind] = set()
+            if listed is NOT_AVAILABLE and kind == "Compute":
+                compute_known = False
             for proc in [] if listed is NOT_AVAILABLE else listed:
                 used = proc.usedGpuMemory
                 # a process doing compute and graphics appears twice: keep the larger figure
@@ -192,7 +195,11 @@ class NvmlBackend(GpuBackend):
                 pid,
                 process_name(pid),
                 used,
-                ProcessKind.of(pid in listed_in["Compute"], pid in listed_in["Graphics"]),
+                # without the compute list, a graphics process may hold a CUDA context too:
+                # only the driver's word makes a process graphics only (never killed)
+                ProcessKind.of(
+                    pid in listed_in["Compute"] or not compute_known, pid in listed_in["Graphics"]
+                ),
                 utilization.get(pid),
             )
             for pid, used in sorted(memory.items())
