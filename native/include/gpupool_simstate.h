@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define GPUPOOL_SIMSTATE_MAGIC 0x314d49534c505047ULL /* "GPPLSIM1" read as little-endian u64 */
-#define GPUPOOL_SIMSTATE_VERSION 2u
+#define GPUPOOL_SIMSTATE_VERSION 3u
 #define GPUPOOL_SIM_MAX_GPUS 16u
 #define GPUPOOL_SIM_MAX_PROCS 256u
 #define GPUPOOL_SIM_HEADER_SIZE 4096u
@@ -31,6 +31,13 @@
     (GPUPOOL_SIM_PROCS_OFFSET + GPUPOOL_SIM_MAX_PROCS * GPUPOOL_SIM_PROC_RECORD_SIZE)
 #define GPUPOOL_SIM_STATE_SIZE \
     (GPUPOOL_SIM_MIG_OFFSET + GPUPOOL_SIM_MAX_MIG * GPUPOOL_SIM_GPU_RECORD_SIZE)
+
+/* process kinds (a slot's `kind`): which of NVML's lists the process is in. The simulated driver
+ * serves CUDA only, so the slots it claims are zero-filled: compute. A graphics context (a display
+ * server, a desktop) is staged by Python. */
+#define GPUPOOL_SIM_PROC_COMPUTE 0u
+#define GPUPOOL_SIM_PROC_GRAPHICS 1u
+#define GPUPOOL_SIM_PROC_BOTH 2u
 
 /* gpu flags, set by Python to stage scenarios */
 #define GPUPOOL_SIM_GPU_LOST 0x1u          /* fell off the bus: driver and NVML calls fail */
@@ -88,7 +95,8 @@ typedef struct {
     uint64_t mps_end_ns;     /* 40 CLOCK_MONOTONIC ns at which its queued kernels end */
     uint32_t mps_percent;    /* 48 its active thread percentage */
     uint32_t mps_priority;   /* 52 its client priority: 0 normal, 1 below normal */
-    uint8_t reserved[8];     /* 56 */
+    uint32_t kind;           /* 56 GPUPOOL_SIM_PROC_*: which of NVML's lists the process is in */
+    uint8_t reserved[4];     /* 60 */
 } gpupool_sim_proc;
 
 #endif /* GPUPOOL_SIMSTATE_H */

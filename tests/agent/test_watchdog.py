@@ -26,6 +26,7 @@ from tests.agent.watchdog_support import (
     build_dlvsym,
     escape_command,
     foreign_process,
+    graphics_process,
     job_stdout,
     pids_in,
     wait_for_event,
@@ -211,10 +212,16 @@ def test_killing_a_process_that_has_exited_says_so_and_raises_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "env"), [(["--watchdog", "shoot"], {}), ([], {"GPUPOOL_WATCHDOG": "x"})]
+    ("args", "env", "says"),
+    [
+        (["--watchdog", "shoot"], {}, "invalid watchdog action 'shoot'"),
+        ([], {"GPUPOOL_WATCHDOG": "x"}, "invalid watchdog action 'x'"),
+        (["--watchdog-exempt", "Xorg,uid:abc"], {}, "invalid watchdog exemption 'uid:abc'"),
+        ([], {"GPUPOOL_WATCHDOG_EXEMPT": "Xorg,,uid:0"}, "invalid watchdog exemption 'Xorg,,"),
+    ],
 )
-def test_a_bad_watchdog_action_is_one_line_and_starts_nothing(
-    tmp_path: Path, args: list[str], env: dict[str, str]
+def test_a_bad_watchdog_setting_is_one_line_and_starts_nothing(
+    tmp_path: Path, args: list[str], env: dict[str, str], says: str
 ) -> None:
     state = tmp_path / "state"
     result = subprocess.run(
@@ -235,8 +242,9 @@ def test_a_bad_watchdog_action_is_one_line_and_starts_nothing(
         timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("gpupool: error: invalid watchdog action")
-    assert "use report or kill" in result.stderr and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"gpupool: error: {says}")
+    use = "use report or kill" if "action" in says else "use comma-separated process names"
+    assert use in result.stderr and result.stderr.count("\n") == 1
     assert not state.exists()
 
 
@@ -319,3 +327,68 @@ def test_the_metrics_and_the_dashboard_show_what_the_watchdog_found(
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_a_graphics_only_process_is_neither_reported_nor_killed(killing: Daemon) -> None:
+    display = graphics_process(killing.node_dir)  # a display server: graphics, of no job
+    foreign = foreign_process(killing.node_dir)
+    try:
+        assert foreign.wait(timeout=20) == -9  # a pass has seen both by now
+        time.sleep(2.5)  # two more passes
+        assert display.poll() is None
+        events = killing.call("GET", "/v1/events")["events"]
+        assert {e["pid"] for e in events} == {foreign.pid}
+        listed = killing.call("GET", "/v1/processes")["processes"]
+        shown = [(p["pid"], p["kind"], p["job"], p["exempt"]) for p in listed]
+        assert shown == [(display.pid, "graphics", None, None)]
+        assert _metric(killing, "gpupool_gpu_processes_without_job") == {"0": 0.0}
+        marks = cli("gpus", "--node-dir", str(killing.node_dir), url=killing.url, check=True)
+        row = next(line for line in marks.stdout.splitlines() if str(display.pid) in line)
+        assert row.rstrip().endswith("no job, graphics")
+    finally:
+        display.kill()
+        display.wait()
+        if foreign.poll() is None:
+            foreign.kill()
+            foreign.wait()
+
+
+def _command_name() -> str:
+    """The command name a CUDA program of foreign_process has (what an exemption names)."""
+    shown = subprocess.run(
+        [sys.executable, "-c", "print(open('/proc/self/comm').read().strip())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return shown.stdout.strip()
+
+
+@pytest.mark.parametrize("by", ["name", "uid"])
+def test_an_exempt_process_is_reported_once_and_never_killed(tmp_path: Path, by: str) -> None:
+    # by name through the option, by uid through the setting: both ways in
+    name = _command_name()
+    extra: tuple[str, ...] = ("--watchdog", "kill")
+    env = {}
+    if by == "name":
+        extra += ("--watchdog-exempt", f"Xorg,{name}")
+    else:
+        env["GPUPOOL_WATCHDOG_EXEMPT"] = f"uid:{os.getuid()}"
+    daemon = Daemon(tmp_path, "1xA30", extra, env).start()
+    foreign = foreign_process(daemon.node_dir)
+    try:
+        event = wait_for_event(daemon, lambda e: e["kind"] == "exempt")
+        why = f"name {name}" if by == "name" else f"uid {os.getuid()}"
+        assert event["pid"] == foreign.pid and event["job_id"] is None
+        assert event["detail"].endswith(f"belongs to no job, 1GiB; exempt ({why}), not killed")
+        time.sleep(2.5)
+        assert foreign.poll() is None
+        assert [e["kind"] for e in daemon.call("GET", "/v1/events")["events"]] == ["exempt"]
+        shown = cli("events", url=daemon.url, check=True).stdout
+        assert f"node      exempt         GPU 0: pid {foreign.pid}" in shown
+        assert _metric(daemon, "gpupool_gpu_processes_without_job") == {"0": 0.0}
+    finally:
+        foreign.kill()
+        foreign.wait()
+        daemon.stop()
+        _kill_jobs(daemon)

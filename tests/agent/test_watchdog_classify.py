@@ -10,16 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.agent.exempt import Exemptions
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.owners import Owners, identified
 from gpupool.agent.store import Store
-from gpupool.agent.watchdog import NO_JOB, OVER_SHARE, Action, Watchdog, classify
+from gpupool.agent.watchdog import EXEMPT, KILLED, NO_JOB, OVER_SHARE, Action, Watchdog, classify
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import GiB, MiB
-from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot, ProcessInfo
+from gpupool.devices.procfs import process_name
+from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot, ProcessInfo, ProcessKind
+
+COMPUTE, GRAPHICS, BOTH = ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.BOTH
 
 
-def _gpu(index: int, *processes: tuple[int, int | None]) -> GpuSnapshot:
+def _gpu(index: int, *processes: tuple[int, int | None] | ProcessInfo) -> GpuSnapshot:
+    """A GPU with `processes`: (pid, memory) for a compute process named "p", or as listed."""
     return GpuSnapshot(
         index=index,
         uuid=f"GPU-{index}",
@@ -33,7 +39,10 @@ def _gpu(index: int, *processes: tuple[int, int | None]) -> GpuSnapshot:
         temperature=None,
         power_w=None,
         mig=None,
-        processes=tuple(ProcessInfo(pid, "p", memory) for pid, memory in processes),
+        processes=tuple(
+            p if isinstance(p, ProcessInfo) else ProcessInfo(p[0], "p", p[1], COMPUTE)
+            for p in processes
+        ),
     )
 
 
@@ -138,3 +147,122 @@ def test_the_daemons_own_mps_servers_are_never_strangers(tmp_path: Path, pids: l
     watchdog = Watchdog(Store(tmp_path / "state.db"), Action.REPORT, 0, lambda i: JobDir(tmp_path))
     found = watchdog.check(snapshot, [], helpers={server})
     assert [(f.kind, f.processes[0].pid) for f in found] == [(NO_JOB, stranger)]
+
+
+def _node(*gpus: GpuSnapshot) -> NodeSnapshot:
+    return NodeSnapshot(0.0, True, "sim", gpus)
+
+
+def test_a_graphics_only_process_of_no_job_is_no_finding(pids: list[int]) -> None:
+    display, both, own = pids
+    snapshot = _node(
+        _gpu(
+            0,
+            ProcessInfo(display, "Xorg", 300 * MiB, GRAPHICS),
+            ProcessInfo(both, "glxgears", 100 * MiB, BOTH),  # a CUDA context too: a stranger
+            ProcessInfo(own, "p", 3 * GiB, GRAPHICS),  # the job's own counts for its share
+        )
+    )
+    owner = {display: None, both: None, own: 1}
+    seen, findings = classify(snapshot, [_job(1, (0,), 2 * GiB)], 0, owner.get)
+    assert [(f.kind, f.processes[0].pid) for f in findings] == [(NO_JOB, both), (OVER_SHARE, own)]
+    assert [(p.pid, p.kind, p.job, p.stranger) for p in seen] == [
+        (display, GRAPHICS, None, False),
+        (both, BOTH, None, True),
+        (own, GRAPHICS, 1, False),
+    ]
+    assert seen[0].to_json()["kind"] == "graphics"
+
+
+def test_an_exempt_process_of_no_job_is_an_exempt_finding(pids: list[int]) -> None:
+    agent, other, job_process = pids
+    snapshot = _node(
+        _gpu(
+            0,
+            ProcessInfo(agent, "dcgm", GiB, COMPUTE),
+            ProcessInfo(other, "p", GiB, COMPUTE),
+            ProcessInfo(job_process, "dcgm", 3 * GiB, COMPUTE),
+        )
+    )
+    owner = {agent: None, other: None, job_process: 1}
+    jobs = [_job(1, (0,), 2 * GiB)]
+    seen, findings = classify(snapshot, jobs, 0, owner.get, exemptions=Exemptions.parse("dcgm"))
+    # the exemption is for processes of no job: a job's process is still held to its share
+    assert [(f.kind, f.processes[0].pid) for f in findings] == [
+        (EXEMPT, agent),
+        (NO_JOB, other),
+        (OVER_SHARE, job_process),
+    ]
+    assert findings[0].detail() == (
+        f"GPU 0: pid {agent} (dcgm) belongs to no job, 1GiB; exempt (name dcgm), not killed"
+    )
+    marks = [(p.exempt, p.stranger) for p in seen]
+    assert marks == [("name dcgm", False), (None, True), (None, False)]
+    by_user = Exemptions.parse(f"uid:{os.getuid()}")  # the sleepers are this test's user's
+    _, findings = classify(snapshot, jobs, 0, owner.get, exemptions=by_user)
+    assert [f.kind for f in findings] == [EXEMPT, EXEMPT, OVER_SHARE]
+    assert findings[1].processes[0].exempt == f"uid {os.getuid()}"
+
+
+def test_kill_spares_graphics_only_and_exempt_processes(tmp_path: Path) -> None:
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    display, exempt, stranger = (s.pid for s in sleepers)
+    name = process_name(exempt)  # "sleep", as /proc shows it
+    snapshot = _node(
+        _gpu(
+            0,
+            ProcessInfo(display, "Xorg", 300 * MiB, GRAPHICS),
+            ProcessInfo(exempt, name, GiB, COMPUTE),
+            ProcessInfo(stranger, "other", GiB, COMPUTE),
+        )
+    )
+    store = Store(tmp_path / "state.db")
+    watchdog = Watchdog(store, Action.KILL, 0, lambda i: JobDir(tmp_path), Exemptions.parse(name))
+    try:
+        first = watchdog.check(snapshot, [])
+        assert [(f.kind, f.processes[0].pid) for f in first] == [
+            (EXEMPT, exempt),
+            (NO_JOB, stranger),
+        ]
+        assert sleepers[2].wait(timeout=10) == -9
+        again = watchdog.check(snapshot, [])  # the exempt one is recorded once
+        assert again == [] and sleepers[0].poll() is None and sleepers[1].poll() is None
+        events = store.node_events((NO_JOB, EXEMPT, KILLED), 0.0, 100)
+        assert [(e["kind"], e["pid"]) for e in events] == [
+            (EXEMPT, exempt),
+            (NO_JOB, stranger),
+            (KILLED, stranger),
+        ]
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+
+def test_an_exemption_list_is_names_and_uids() -> None:
+    exemptions = Exemptions.parse(" Xorg , gnome-shell,uid:0,uid:1000 ")
+    assert exemptions == Exemptions(frozenset({"Xorg", "gnome-shell"}), frozenset({0, 1000}))
+    assert str(exemptions) == "Xorg,gnome-shell,uid:0,uid:1000"
+    assert exemptions.why("Xorg", 1000) == "name Xorg"
+    assert exemptions.why("python3", 1000) == "uid 1000"
+    assert exemptions.why("python3", 1001) is None and exemptions.why("xorg", None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("uid:abc", "'uid:abc': a uid is a number"),
+        ("uid:-1", "'uid:-1': a uid is a number"),
+        ("uid:", "'uid:': a uid is a number"),
+        ("Xorg,,uid:0", "'Xorg,,uid:0': an empty name"),
+        ("Xorg,", "'Xorg,': an empty name"),
+        (" ", "' ': an empty name"),
+        ("nvidia-dcgm-exporter", "longer than the 15 bytes of a command name"),
+    ],
+)
+def test_a_bad_exemption_is_refused_in_one_line(text: str, says: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        Exemptions.parse(text)
+    message = str(refused.value)
+    assert message.startswith("invalid watchdog exemption ") and says in message
+    assert "use comma-separated process names and uid:N" in message and "\n" not in message

@@ -16,6 +16,8 @@ from typing import Any
 
 from tests.agent.daemon_support import CUDA_JOB, Daemon
 
+from gpupool.devices.procfs import process_start_time
+from gpupool.devices.simstate import MAX_PROCS, PROC_GRAPHICS, STATE_FILE, SimProcSlot, SimState
 from gpupool.isolation.libraries import native_libraries
 
 SHARE = "2Gi"
@@ -79,6 +81,24 @@ def foreign_process(node_dir: Path, seconds: int = 60) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def graphics_process(node_dir: Path, memory: int = 256 << 20) -> subprocess.Popen[str]:
+    """A process the driver lists as graphics only (a display server), staged in a free slot of
+    the simulated node as NVML would list it: the simulated driver itself serves CUDA only."""
+    process = subprocess.Popen(["sleep", "60"], text=True)
+    start = process_start_time(process.pid)
+    assert start is not None
+    state = SimState.open(node_dir / STATE_FILE)
+    try:
+        taken = {slot.slot for slot in state.procs(live_only=False)}
+        free = min(set(range(MAX_PROCS)) - taken)
+        state.write_proc(
+            free, SimProcSlot(free, process.pid, 0, start, memory, 0, 0, PROC_GRAPHICS)
+        )
+    finally:
+        state.close()
+    return process
 
 
 def wait_for_line(read: Callable[[], str], marker: str, timeout: float = 30) -> float:

@@ -47,6 +47,8 @@ class FakeGpu:
     temperature: int = 51
     power_mw: int = 123_456
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
+    #: the graphics list (a display server; a pid in both lists has both contexts)
+    graphics: list[tuple[int, int]] = field(default_factory=list)
     process_sm_util: dict[int, int] = field(default_factory=dict)
     mig_current: bool = False
     mig_pending: bool = False
@@ -205,7 +207,8 @@ class FakeNvml:
 
     def _running(self, name: str, handle: FakeGpu) -> list[Any]:
         self._enter(name, handle)
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
+        listed = handle.graphics if "Graphics" in name else handle.processes
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in listed]
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: FakeGpu) -> list[Any]:
         return self._running("nvmlDeviceGetComputeRunningProcesses_v3", handle)
@@ -217,8 +220,7 @@ class FakeNvml:
         return self._running("nvmlDeviceGetComputeRunningProcesses", handle)
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: FakeGpu) -> list[Any]:
-        self._enter("nvmlDeviceGetGraphicsRunningProcesses_v3", handle)
-        return []
+        return self._running("nvmlDeviceGetGraphicsRunningProcesses_v3", handle)
 
     def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, since: int) -> list[Any]:
         self._enter("nvmlDeviceGetProcessUtilization", handle)

@@ -12,6 +12,7 @@ import pytest
 from gpupool.core.units import GiB
 from gpupool.devices.simstate import STATE_FILE
 from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.snapshot import ProcessKind
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).parent / "c" / "fake_driver_client.c"
@@ -39,18 +40,23 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return binary
 
 
-@pytest.fixture
-def c_process(client: Path, sim_node: SimulatedBackend) -> Iterator[subprocess.Popen[str]]:
-    """The C client holding 3 GiB and 2 s of busy time on GPU 2, in slot 7."""
+def _start(client: Path, sim_node: SimulatedBackend, *extra: str) -> subprocess.Popen[str]:
     state = sim_node.node_dir / STATE_FILE
     process = subprocess.Popen(
-        [str(client), str(state), "2", "7", str(3 * GiB), str(2 * 10**9)],
+        [str(client), str(state), "2", "7", str(3 * GiB), str(2 * 10**9), *extra],
         stdout=subprocess.PIPE,
         text=True,
     )
     assert process.stdout is not None
     ready = process.stdout.readline().split()
     assert ready[:2] == ["ready", "H100-80GB"], ready
+    return process
+
+
+@pytest.fixture
+def c_process(client: Path, sim_node: SimulatedBackend) -> Iterator[subprocess.Popen[str]]:
+    """The C client holding 3 GiB and 2 s of busy time on GPU 2, in slot 7."""
+    process = _start(client, sim_node)
     yield process
     process.kill()
     process.wait()
@@ -61,12 +67,26 @@ def test_backend_sees_the_c_process(
 ) -> None:
     gpu = sim_node.snapshot().gpus[2]
     (process,) = gpu.processes
-    assert (process.pid, process.name, process.memory_used) == (
+    assert (process.pid, process.name, process.memory_used, process.kind) == (
         c_process.pid,
         "fake_driver_cli",  # /proc/PID/comm keeps 15 characters
         3 * GiB,
+        ProcessKind.COMPUTE,
     )
     assert gpu.memory_used == 3 * GiB
+
+
+def test_a_graphics_slot_written_in_c_reads_as_graphics(
+    client: Path, sim_node: SimulatedBackend
+) -> None:
+    # the header's kind field and constant against simstate.py's
+    process = _start(client, sim_node, "graphics")
+    try:
+        (listed,) = sim_node.snapshot().gpus[2].processes
+        assert (listed.pid, listed.kind) == (process.pid, ProcessKind.GRAPHICS)
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_its_slot_dies_with_it(

@@ -12,6 +12,7 @@ from gpupool.core.errors import DeviceError, DriverNotFound, InvalidRequest
 from gpupool.core.units import MiB
 from gpupool.devices.nvml import NvmlBackend, model_of
 from gpupool.devices.nvml_lib import NOT_AVAILABLE, Nvml
+from gpupool.devices.snapshot import ProcessKind
 from gpupool.mig import catalog
 
 
@@ -34,6 +35,28 @@ def test_snapshot_reads_every_field(nvml_backend: NvmlBackend, fake_nvml: FakeNv
     ]
     assert a100.model == "A100-40GB" and a100.healthy and a100.error is None
     assert a100.mig is not None and a100.mig.current and a100.mig.instances == ()
+
+
+def test_each_process_has_the_kind_of_the_lists_it_is_in(
+    nvml_backend: NvmlBackend, fake_nvml: FakeNvml
+) -> None:
+    # a display server is in the graphics list only; 4343 has a CUDA and an OpenGL context
+    fake_nvml.gpus[0].graphics = [(4343, 2 << 30), (5151, 200 * MiB)]
+    h100 = nvml_backend.snapshot().gpus[0]
+    assert [(p.pid, p.kind, p.memory_used) for p in h100.processes] == [
+        (4242, ProcessKind.COMPUTE, 3 << 30),
+        (4343, ProcessKind.BOTH, 2 << 30),
+        (5151, ProcessKind.GRAPHICS, 200 * MiB),
+    ]
+    assert h100.to_json()["processes"][2]["kind"] == "graphics"
+    # a driver that does not give the compute list cannot say a process is graphics only
+    base = "nvmlDeviceGetComputeRunningProcesses"
+    fake_nvml.gpus[0].not_supported |= {f"{base}_v3", f"{base}_v2", base}
+    h100 = nvml_backend.snapshot().gpus[0]
+    assert [(p.pid, p.kind) for p in h100.processes] == [
+        (4343, ProcessKind.BOTH),
+        (5151, ProcessKind.BOTH),
+    ]
 
 
 def test_json_has_the_issue_schema(nvml_backend: NvmlBackend) -> None:

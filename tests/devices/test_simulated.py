@@ -16,8 +16,9 @@ from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
 from gpupool.devices.factory import open_backend
 from gpupool.devices.procfs import process_start_time
-from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, SimProcSlot
+from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, PROC_BOTH, PROC_GRAPHICS, SimProcSlot
 from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.snapshot import ProcessKind
 from gpupool.mig import catalog
 
 #: the spec of the `sim_node` fixture (tests/conftest.py)
@@ -114,6 +115,32 @@ def test_gpu_memory_is_what_live_processes_hold(
     assert [p.pid for p in gpu.processes] == [sim_live_process.pid]
     assert gpu.memory_used == sim_live_process.memory_used == 2 * GiB
     assert gpu.memory_free == gpu.memory_total - 2 * GiB
+
+
+def test_each_process_has_the_kind_its_slot_records(
+    sim_node: SimulatedBackend, sim_live_process: Any
+) -> None:
+    # the driver's own slots are compute; a display server's is staged as NVML would list it
+    staged = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    try:
+        for slot, (process, kind) in enumerate(
+            zip(staged, (PROC_GRAPHICS, PROC_BOTH), strict=True), 1
+        ):
+            start = process_start_time(process.pid)
+            assert start is not None
+            sim_node.node.state.write_proc(
+                slot, SimProcSlot(slot, process.pid, 0, start, GiB, 0, 0, kind)
+            )
+        listed = {p.pid: p.kind for p in sim_node.snapshot().gpus[0].processes}
+        assert listed == {
+            sim_live_process.pid: ProcessKind.COMPUTE,
+            staged[0].pid: ProcessKind.GRAPHICS,
+            staged[1].pid: ProcessKind.BOTH,
+        }
+    finally:
+        for process in staged:
+            process.kill()
+            process.wait()
 
 
 def test_gpu_lost(sim_gpu_lost: SimulatedBackend) -> None:

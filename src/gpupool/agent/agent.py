@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent import launcher, mps, node
+from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
 from gpupool.agent.jobdir import JobDir, alive
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.migjobs import MigJobs
@@ -55,6 +56,8 @@ class AgentConfig:
     context_reserve: int | None = None
     #: what the watchdog does with a GPU process of no job or a job over its share
     watchdog: Action = Action.REPORT
+    #: GPU processes of no job the watchdog reports as exempt and never kills
+    watchdog_exempt: Exemptions = NO_EXEMPTIONS
     #: leave the MIG instances created for jobs in place after them
     mig_keep_instances: bool = False
 
@@ -82,7 +85,13 @@ class Agent:
             default_reserve if config.context_reserve is None else config.context_reserve
         )
         self.capacity = node.capacity(snapshot, self.context_reserve)
-        self.watchdog = Watchdog(self.store, config.watchdog, self.context_reserve, self.jobdir)
+        self.watchdog = Watchdog(
+            self.store,
+            config.watchdog,
+            self.context_reserve,
+            self.jobdir,
+            config.watchdog_exempt,
+        )
         #: GPUs in MIG mode: only MIG jobs run there
         self._mig_mode = _mig_mode(snapshot)
         self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)

@@ -13,6 +13,11 @@ Each is recorded once: a process (pid and start time) once per kind, a job once 
 it stays over (again if it comes back under and goes over once more). With action `kill`, each
 offending process gets SIGKILL (for a job over its share, all its processes on that GPU: the
 driver cannot tell which one escaped), and the kill is recorded.
+
+Two kinds of process of no job are never killed: one the driver lists as graphics only (a
+display server, a desktop) is no finding at all, and one on the exemption list (by name or user,
+exempt.py) is an `exempt` node event instead of `no_job`, so the GPU's users outside gpupool
+still show.
 """
 
 from __future__ import annotations
@@ -26,20 +31,24 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
 from gpupool.agent.owners import Owners, identified
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import format_bytes
-from gpupool.devices.procfs import process_start_time
-from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.devices.procfs import process_start_time, process_uid
+from gpupool.devices.snapshot import NodeSnapshot, ProcessKind
 
 NO_JOB = "no_job"
+EXEMPT = "exempt"
 OVER_SHARE = "over_share"
 KILLED = "watchdog_kill"
 #: the event kinds the watchdog writes (job events and node events alike)
-KINDS = (NO_JOB, OVER_SHARE, KILLED)
+KINDS = (NO_JOB, EXEMPT, OVER_SHARE, KILLED)
+#: the findings `kill` acts on (an exempt process is only reported)
+KILLABLE = (NO_JOB, OVER_SHARE)
 
 
 class Action(StrEnum):
@@ -65,20 +74,29 @@ class GpuProcess:
     pid: int
     start: int
     name: str
+    kind: ProcessKind
     memory: int | None  # the driver's figure; None where it does not say
     job: int | None
     share: int | None  # the job's memory share on this GPU (0 on a GPU it was not placed on)
     over_share: bool = False
+    exempt: str | None = None  # of no job: what exempts it (`name Xorg`, `uid 0`)
+
+    @property
+    def stranger(self) -> bool:
+        """Of no job, and neither graphics only nor exempt: what the watchdog reports and kills."""
+        return self.job is None and self.kind is not ProcessKind.GRAPHICS and self.exempt is None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu,
             "pid": self.pid,
             "name": self.name,
+            "kind": self.kind.value,
             "memory": self.memory,
             "job": self.job,
             "share": self.share,
             "over_share": self.over_share,
+            "exempt": self.exempt,
         }
 
 
@@ -100,14 +118,27 @@ class Finding:
 
     def detail(self) -> str:
         pids = ", ".join(f"{p.pid} ({p.name or '?'})" for p in self.processes)
-        if self.kind == NO_JOB:
-            held = self.processes[0].memory
-            memory = "memory unknown" if held is None else format_bytes(held)
-            return f"GPU {self.gpu}: pid {pids} belongs to no job, {memory}"
+        if self.job is None:
+            first = self.processes[0]
+            memory = "memory unknown" if first.memory is None else format_bytes(first.memory)
+            line = f"GPU {self.gpu}: pid {pids} belongs to no job, {memory}"
+            return line if first.exempt is None else f"{line}; exempt ({first.exempt}), not killed"
         return (
             f"GPU {self.gpu}: {format_bytes(self.memory)} in the driver, share and context "
             f"reserve {format_bytes(self.allowed)}; pid {pids}"
         )
+
+
+def _of_no_job(entry: GpuProcess, exemptions: Exemptions) -> tuple[GpuProcess, Finding | None]:
+    """A process of no job as the pass lists it, and its finding (`no_job`, `exempt`, or none)."""
+    if entry.kind is ProcessKind.GRAPHICS:
+        # Graphics only (a display server, a compositor, a desktop's GL clients): shares are
+        # CUDA contexts, so this is no share's escape, and SIGKILL to Xorg would take the node's
+        # display and every session on it down. Listed, but no finding.
+        return entry, None
+    uid = process_uid(entry.pid) if exemptions.uids else None  # /proc read only when needed
+    entry = replace(entry, exempt=exemptions.why(entry.name, uid))
+    return entry, Finding(NO_JOB if entry.exempt is None else EXEMPT, entry.gpu, (entry,))
 
 
 def classify(
@@ -116,8 +147,9 @@ def classify(
     reserve: int,
     job_of: Callable[[int], int | None],
     ignore: frozenset[int] = frozenset(),
+    exemptions: Exemptions = NO_EXEMPTIONS,
 ) -> tuple[list[GpuProcess], list[Finding]]:
-    """Every GPU process with its job and share, and what is wrong among them."""
+    """Every GPU process with its job and share, and what is wrong (or exempt) among them."""
     by_id = {job.id: job for job in jobs}
     seen: list[GpuProcess] = []
     findings: list[Finding] = []
@@ -131,13 +163,23 @@ def classify(
             job = by_id.get(job_id) if job_id is not None else None
             share = dict(zip(job.gpus, job.memory, strict=False)).get(gpu.index, 0) if job else None
             entry = GpuProcess(
-                gpu.index, process.pid, start, process.name, process.memory_used, job_id, share
+                gpu.index,
+                process.pid,
+                start,
+                process.name,
+                process.kind,
+                process.memory_used,
+                job_id,
+                share,
             )
-            if job_id is None:
-                findings.append(Finding(NO_JOB, gpu.index, (entry,)))
-                seen.append(entry)
-            else:
+            if job_id is not None:
+                # whatever its kind: a job's graphics context holds GPU memory of its share too
                 per_job.setdefault(job_id, []).append(entry)
+                continue
+            entry, finding = _of_no_job(entry, exemptions)
+            seen.append(entry)
+            if finding is not None:
+                findings.append(finding)
         for job_id, processes in per_job.items():
             used = sum(p.memory or 0 for p in processes)
             allowed = (processes[0].share or 0) + reserve * len(processes)
@@ -178,12 +220,18 @@ class Watchdog:
     """Runs a pass per sample (on the sampler's snapshot) and records what it finds, once."""
 
     def __init__(
-        self, store: Store, action: Action, reserve: int, jobdir: Callable[[int], JobDir]
+        self,
+        store: Store,
+        action: Action,
+        reserve: int,
+        jobdir: Callable[[int], JobDir],
+        exemptions: Exemptions = NO_EXEMPTIONS,
     ) -> None:
         self.store = store
         self.jobdir = jobdir
         self.action = action
         self.reserve = reserve
+        self.exemptions = exemptions
         self.processes: list[GpuProcess] = []
         #: jobs that went over their share at least once (the mark in `ps`)
         self.flagged: set[int] = store.job_ids_with(OVER_SHARE)
@@ -198,12 +246,14 @@ class Watchdog:
         running = [identified(job, self.jobdir) for job in running]
         owners = Owners(running)
         ignored = self._ignore | frozenset(helpers)
-        processes, findings = classify(snapshot, running, self.reserve, owners.job_of, ignored)
+        processes, findings = classify(
+            snapshot, running, self.reserve, owners.job_of, ignored, self.exemptions
+        )
         self.processes = processes
         new = [finding for finding in findings if finding.key not in self._open]
         for finding in new:
             self._record(finding, finding.kind, finding.detail())
-            if self.action is Action.KILL:
+            if self.action is Action.KILL and finding.kind in KILLABLE:
                 for process in finding.processes:
                     outcome = kill(process.pid, process.start)
                     self._record(finding, KILLED, f"pid {process.pid}: {outcome}", process.pid)

@@ -196,12 +196,13 @@ class AgentCollector(Collector):
                 over.add((str(job.id), job.name, job.user), 1)
         strangers = Family(
             "gpupool_gpu_processes_without_job",
-            "GPU processes of no job (foreign or escaped) in the watchdog's last pass",
+            "GPU processes of no job (foreign or escaped) in the watchdog's last pass, "
+            "neither graphics only nor exempt",
             "gauge",
             ("gpu",),
         )
         for gpu in sorted(uuids):
-            count = sum(1 for p in agent.watchdog.processes if p.gpu == gpu and p.job is None)
+            count = sum(1 for p in agent.watchdog.processes if p.gpu == gpu and p.stranger)
             strangers.add((str(gpu),), count)
         observed = agent.observed
         return [

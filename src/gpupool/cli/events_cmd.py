@@ -1,4 +1,5 @@
-"""`gpupool events`: what the daemon's watchdog found (processes of no job, jobs over share)."""
+"""`gpupool events`: what the daemon's watchdog found (processes of no job, exempt or not, and
+jobs over share)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """The watchdog's events: GPU processes of no job, jobs over their memory share, kills."""
+        """The watchdog's events: GPU processes of no job (exempt ones too), jobs over their
+        memory share, kills."""
         if since is not None and since < 0:
             raise InvalidRequest(f"invalid --since {since:g}: must not be negative")
         params: dict[str, Any] = {"limit": limit}

@@ -19,9 +19,12 @@ Marks = Mapping[tuple[int, int], str]
 
 
 def mark(process: Mapping[str, Any]) -> str:
-    """`job 3, 2GiB share`, `job 3, over 2GiB share` or `no job`."""
+    """`job 3, 2GiB share`, `job 3, over 2GiB share`, `no job`, or, for what the watchdog
+    never kills, `no job, graphics` and `no job, exempt`."""
     if process["job"] is None:
-        return "no job"
+        if process["kind"] == "graphics":
+            return "no job, graphics"
+        return "no job" if process["exempt"] is None else "no job, exempt"
     share = format_bytes(process["share"] or 0)
     over = "over " if process["over_share"] else ""
     return f"job {process['job']}, {over}{share} share"

@@ -80,6 +80,13 @@ def register(app: typer.Typer) -> None:
             help="A GPU process of no job, or a job over its memory share: record it, or also "
             "SIGKILL it (default: $GPUPOOL_WATCHDOG, else report).",
         ),
+        watchdog_exempt: str | None = typer.Option(
+            None,
+            "--watchdog-exempt",
+            metavar="NAME,uid:N,...",
+            help="GPU processes of no job to report as exempt and never kill: command names "
+            "(as gpupool gpus shows them) and uid:N (default: $GPUPOOL_WATCHDOG_EXEMPT).",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -91,6 +98,7 @@ def register(app: typer.Typer) -> None:
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
         from gpupool.agent import statedir
         from gpupool.agent.agent import Agent, AgentConfig
+        from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
         from gpupool.agent.watchdog import Action
         from gpupool.api import server
         from gpupool.api.app import create_app
@@ -104,6 +112,8 @@ def register(app: typer.Typer) -> None:
             )
         reserve = _context_reserve(context_reserve)
         action = Action.parse(watchdog or settings.WATCHDOG.read(os.environ) or "report")
+        exempt = watchdog_exempt or settings.WATCHDOG_EXEMPT.read(os.environ)
+        exemptions = NO_EXEMPTIONS if exempt is None else Exemptions.parse(exempt)
         token = _token(token_file, listen)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
         config = AgentConfig(
@@ -112,6 +122,7 @@ def register(app: typer.Typer) -> None:
             cancel_grace_s=cancel_grace,
             context_reserve=reserve,
             watchdog=action,
+            watchdog_exempt=exemptions,
             mig_keep_instances=mig_keep_instances,
         )
         lock = statedir.hold(root)
@@ -134,7 +145,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(
                 f"gpupool serve: listening on {', '.join(where)} (policy {policy}, context "
                 f"reserve {format_bytes(agent.context_reserve)} per job and GPU, watchdog "
-                f"{action}, state {root})",
+                f"{action}, exempt {exemptions}, state {root})",
                 err=True,
             )
             try:

@@ -135,6 +135,13 @@ WATCHDOG = Setting(
     "`report` (an event) or `kill` (SIGKILL to the process, recorded too).",
     Reader.PYTHON,
 )
+WATCHDOG_EXEMPT = Setting(
+    "GPUPOOL_WATCHDOG_EXEMPT",
+    None,
+    "GPU processes of no job that `gpupool serve`'s watchdog reports as exempt and never kills: "
+    "comma-separated command names (as `gpupool gpus` shows them) and uid:N entries.",
+    Reader.PYTHON,
+)
 MPS_CONTROL = Setting(
     "GPUPOOL_MPS_CONTROL",
     None,
@@ -166,6 +173,7 @@ ALL: tuple[Setting, ...] = (
     URL,
     TOKEN,
     WATCHDOG,
+    WATCHDOG_EXEMPT,
     MPS_CONTROL,
     MIG_KEEP_INSTANCES,
 )

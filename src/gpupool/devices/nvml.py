@@ -13,7 +13,14 @@ from gpupool.core.units import MiB
 from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.nvml_lib import NOT_AVAILABLE, Nvml, text
 from gpupool.devices.procfs import process_name
-from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
+from gpupool.devices.snapshot import (
+    GpuSnapshot,
+    MigInstance,
+    MigState,
+    NodeSnapshot,
+    ProcessInfo,
+    ProcessKind,
+)
 from gpupool.mig import catalog
 
 #: placements per profile never exceed the slice count (8 on every MIG GPU); room to spare
@@ -168,17 +175,33 @@ class NvmlBackend(GpuBackend):
     def _processes(self, index: int, handle: Any) -> tuple[ProcessInfo, ...]:
         nvml = self._nvml
         memory: dict[int, int | None] = {}
+        listed_in: dict[str, set[int]] = {}
+        compute_known = True
         for kind in ("Compute", "Graphics"):
             base = f"nvmlDeviceGet{kind}RunningProcesses"
             listed = nvml.query((f"{base}_v3", f"{base}_v2", base), handle)
+            listed_in[kind] = set()
+            if listed is NOT_AVAILABLE and kind == "Compute":
+                compute_known = False
             for proc in [] if listed is NOT_AVAILABLE else listed:
                 used = proc.usedGpuMemory
                 # a process doing compute and graphics appears twice: keep the larger figure
                 previous = memory.get(proc.pid)
                 memory[proc.pid] = used if previous is None else max(previous, used or 0)
+                listed_in[kind].add(proc.pid)
         utilization = self._process_utilization(index, handle)
         return tuple(
-            ProcessInfo(pid, process_name(pid), used, utilization.get(pid))
+            ProcessInfo(
+                pid,
+                process_name(pid),
+                used,
+                # without the compute list, a graphics process may hold a CUDA context too:
+                # only the driver's word makes a process graphics only (never killed)
+                ProcessKind.of(
+                    pid in listed_in["Compute"] or not compute_known, pid in listed_in["Graphics"]
+                ),
+                utilization.get(pid),
+            )
             for pid, used in sorted(memory.items())
         )
 

@@ -22,3 +22,15 @@ def process_name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def process_uid(pid: int) -> int | None:
+    """The effective uid of `pid` (the user `ps` shows), or None when the pid is gone or hidden."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[2])  # real, effective, saved, filesystem
+    return None

@@ -17,7 +17,7 @@ from gpupool.core.errors import DeviceError
 from gpupool.devices.procfs import process_start_time
 
 MAGIC = 0x314D49534C505047  # b"GPPLSIM1" as a little-endian u64
-VERSION = 2
+VERSION = 3
 MAX_GPUS = 16
 MAX_PROCS = 256
 HEADER_SIZE = 4096
@@ -38,10 +38,17 @@ DEFAULT_KERNEL_PS_PER_THREAD = 30518
 FLAG_LOST = 0x1
 FLAG_NOT_SUPPORTED = 0x2
 
+#: a process slot's kind (zero, compute, is what the simulated driver's slots hold)
+PROC_COMPUTE = 0
+PROC_GRAPHICS = 1
+PROC_BOTH = 2
+
 _HEADER = struct.Struct("<QIIIIIIQ")  # magic .. kernel_ps_per_thread
 _GPU_STRINGS = struct.Struct("<48s96s32s")  # uuid, name, model at offset 0
 _GPU_COUNTERS = struct.Struct("<QQQQIIII32s")  # memory_total .. pci_bus_id at offset 176
 _PROC = struct.Struct("<iiQQQQ")  # pid, gpu, start_time, memory_used, busy_ns, last_launch_ns
+#: a slot's kind (u32); the driver's own MPS fields, which Python leaves alone, lie before it
+_PROC_KIND_AT = 56
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class SimProcSlot:
     memory_used: int
     busy_ns: int
     last_launch_ns: int
+    kind: int = PROC_COMPUTE
 
 
 @dataclass(frozen=True)
@@ -267,7 +275,14 @@ class SimState:
     def procs(self, *, live_only: bool = True) -> Iterator[SimProcSlot]:
         """Occupied process slots; by default only those whose process still runs."""
         for slot in range(MAX_PROCS):
-            record = SimProcSlot(slot, *_PROC.unpack_from(self._map, PROCS_OFFSET + slot * 64))
+            base = PROCS_OFFSET + slot * PROC_RECORD_SIZE
+            (kind,) = struct.unpack_from("<I", self._map, base + _PROC_KIND_AT)
+            pid, gpu, start_time, memory_used, busy_ns, last_launch_ns = _PROC.unpack_from(
+                self._map, base
+            )
+            record = SimProcSlot(
+                slot, pid, gpu, start_time, memory_used, busy_ns, last_launch_ns, kind
+            )
             if record.pid == 0 or (live_only and not is_slot_alive(record)):
                 continue
             yield record
@@ -290,6 +305,9 @@ class SimState:
             proc.memory_used,
             proc.busy_ns,
             proc.last_launch_ns,
+        )
+        struct.pack_into(
+            "<I", self._map, PROCS_OFFSET + slot * PROC_RECORD_SIZE + _PROC_KIND_AT, proc.kind
         )
 
     def set_gpu_usage(self, index: int, memory_used: int, busy_ns_total: int) -> None:

@@ -21,14 +21,25 @@ from gpupool.devices.simnode import SimGpu, SimInstance, SimNode
 from gpupool.devices.simspec import parse_spec, resolve_node_dir
 from gpupool.devices.simstate import (
     FLAG_NOT_SUPPORTED,
+    PROC_BOTH,
+    PROC_GRAPHICS,
     SimGpuCounters,
     SimProcSlot,
     is_slot_alive,
     parent_gpu,
 )
-from gpupool.devices.snapshot import GpuSnapshot, MigInstance, MigState, NodeSnapshot, ProcessInfo
+from gpupool.devices.snapshot import (
+    GpuSnapshot,
+    MigInstance,
+    MigState,
+    NodeSnapshot,
+    ProcessInfo,
+    ProcessKind,
+)
 
 DRIVER = "simulated"
+#: a slot's kind as NVML would list the process (any other value is the driver's own: compute)
+_KINDS = {PROC_GRAPHICS: ProcessKind.GRAPHICS, PROC_BOTH: ProcessKind.BOTH}
 FIRST_SAMPLE_GAP_S = 0.05
 #: board power (W) of each model, the top of the simulated power model
 _BOARD_POWER_W = {
@@ -186,7 +197,10 @@ class SimulatedBackend(GpuBackend):
             # a process new in this window has no baseline yet: it shows from the next sample
             busy = slot.busy_ns - before.get(_proc_key(slot), slot.busy_ns)
             share = _percent(busy, wall_ns) if supported else None
-            processes.append(ProcessInfo(slot.pid, process_name(slot.pid), slot.memory_used, share))
+            kind = _KINDS.get(slot.kind, ProcessKind.COMPUTE)
+            processes.append(
+                ProcessInfo(slot.pid, process_name(slot.pid), slot.memory_used, kind, share)
+            )
         return tuple(processes)
 
     # -- MIG ------------------------------------------------------------------------------------

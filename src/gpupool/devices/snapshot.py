@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
+
+
+class ProcessKind(StrEnum):
+    """Which of the driver's lists a process is in: NVML keeps compute processes (a CUDA context)
+    apart from graphics ones (OpenGL, Vulkan: a display server, a desktop), as nvidia-smi's C and
+    G; a process with both contexts is in both."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    BOTH = "compute+graphics"
+
+    @classmethod
+    def of(cls, compute: bool, graphics: bool) -> ProcessKind:
+        """The kind of a process found in the compute list, the graphics list, or both."""
+        if compute and graphics:
+            return cls.BOTH
+        return cls.GRAPHICS if graphics else cls.COMPUTE
 
 
 @dataclass(frozen=True)
@@ -13,6 +31,7 @@ class ProcessInfo:
     pid: int
     name: str
     memory_used: int | None
+    kind: ProcessKind
     gpu_utilization: int | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -20,6 +39,7 @@ class ProcessInfo:
             "pid": self.pid,
             "name": self.name,
             "memory_used": self.memory_used,
+            "kind": self.kind.value,
             "gpu_utilization": self.gpu_utilization,
         }
 

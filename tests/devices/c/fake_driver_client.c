@@ -1,8 +1,9 @@
 /*
  * A stand-in for a process on the simulated CUDA driver: maps a node's state.bin through
  * gpupool_simstate.h, takes a process slot on a GPU with some memory and busy time, as the
- * driver does for each process, prints "ready" and waits to be killed.
- * usage: fake_driver_client STATE_FILE GPU SLOT MEMORY_BYTES BUSY_NS
+ * driver does for each process, prints "ready" and waits to be killed. With "graphics", the slot
+ * says the process is graphics only, as a staged display server's does.
+ * usage: fake_driver_client STATE_FILE GPU SLOT MEMORY_BYTES BUSY_NS [graphics]
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -27,7 +28,7 @@ static unsigned long long own_start_time(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) return 2;
+    if (argc != 6 && !(argc == 7 && strcmp(argv[6], "graphics") == 0)) return 2;
     int fd = open(argv[1], O_RDWR);
     if (fd < 0) return 3;
     unsigned char *base = mmap(NULL, GPUPOOL_SIM_STATE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
     slot->start_time = own_start_time();
     slot->memory_used = memory;
     slot->busy_ns = strtoull(argv[5], NULL, 10);
+    slot->kind = argc == 7 ? GPUPOOL_SIM_PROC_GRAPHICS : GPUPOOL_SIM_PROC_COMPUTE;
     slot->pid = getpid();
     gpu->memory_used += memory;
     gpu->busy_ns_total += slot->busy_ns;
