@@ -35,7 +35,9 @@ def test_the_mps_gpu_check_passes_on_a_simulated_node(tmp_path: Path) -> None:
     # the priority pair on the twin: the high request loop keeps its latency beside the low job,
     # and loses it beside the same job at high priority
     steps = {row.split(" | ")[0][2:]: row.split(" | ")[1:] for row in rows}
-    alone_p50 = float(steps["high alone"][1])
-    assert float(steps["high beside low"][1]) < 1.5 * alone_p50, rows
+    # (by the request rate: a 1 s run's p50 moves with the machine's load, the rate much less;
+    # beside the low job it is about what it is alone, beside a high one a fiftieth of it)
+    alone_rate = float(steps["high alone"][0])
+    assert float(steps["high beside low"][0]) > 0.6 * alone_rate, rows
     no_priorities = steps["high beside the same job at high (no priorities)"]
-    assert float(no_priorities[0]) < 0.5 * float(steps["high alone"][0]), rows
+    assert float(no_priorities[0]) < 0.3 * alone_rate, rows

@@ -82,7 +82,8 @@ def test_share_policy_uses_an_idle_gpu(client: Path, tmp_path: Path) -> None:
     ratio = throughput(run_client(client, env, "run", SECONDS, "kernel")) / exclusive(
         client, idle, "kernel"
     )
-    assert ratio > 0.95
+    # issue 8's target: 90 % or more (about 98 % on a quiet machine; 94.6 % seen under load)
+    assert ratio >= 0.90
 
 
 def test_cap_policy_stays_at_its_share_on_an_idle_gpu(client: Path, tmp_path: Path) -> None:
