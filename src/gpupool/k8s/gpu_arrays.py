@@ -7,7 +7,9 @@ answers one pod over such arrays with a few numpy operations per question, so th
 extender ranks 10,000 nodes within a millisecond. Every answer is a vectorised copy of a rule
 of `gpupool.scheduler.gpu_placement` (named in its docstring);
 tests/k8s/test_gpu_arrays_equality.py checks on random fleets that the answers are the same,
-node by node. One rule is the extender's own: a GPU is advertised to the kubelet as
+node by node. A `low` pod is answered over a second set of arrays, the GPUs as it sees them
+(every GPU's compute free, scheduler/opportunistic.py), kept up to date with the first.
+One rule is the extender's own: a GPU is advertised to the kubelet as
 SLOTS_PER_GPU device slots, so a GPU whose slots are all held is not `usable` (gpu_placement
 is shown it as not healthy: it takes no pod and its free compute is no fragment).
 """
@@ -119,6 +121,14 @@ class GpuArrays:
         for f in fields(self):
             getattr(bigger, f.name)[..., :g, :n] = getattr(self, f.name)
         return bigger
+
+    def refresh_opportunistic(self, source: GpuArrays, node: int) -> None:
+        """Make `node` here `source`'s as an opportunistic (`low`) pod sees it: every GPU's
+        compute free (scheduler/opportunistic.as_seen_by), the rest as it is there."""
+        for f in fields(self):
+            getattr(self, f.name)[..., node] = getattr(source, f.name)[..., node]
+        self.compute_free[:, node] = MILLI_PER_GPU
+        self.refresh(node)
 
     def refresh(self, node: int) -> None:
         """Recompute a node's derived arrays (usable, fragment, fullness, shape memory) from
