@@ -122,13 +122,14 @@ class GpuArrays:
             getattr(bigger, f.name)[..., :g, :n] = getattr(self, f.name)
         return bigger
 
-    def refresh_opportunistic(self, source: GpuArrays, node: int) -> None:
-        """Make `node` here `source`'s as an opportunistic (`low`) pod sees it: every GPU's
-        compute free (scheduler/opportunistic.as_seen_by), the rest as it is there."""
-        for f in fields(self):
-            getattr(self, f.name)[..., node] = getattr(source, f.name)[..., node]
-        self.compute_free[:, node] = MILLI_PER_GPU
-        self.refresh(node)
+    def refresh_opportunistic(self, source: GpuArrays, nodes: int | slice) -> None:
+        """Make these nodes (a column or a slice of them) here `source`'s, refreshed, as an
+        opportunistic (`low`) pod sees them: every GPU's compute free
+        (scheduler/opportunistic.as_seen_by), the rest as it is there."""
+        for name in _COPIED:
+            getattr(self, name)[..., nodes] = getattr(source, name)[..., nodes]
+        self.compute_free[:, nodes] = MILLI_PER_GPU
+        self._refresh_use(nodes)
 
     def refresh(self, node: int) -> None:
         """Recompute a node's derived arrays (usable, fragment, fullness, shape memory) from
@@ -137,9 +138,21 @@ class GpuArrays:
         self.usable[:, node] = self.healthy[:, node] & (self.shares[:, node] < SLOTS_PER_GPU)
         for i, milli in enumerate(TARGET_MILLI):
             self.shape_memory[i, :, node] = total * milli // MILLI_PER_GPU
+        self._refresh_use(node)
+
+    def _refresh_use(self, node: int | slice) -> None:
+        """Recompute a node's (or a slice of nodes') fragment and fullness from the free
+        compute and memory."""
         compute, memory = self.compute_free[:, node], self.memory_free[:, node]
         self.fragment[:, node] = _lost(compute, memory, self.shape_memory[:, :, node])
-        self.fullness[:, node] = _fullness(compute, memory, total) * self.present[:, node]
+        total, present = self.memory_total[:, node], self.present[:, node]
+        self.fullness[:, node] = _fullness(compute, memory, total) * present
+
+
+#: what an opportunistic pod sees as it is (its free compute is all, fragment and fullness follow)
+_COPIED = tuple(
+    f.name for f in fields(GpuArrays) if f.name not in {"compute_free", "fragment", "fullness"}
+)
 
 
 def _lost(compute_free: I32, memory_free: I64, shape_memory: I64) -> I32:
