@@ -14,10 +14,13 @@ lean as kube-scheduler's.
 
 `--asks N` takes N pod shapes in turn (default 1, the replicas of one workload, whose answers
 the extender updates where a bind changed a node; more than 8 makes every answer anew).
+`--low` annotates the pods `gpupool.io/priority: low` (opportunistic: answered over the
+GPUs as such a pod sees them, every GPU's compute free; bound holding memory and no compute).
 `--floor` times the same client against a server that answers canned bytes of the same size:
 what no extender can save on this machine. Prints a markdown table.
 
-    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300] [--asks 1] [--floor]
+    .venv/bin/python bench/extender_latency.py [--nodes 10000] [--pods 300] [--asks 1] [--low]
+        [--floor]
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from gpupool.k8s.kubeapi import InMemoryKube
 GPUS_PER_NODE = 8
 
 
-def build(nodes: int, seed: int, pods: int, asks: int = 1) -> Extender:
+def build(nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False) -> Extender:
     """An extender knowing `nodes` nodes of 8 GPUs, a third of each GPU's compute used at random."""
     rng = random.Random(seed)
     api = InMemoryKube()
@@ -56,7 +59,7 @@ def build(nodes: int, seed: int, pods: int, asks: int = 1) -> Extender:
         ]
         api.add_node(f"node-{n:05d}", {names.ANN_NODE_GPUS: encode(inventory)})
     for i in range(pods):
-        api.add_pod(pod(i, asks))
+        api.add_pod(pod(i, asks, low))
     extender = Extender(api)
     extender.resync()
     for n in range(nodes):
@@ -68,13 +71,16 @@ def build(nodes: int, seed: int, pods: int, asks: int = 1) -> Extender:
     return extender
 
 
-def serve(port: int, nodes: int, seed: int, pods: int, asks: int) -> None:
+def serve(port: int, nodes: int, seed: int, pods: int, asks: int, low: bool) -> None:
     import uvicorn
 
     from gpupool.k8s.extender_http import create_app
 
     uvicorn.run(
-        create_app(build(nodes, seed, pods, asks)), host="127.0.0.1", port=port, log_level="warning"
+        create_app(build(nodes, seed, pods, asks, low)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
     )
 
 
@@ -113,12 +119,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pod(i: int, asks: int = 1) -> dict[str, Any]:
-    """Pod i: 1 GPU, 10Gi and 30 %, or (asks > 1) one of `asks` different memory sizes."""
+def pod(i: int, asks: int = 1, low: bool = False) -> dict[str, Any]:
+    """Pod i: 1 GPU, 10Gi and 30 %, or (asks > 1) one of `asks` different memory sizes; `low`
+    priority or the default (high)."""
     memory = "10Gi" if asks == 1 else f"{10 * 1024 + i % asks}Mi"
     limits = {names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: memory, names.RESOURCE_COMPUTE: "30"}
+    annotations = {names.ANN_PRIORITY: "low"} if low else {}
     return {
-        "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": f"u{i}"},
+        "metadata": {
+            "name": f"bench-{i}",
+            "namespace": "default",
+            "uid": f"u{i}",
+            "annotations": annotations,
+        },
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
     }
 
@@ -136,11 +149,13 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
     return data
 
 
-def measure(port: int, node_names: list[str], pods: int, warmup: int, asks: int) -> list[float]:
+def measure(
+    port: int, node_names: list[str], pods: int, warmup: int, asks: int, low: bool
+) -> list[float]:
     timings = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(warmup + pods):
-        args = {"pod": pod(i, asks), "nodenames": node_names}
+        args = {"pod": pod(i, asks, low), "nodenames": node_names}
         body = json.dumps(args).encode()
         start = time.perf_counter()
         fit = json.loads(post(conn, "/filter", body))["nodenames"]
@@ -178,6 +193,9 @@ def main() -> None:
         "than the extender keeps answers for (8) makes every pod's answer anew",
     )
     parser.add_argument(
+        "--low", action="store_true", help="low-priority (opportunistic) pods, not high ones"
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="time the HTTP server and this client alone: canned answers of the same size",
@@ -192,7 +210,7 @@ def main() -> None:
     else:
         server = spawn.Process(
             target=serve,
-            args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks),
+            args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks, args.low),
             daemon=True,
         )
     server.start()
@@ -207,7 +225,7 @@ def main() -> None:
                 raise SystemExit("the extender did not start") from None
             time.sleep(0.2)
     load = os.getloadavg()[0]
-    timings = measure(port, node_names, args.pods, args.warmup, args.asks)
+    timings = measure(port, node_names, args.pods, args.warmup, args.asks, args.low)
     load_after = os.getloadavg()[0]
     server.terminate()
     q = statistics.quantiles(timings, n=100)
@@ -221,7 +239,8 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {'canned (floor)' if args.floor else 'extender'} | {args.nodes:,} "
+        f"| {'canned (floor)' if args.floor else 'extender'}{' (low pods)' if args.low else ''} "
+        f"| {args.nodes:,} "
         f"| {len(node_names):,} | {args.asks} | {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
         f"| {max(timings):.2f} |"
     )

@@ -306,12 +306,15 @@ def test_the_files_of_a_finished_pod_are_removed(
 def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     api: InMemoryKube, plugin: DevicePlugin, kubelet: TestKubelet
 ) -> None:
+    # a high pod holds all of both GPUs' compute: the low pod is bound beside it all the same
+    api.add_pod(gpu_pod("busy", gpus="2", memory="20Gi", compute="100"))
     api.add_pod(
         gpu_pod("batch", memory="10Gi", compute="30", annotations={names.ANN_PRIORITY: "low"})
     )
     with ExtenderServer(Extender(api)) as http:
-        bind = {"podName": "batch", "podNamespace": "default", "podUID": "uid-default-batch"}
-        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+        for name in ("busy", "batch"):
+            bind = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
+            assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
     assert kubelet.plugin is not None
     slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
     request = pb.AllocateRequest(
@@ -319,5 +322,7 @@ def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     )
     response = kubelet.plugin.Allocate(request).container_responses[0]
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
+    # it holds no compute in placement, and its share still asks the arbiter for what it asked
+    assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
     assert Path(arbiter.host_path) == plugin.files.arbiter_dir()

@@ -232,3 +232,59 @@ def test_two_hundred_pods_bound_concurrently_over_commit_no_gpu() -> None:
     assert sum(milli for milli, _, _ in held(api).values()) > 0.6 * 80 * 1000
     for (node, gpu), (milli, memory, count) in held(api).items():
         assert milli <= 1000 and memory <= 80 * GiB and count <= names.SLOTS_PER_GPU, (node, gpu)
+
+
+LOW = {names.ANN_PRIORITY: "low"}
+
+
+def passes(http: httpx.Client, pod: dict[str, Any], node: str) -> bool:
+    result = http.post("/filter", json={"pod": pod, "nodenames": [node]}).json()
+    return bool(result["nodenames"] == [node])
+
+
+def test_a_low_pod_passes_where_high_pods_hold_all_compute_and_is_bound_beside_them() -> None:
+    api = cluster(nodes=1, per_node=1)
+    api.add_pod(gpu_pod("high", compute="100", memory="40Gi"))
+    low = api.add_pod(gpu_pod("low", compute="50", memory="20Gi", annotations=LOW))
+    also_high = api.add_pod(gpu_pod("also-high", compute="50", memory="20Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        assert bind(http, "high", "node-0") == {}
+        assert not passes(http, also_high, "node-0")  # the same ask at high: no compute left
+        assert passes(http, low, "node-0")
+        assert schedule(http, low, ["node-0"]) == "node-0"
+    ann = api.pods[("default", "low")]["metadata"]["annotations"]
+    # the compute it asked for is still written: the device plugin gives it to the arbiter
+    assert ann[names.ANN_COMPUTE_MILLI] == "500"
+    assert ann[names.ANN_MEMORY_BYTES] == str(20 * GiB)
+
+
+def test_a_high_pod_is_not_kept_out_by_a_low_pods_compute() -> None:
+    api = cluster(nodes=1, per_node=1)
+    api.add_pod(gpu_pod("low", compute="100", memory="10Gi", annotations=LOW))
+    high = api.add_pod(gpu_pod("high", compute="100", memory="10Gi"))
+    with ExtenderServer(Extender(api)) as http:
+        assert bind(http, "low", "node-0") == {}
+        assert passes(http, high, "node-0")
+    with ExtenderServer(Extender(api)) as http:  # a new process: what the low pod holds re-read
+        assert passes(http, high, "node-0")
+        assert schedule(http, high, ["node-0"]) == "node-0"
+
+
+def test_a_low_pod_holds_memory_and_is_refused_for_it() -> None:
+    api = cluster(nodes=1, per_node=1)
+    api.add_pod(gpu_pod("high", compute="100", memory="50Gi"))
+    api.add_pod(gpu_pod("low", compute="100", memory="20Gi", annotations=LOW))
+    too_big = api.add_pod(gpu_pod("too-big", compute="10", memory="20Gi", annotations=LOW))
+    fits = api.add_pod(gpu_pod("fits", compute="10", memory="10Gi", annotations=LOW))
+    with ExtenderServer(Extender(api)) as http:
+        assert bind(http, "high", "node-0") == {}
+        assert bind(http, "low", "node-0") == {}
+        # 10Gi of the GPU's 80Gi is left: memory is checked for a low pod, compute is not
+        result = http.post("/filter", json={"pod": too_big, "nodenames": ["node-0"]}).json()
+        assert result["nodenames"] == []
+        assert result["failedNodes"]["node-0"] == "1 GPU needed, 0 can take the share now"
+        assert "error" in bind(http, "too-big", "node-0")
+        assert passes(http, fits, "node-0")
+    with ExtenderServer(Extender(api)) as http:  # re-read from the pods: the memory still held
+        assert not passes(http, too_big, "node-0")
+        assert passes(http, fits, "node-0")

@@ -1,10 +1,13 @@
 """The extender's vectorised answers equal scheduler/gpu_placement's, node by node.
 
 Seeded random fleets: nodes of 1 to 8 GPUs of mixed models and sizes, some unhealthy, partly
-used by shared pods (some GPUs with every device slot held); random asks: one or several GPUs,
-memory in bytes or in proportion, exclusive, a GPU model (present or not), some too big for any
-node. For every policy the extender offers, each node's fit, why-not line (never_fits's, or the
-shortfall of GPUs) and score are compared with what gpu_placement answers for the same GPUs,
+used by shared pods (some GPUs with every device slot held), `high` and `low` (a low pod holds
+memory and no compute, some beside high pods that hold all of a GPU's compute); random asks:
+one or several GPUs, memory in bytes or in proportion, exclusive, a GPU model (present or not),
+some too big for any node, a third of them `low` (placed as if every GPU's compute were free,
+scheduler/opportunistic.as_seen_by). For every policy the extender offers, each node's fit,
+why-not line (never_fits's, or the shortfall of GPUs) and score are compared with what
+gpu_placement answers for the same GPUs,
 built here from the test's own record of what each pod holds, not from the extender's arrays.
 Each fleet is asked twice: with every node (answered over the whole fleet's arrays) and with a
 few (answered over a copy of their columns).
@@ -13,12 +16,12 @@ few (answered over a copy of their columns).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 
-from gpupool.core.resources import Mode
+from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, GiB
 from gpupool.k8s.fleet import POLICIES, Charge, Fleet, gpu_request
 from gpupool.k8s.gpu_arrays import priorities
@@ -27,6 +30,7 @@ from gpupool.k8s.names import SLOTS_PER_GPU
 from gpupool.k8s.podspec import GpuAsk
 from gpupool.scheduler.gpu_placement import never_fits, place, shortfalls
 from gpupool.scheduler.gpus import GpuView
+from gpupool.scheduler.opportunistic import as_seen_by, guaranteed_compute
 
 MODELS = {"A100-80GB": 80 * GiB, "A100-40GB": 40 * GiB, "T4": 16 * GiB, "H100-94GB": 94 * GiB}
 
@@ -39,7 +43,8 @@ class Gpu:
     memory_used: int = 0
     milli_used: int = 0
     pods: int = 0
-    held: list[tuple[int, int]] = field(default_factory=list)
+    #: (milli held, bytes held, priority) per pod: a low pod holds no compute
+    held: list[tuple[int, int, Priority]] = field(default_factory=list)
 
     def view(self) -> GpuView:
         total = self.info.memory
@@ -76,7 +81,8 @@ def random_fleet(rng: random.Random, nodes: int) -> tuple[Fleet, list[Node]]:
 
 def fill(rng: random.Random, fleet: Fleet, node: str, gpu: Gpu) -> None:
     """Pods on one GPU: none, a few shares, a whole GPU, every device slot held, or shares with
-    more of the memory than of the compute (memory, not compute, then limits the shapes)."""
+    more of the memory than of the compute (memory, not compute, then limits the shapes); then,
+    on some GPUs, low pods, which need memory and a device slot but no compute."""
     kind = rng.choice(["empty", "empty", "shares", "shares", "memory", "whole", "slots"])
     if kind == "whole":
         pods = [(MILLI_PER_GPU, gpu.info.memory)]
@@ -92,14 +98,20 @@ def fill(rng: random.Random, fleet: Fleet, node: str, gpu: Gpu) -> None:
         pods = [(rng.choice([50, 100, 200]), gpu.info.memory * rng.choice([30, 55, 80]) // 100)]
     else:
         pods = []
-    for milli, memory in pods:
+    asks = [(milli, memory, Priority.HIGH) for milli, memory in pods]
+    if rng.random() < 0.3:
+        for _ in range(rng.randint(1, 3)):
+            milli = rng.choice([100, 500, MILLI_PER_GPU])
+            asks.append((milli, rng.choice([1 * GiB, 8 * GiB, 20 * GiB]), Priority.LOW))
+    for milli, memory, priority in asks:
+        held = guaranteed_compute(priority, milli)
         room = MILLI_PER_GPU - gpu.milli_used, gpu.info.memory - gpu.memory_used
-        if milli <= room[0] and memory <= room[1] and gpu.pods < SLOTS_PER_GPU:
-            fleet.charge(Charge(node, (gpu.info.index,), memory, milli, milli == MILLI_PER_GPU))
+        if held <= room[0] and memory <= room[1] and gpu.pods < SLOTS_PER_GPU:
+            fleet.charge(Charge(node, (gpu.info.index,), memory, held, False))
             gpu.memory_used += memory
-            gpu.milli_used += milli
+            gpu.milli_used += held
             gpu.pods += 1
-            gpu.held.append((milli, memory))
+            gpu.held.append((held, memory, priority))
 
 
 def churn(rng: random.Random, fleet: Fleet, record: list[Node]) -> None:
@@ -108,7 +120,7 @@ def churn(rng: random.Random, fleet: Fleet, record: list[Node]) -> None:
     for node in rng.sample(record, rng.choice([1, 3, 12])):
         for gpu in node.gpus:
             while gpu.held and rng.random() < 0.5:
-                milli, memory = gpu.held.pop()
+                milli, memory, _ = gpu.held.pop()
                 charge = Charge(node.name, (gpu.info.index,), memory, milli, False)
                 fleet.charge(charge, -1)
                 gpu.memory_used -= memory
@@ -129,7 +141,8 @@ def random_ask(rng: random.Random) -> GpuAsk:
         return GpuAsk(gpus, None, MILLI_PER_GPU, Mode.EXCLUSIVE, gpu_model=model)
     memory = rng.choice([None, None, 1 * GiB, 8 * GiB, 20 * GiB, 40 * GiB, 90 * GiB, 200 * GiB])
     compute = rng.choice([10, 100, 250, 300, 500, 700, 1000])
-    return GpuAsk(gpus, memory, compute, gpu_model=model)
+    priority = rng.choice([Priority.HIGH, Priority.HIGH, Priority.LOW])
+    return GpuAsk(gpus, memory, compute, priority=priority, gpu_model=model)
 
 
 def check(fleet: Fleet, record: list[Node], ask: GpuAsk) -> None:
@@ -140,7 +153,7 @@ def check(fleet: Fleet, record: list[Node], ask: GpuAsk) -> None:
     by_policy = {policy: fleet.node_scores(ask, names, policy) for policy in POLICIES}
     ints = {policy: fleet.scores(ask, names, policy) for policy in POLICIES}
     for i, node in enumerate(record):
-        views = [gpu.view() for gpu in node.gpus]
+        views = list(as_seen_by(ask.priority, [gpu.view() for gpu in node.gpus]))
         where = f"{node.name} {ask} {views}"
         placements = {policy: place(request, views, policy) for policy in POLICIES}
         fits = placements["gpupool"].fits
@@ -188,10 +201,23 @@ def test_the_fleets_cover_what_they_claim() -> None:
         gpu.memory_used / gpu.info.memory > 2 * gpu.milli_used / MILLI_PER_GPU > 0 for gpu in gpus
     )
     assert any(len({gpu.info.model for gpu in node.gpus}) > 1 for node in record)
+    # low pods beside high pods that hold all of the GPU's compute
+    assert any(
+        gpu.milli_used == MILLI_PER_GPU and any(p is Priority.LOW for _, _, p in gpu.held)
+        for gpu in gpus
+    )
+    names = [node.name for node in record]
     outcomes = {"fit": 0, "failed": 0, "never": 0}
+    gained = 0
     for _ in range(25):
-        fit, failed, never = fleet.filter(random_ask(rng), [node.name for node in record])
+        ask = random_ask(rng)
+        fit, failed, never = fleet.filter(ask, names)
+        # the same ask at low passes nodes where at high it fails (for compute held there)
+        low = fleet.filter(replace(ask, priority=Priority.LOW), names)[0]
+        high = fleet.filter(replace(ask, priority=Priority.HIGH), names)[0]
+        gained += len(set(low) - set(high))
         outcomes["fit"] += len(fit)
         outcomes["failed"] += len(failed)
         outcomes["never"] += len(never)
     assert min(outcomes.values()) > 20, outcomes
+    assert gained > 10, gained

@@ -10,7 +10,8 @@ included, and no reserve is added on top (no other job's context will ever sit b
 
 Compute admitted is what is guaranteed: a `low` job is opportunistic (the compute arbiter runs it
 only in the time the others leave), so it holds none, and it is admitted on a GPU whatever
-compute the others hold there. Memory cannot be lent: every job holds its own.
+compute the others hold there. Memory cannot be lent: every job holds its own. The rule is
+scheduler/opportunistic.py's, which the Kubernetes extender places by too.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpupool.agent.jobs import Job, JobSpec
-from gpupool.core.resources import Mode, Priority
-from gpupool.core.units import MILLI_PER_GPU, MiB
+from gpupool.core.resources import Mode
+from gpupool.core.units import MiB
 from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.scheduler import opportunistic as priority_rule
 from gpupool.scheduler.gpus import GpuView
 
 #: the default reserve on a real GPU: a PyTorch process's context on an H100 took 484 MiB past
@@ -45,19 +47,17 @@ def capacity(snapshot: NodeSnapshot, reserve: int = 0) -> tuple[GpuView, ...]:
 
 def opportunistic(spec: JobSpec) -> bool:
     """A job that holds no compute: it runs in the time the guaranteed jobs leave."""
-    return spec.priority is Priority.LOW
+    return priority_rule.opportunistic(spec.priority)
 
 
 def guaranteed_compute(spec: JobSpec) -> int:
     """Milli-GPU `spec` holds on each of its GPUs (none for an opportunistic job)."""
-    return 0 if opportunistic(spec) else spec.request().compute
+    return priority_rule.guaranteed_compute(spec.priority, spec.request().compute)
 
 
 def as_seen_by(spec: JobSpec, gpus: Sequence[GpuView]) -> tuple[GpuView, ...]:
     """`gpus` as `spec`'s admission sees them: to an opportunistic job, all compute is free."""
-    if not opportunistic(spec):
-        return tuple(gpus)
-    return tuple(replace(gpu, compute_free=MILLI_PER_GPU) for gpu in gpus)
+    return priority_rule.as_seen_by(spec.priority, gpus)
 
 
 def share_on(spec: JobSpec, gpu: GpuView, reserve: int) -> int:

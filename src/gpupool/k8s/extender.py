@@ -17,16 +17,20 @@ from collections import defaultdict
 from typing import Any
 
 from gpupool.core.errors import GpupoolError, InvalidRequest, KubeApiError
+from gpupool.core.resources import Priority
 from gpupool.k8s import inventory, names
 from gpupool.k8s.fleet import DEFAULT_POLICY, Charge, Fleet, check_policy
 from gpupool.k8s.kubeapi import Event, KubeApi, Obj
 from gpupool.k8s.podspec import GpuAsk, Pod, gpu_ask, pod_annotations, pod_key
+from gpupool.scheduler.opportunistic import guaranteed_compute
 
 log = logging.getLogger(__name__)
 
 
 def charge_of(pod: Pod) -> Charge | None:
-    """What a bound pod holds, from its annotations; None for a pod gpupool did not place."""
+    """What a bound pod holds, from its annotations; None for a pod gpupool did not place. A
+    `low` pod holds no compute (scheduler/opportunistic.py): its annotation keeps the compute it
+    asked for, which the device plugin gives the compute arbiter."""
     ann = pod_annotations(pod)
     node = (pod.get("spec") or {}).get("nodeName") or ann.get(names.ANN_NODE)
     if not node or names.ANN_GPUS not in ann:
@@ -35,11 +39,12 @@ def charge_of(pod: Pod) -> Charge | None:
         gpus = tuple(int(g) for g in ann[names.ANN_GPUS].split(","))
         memory = int(ann.get(names.ANN_MEMORY_BYTES, "0"))
         milli = int(ann.get(names.ANN_COMPUTE_MILLI, "1000"))
+        priority = Priority(ann.get(names.ANN_PRIORITY, Priority.HIGH.value))
     except ValueError:
         log.warning("pod %s: malformed gpupool annotations, ignored", pod_key(pod))
         return None
     exclusive = ann.get(names.ANN_MODE) == "exclusive"
-    return Charge(str(node), gpus, memory, milli, exclusive)
+    return Charge(str(node), gpus, memory, guaranteed_compute(priority, milli), exclusive)
 
 
 def _uid(pod: Pod) -> str:
@@ -267,7 +272,8 @@ class Extender:
         with self._lock:
             gpus = self.fleet.choose(ask, node, self.policy)
             memory = self.fleet.memory_of(ask, node, gpus)
-            charge = Charge(node, gpus, memory, ask.compute, ask.exclusive)
+            held = guaranteed_compute(ask.priority, ask.compute)
+            charge = Charge(node, gpus, memory, held, ask.exclusive)
             self.fleet.charge(charge)
             self._held[node][uid] = charge
         try:
@@ -285,7 +291,8 @@ class Extender:
             names.ANN_NODE: charge.node,
             names.ANN_GPUS: ",".join(str(g) for g in charge.gpus),
             names.ANN_MEMORY_BYTES: str(charge.memory),
-            names.ANN_COMPUTE_MILLI: str(charge.milli),
+            # what it asked for, not what it holds: the device plugin hands it to the arbiter
+            names.ANN_COMPUTE_MILLI: str(ask.compute),
             names.ANN_MODE: ask.mode.value,
             names.ANN_BIND_TIME: str(time.time_ns()),
         }

@@ -7,7 +7,9 @@ answers one pod over such arrays with a few numpy operations per question, so th
 extender ranks 10,000 nodes within a millisecond. Every answer is a vectorised copy of a rule
 of `gpupool.scheduler.gpu_placement` (named in its docstring);
 tests/k8s/test_gpu_arrays_equality.py checks on random fleets that the answers are the same,
-node by node. One rule is the extender's own: a GPU is advertised to the kubelet as
+node by node. A `low` pod is answered over a second set of arrays, the GPUs as it sees them
+(every GPU's compute free, scheduler/opportunistic.py), kept up to date with the first.
+One rule is the extender's own: a GPU is advertised to the kubelet as
 SLOTS_PER_GPU device slots, so a GPU whose slots are all held is not `usable` (gpu_placement
 is shown it as not healthy: it takes no pod and its free compute is no fragment).
 """
@@ -120,6 +122,15 @@ class GpuArrays:
             getattr(bigger, f.name)[..., :g, :n] = getattr(self, f.name)
         return bigger
 
+    def refresh_opportunistic(self, source: GpuArrays, nodes: int | slice) -> None:
+        """Make these nodes (a column or a slice of them) here `source`'s, refreshed, as an
+        opportunistic (`low`) pod sees them: every GPU's compute free
+        (scheduler/opportunistic.as_seen_by), the rest as it is there."""
+        for name in _COPIED:
+            getattr(self, name)[..., nodes] = getattr(source, name)[..., nodes]
+        self.compute_free[:, nodes] = MILLI_PER_GPU
+        self._refresh_use(nodes)
+
     def refresh(self, node: int) -> None:
         """Recompute a node's derived arrays (usable, fragment, fullness, shape memory) from
         the rest."""
@@ -127,9 +138,21 @@ class GpuArrays:
         self.usable[:, node] = self.healthy[:, node] & (self.shares[:, node] < SLOTS_PER_GPU)
         for i, milli in enumerate(TARGET_MILLI):
             self.shape_memory[i, :, node] = total * milli // MILLI_PER_GPU
+        self._refresh_use(node)
+
+    def _refresh_use(self, node: int | slice) -> None:
+        """Recompute a node's (or a slice of nodes') fragment and fullness from the free
+        compute and memory."""
         compute, memory = self.compute_free[:, node], self.memory_free[:, node]
         self.fragment[:, node] = _lost(compute, memory, self.shape_memory[:, :, node])
-        self.fullness[:, node] = _fullness(compute, memory, total) * self.present[:, node]
+        total, present = self.memory_total[:, node], self.present[:, node]
+        self.fullness[:, node] = _fullness(compute, memory, total) * present
+
+
+#: what an opportunistic pod sees as it is (its free compute is all, fragment and fullness follow)
+_COPIED = tuple(
+    f.name for f in fields(GpuArrays) if f.name not in {"compute_free", "fragment", "fullness"}
+)
 
 
 def _lost(compute_free: I32, memory_free: I64, shape_memory: I64) -> I32:

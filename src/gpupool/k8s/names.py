@@ -19,7 +19,8 @@ ANN_MIG_PROFILE = "gpupool.io/mig-profile"
 #: written by the extender before it binds: the node and the GPU indices chosen on it
 ANN_NODE = "gpupool.io/node"
 ANN_GPUS = "gpupool.io/gpus"
-#: the memory (bytes) and compute (milli-GPU) the pod holds on each of its GPUs
+#: the memory (bytes) the pod holds and the compute (milli-GPU) it asked for on each of its GPUs
+#: (a `low` pod holds none of that compute: it is opportunistic)
 ANN_MEMORY_BYTES = "gpupool.io/memory-bytes"
 ANN_COMPUTE_MILLI = "gpupool.io/compute-milli"
 #: nanoseconds since the epoch at bind: the device plugin serves the oldest bound pod first
