@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpupool.agent.jobs import Job, JobSpec, MigUse, State
 from gpupool.agent.migwait import Fairness, Holder, MigGpu, Slot
@@ -37,7 +37,7 @@ from gpupool.core.errors import (
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, NodeSnapshot
 from gpupool.mig import catalog
-from gpupool.mig.addition import additions, best_addition
+from gpupool.mig.addition import Addition, additions, best_addition
 from gpupool.mig.planner import Placement
 
 
@@ -64,6 +64,21 @@ class _Gpu:
     free: list[MigInstance]
     #: False when the driver hides instance placements (NVML gives them to root only)
     placements_known: bool
+    #: `additions` for `layout` by profile (or why none): many queued jobs ask the same
+    known_additions: dict[str, list[Addition] | MigLayoutError] = field(default_factory=dict)
+
+    def additions(self, profile: str) -> list[Addition]:
+        """Every place for a new `profile` instance, best first; MigLayoutError when none."""
+        assert self.model is not None
+        if profile not in self.known_additions:
+            try:
+                self.known_additions[profile] = additions(self.model, self.layout, profile)
+            except MigLayoutError as err:
+                self.known_additions[profile] = err
+        found = self.known_additions[profile]
+        if isinstance(found, MigLayoutError):
+            raise found
+        return found
 
 
 def model_of(gpu: GpuSnapshot) -> catalog.GpuModel | None:
@@ -360,7 +375,7 @@ def _choose(
             why.append(f"GPU {gpu.index}: no free {profile}, and its layout is unknown (not root)")
             continue
         try:
-            places = additions(gpu.model, gpu.layout, profile)
+            places = gpu.additions(profile)
         except MigLayoutError as err:
             why.append(f"GPU {gpu.index}: no free {profile} instance, none can be added: {err}")
             continue
@@ -387,3 +402,4 @@ def _take(gpu: _Gpu, choice: MigChoice) -> None:
         gpu.free = [i for i in gpu.free if i.uuid != choice.existing.uuid]
     else:
         gpu.layout.append(Placement(choice.start, choice.profile))
+        gpu.known_additions.clear()

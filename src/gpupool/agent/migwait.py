@@ -74,6 +74,9 @@ class Fairness:
     #: the destroy-at-end of an instance made in this pass (False with --mig-keep-instances)
     made_go: bool
     blocked: list[Job] = field(default_factory=list)
+    #: _could_place's answers by (GPU, blocked job, new placement): a pass asks the same ones
+    #: for every later job, and only `hold` changes them
+    answers: dict[tuple[int, int, Placement | None], bool] = field(default_factory=dict)
 
     def block(self, job: Job) -> None:
         self.blocked.append(job)
@@ -83,6 +86,7 @@ class Fairness:
         mig_gpu = self.gpus.get(gpu)
         if mig_gpu is None:  # layout unknown: nothing is created there, nothing to protect
             return
+        self.answers.clear()
         holder = Holder(queue_order(job), math.inf)
         found = next((s for s in mig_gpu.slots if uuid is not None and s.uuid == uuid), None)
         if found is not None:
@@ -100,11 +104,18 @@ class Fairness:
                 continue
             if not mig_gpu.model.has_profile(profile):
                 continue
-            if _could_place(mig_gpu, job, profile, ()) and not _could_place(
-                mig_gpu, job, profile, (new,)
-            ):
+            if self._could_place(gpu, job, None) and not self._could_place(gpu, job, new):
                 return job.id
         return None
+
+    def _could_place(self, gpu: int, job: Job, new: Placement | None) -> bool:
+        key = (gpu, job.id, new)
+        if key not in self.answers:
+            beside = () if new is None else (new,)
+            assert job.spec.mig_profile is not None
+            fits = _could_place(self.gpus[gpu], job, job.spec.mig_profile, beside)
+            self.answers[key] = fits
+        return self.answers[key]
 
 
 def _could_place(gpu: MigGpu, job: Job, profile: str, beside: Sequence[Placement]) -> bool:
