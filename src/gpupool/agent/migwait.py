@@ -104,11 +104,12 @@ class Fairness:
                 continue
             if not mig_gpu.model.has_profile(profile):
                 continue
-            if self._could_place(gpu, job, None) and not self._could_place(gpu, job, new):
+            if self._fits_later(gpu, job, None) and not self._fits_later(gpu, job, new):
                 return job.id
         return None
 
-    def _could_place(self, gpu: int, job: Job, new: Placement | None) -> bool:
+    def _fits_later(self, gpu: int, job: Job, new: Placement | None) -> bool:
+        """`_could_place`, beside `new` if given, answered once per pass and hold."""
         key = (gpu, job.id, new)
         if key not in self.answers:
             beside = () if new is None else (new,)
