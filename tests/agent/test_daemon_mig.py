@@ -205,3 +205,22 @@ def test_kept_instances_serve_the_next_job(tmp_path: Path) -> None:
         assert [i["uuid"] for i in instances(daemon, 0)] == [first["mig_uuid"]]
     finally:
         daemon.stop()
+
+
+def test_a_waiting_7g_job_is_not_starved_by_later_1g_jobs(tmp_path: Path) -> None:
+    """A 1g job submitted after a waiting 7g one waits for it, though it fits now, and says so."""
+    daemon = start_daemon(tmp_path / "fair", "gpus:\n  - model: H100\n    mig: true\n")
+    try:
+        holder = job_on(daemon, 5, "100", mig_profile="1g.10gb")
+        daemon.wait(holder, ("running",))
+        whole = job_on(daemon, 0.1, "100", mig_profile="7g.80gb")
+        later = job_on(daemon, 0.1, "100", mig_profile="1g.10gb")
+        assert waiting(daemon, later) == [
+            f"it fits now, but would delay job {whole} queued ahead of it"
+        ]
+        assert daemon.job(later)["state"] == "queued"
+        ended = daemon.wait(whole)
+        assert ended["exit_code"] == 0 and ended["mig"].startswith("mig:7g.80gb@0/")
+        assert daemon.wait(later)["started_at"] >= ended["finished_at"]
+    finally:
+        daemon.stop()

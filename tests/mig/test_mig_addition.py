@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidRequest, MigLayoutError
 from gpupool.mig import catalog
-from gpupool.mig.addition import best_addition, stranded_slices
+from gpupool.mig.addition import additions, best_addition, stranded_slices
 from gpupool.mig.planner import Placement, complete_layouts, validate_layout
 
 H100 = catalog.get_model("H100")
@@ -29,6 +29,15 @@ def test_next_to_a_3g_the_1g_keeps_room_for_a_2g() -> None:
     assert added.placement == Placement(3, "1g.10gb")  # slices 0-1 stay a 2g's start
     grown = [Placement(4, "3g.40gb"), added.placement]
     assert best_addition(H100, grown, "2g.20gb").placement == Placement(0, "2g.20gb")
+
+
+def test_every_place_is_listed_best_first() -> None:
+    """The daemon walks this list for the best place that delays no waiting MIG job."""
+    layout = [Placement(4, "3g.40gb")]
+    places = additions(H100, layout, "1g.10gb")
+    assert places[0] == best_addition(H100, layout, "1g.10gb")
+    assert sorted(a.placement.start for a in places) == [0, 1, 2, 3]
+    assert [a.stranded for a in places] == sorted(a.stranded for a in places)
 
 
 @pytest.mark.parametrize(

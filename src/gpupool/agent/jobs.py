@@ -189,3 +189,8 @@ class Job:
             "mig": self.mig.label if self.mig is not None else None,
             "mig_uuid": self.mig.uuid if self.mig is not None else None,
         }
+
+
+def queue_order(job: Job) -> tuple[int, int]:
+    """A job's place in the queue: `high` before `low`, then by submission."""
+    return (PRIORITY_RANK[job.spec.priority], job.id)

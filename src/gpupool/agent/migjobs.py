@@ -8,15 +8,24 @@ refused with the command to run. Instances the daemon created are destroyed when
 (unless `gpupool serve --mig-keep-instances`); the store notes an instance before it is created,
 so a daemon killed at any moment finds, at restart, every instance it made and either re-adopts
 it (its job still runs) or destroys it.
+
+Queued MIG jobs are placed in queue order (`high` before `low`, then by submission). One that
+cannot be placed now blocks: a later job may still take a free instance or create one, but never
+an instance that would delay the blocked job, i.e. on a GPU where it could go once the jobs
+running there now have ended (and the instances the daemon made for them are gone) but could not
+go beside the new instance. That job waits, saying so ("it fits now, but would delay job N queued
+ahead of it"). The rule, and why backfills past a blocked job count as staying, is in
+`agent/migwait.py`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpupool.agent.jobs import Job, JobSpec, MigUse, State
+from gpupool.agent.migwait import Fairness, Holder, MigGpu, Slot
 from gpupool.agent.store import Store
 from gpupool.core.errors import (
     DeviceError,
@@ -28,7 +37,7 @@ from gpupool.core.errors import (
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import GpuSnapshot, MigInstance, NodeSnapshot
 from gpupool.mig import catalog
-from gpupool.mig.addition import best_addition
+from gpupool.mig.addition import Addition, additions, best_addition
 from gpupool.mig.planner import Placement
 
 
@@ -55,6 +64,21 @@ class _Gpu:
     free: list[MigInstance]
     #: False when the driver hides instance placements (NVML gives them to root only)
     placements_known: bool
+    #: `additions` for `layout` by profile (or why none): many queued jobs ask the same
+    known_additions: dict[str, list[Addition] | MigLayoutError] = field(default_factory=dict)
+
+    def additions(self, profile: str) -> list[Addition]:
+        """Every place for a new `profile` instance, best first; MigLayoutError when none."""
+        assert self.model is not None
+        if profile not in self.known_additions:
+            try:
+                self.known_additions[profile] = additions(self.model, self.layout, profile)
+            except MigLayoutError as err:
+                self.known_additions[profile] = err
+        found = self.known_additions[profile]
+        if isinstance(found, MigLayoutError):
+            raise found
+        return found
 
 
 def model_of(gpu: GpuSnapshot) -> catalog.GpuModel | None:
@@ -155,8 +179,11 @@ class MigJobs:
     def plan(
         self, queued: Sequence[Job], snapshot: NodeSnapshot
     ) -> tuple[list[MigChoice], dict[int, tuple[str, ...]]]:
-        """Where each queued MIG job goes now, in queue order, and why not for the rest."""
-        in_use = {use.uuid for use in self.store.mig_uses().values()}
+        """Where each queued MIG job goes now, in queue order, and why not for the rest; a later
+        job never delays a blocked one ahead of it (agent/migwait.py)."""
+        uses = self.store.mig_uses()
+        in_use = {use.uuid for use in uses.values()}
+        fairness = self._fairness(snapshot, uses)
         layouts: dict[tuple[str, ...], list[_Gpu]] = {}
         choices: list[MigChoice] = []
         waiting: dict[int, tuple[str, ...]] = {}
@@ -166,16 +193,42 @@ class MigJobs:
             if key not in layouts:
                 layouts[key] = _gpus(snapshot, in_use, job.spec)
             gpus = layouts[key]
-            choice, why = _choose(job, gpus)
+            choice, why = _choose(job, gpus, fairness)
             if choice is None:
                 waiting[job.id] = why
+                fairness.block(job)
                 continue
             choices.append(choice)
+            uuid = choice.existing.uuid if choice.existing is not None else None
+            fairness.hold(job, choice.gpu, Placement(choice.start, choice.profile), uuid)
             for others in layouts.values():  # the same GPU seen through other model filters
                 for gpu in others:
                     if gpu.index == choice.gpu:
                         _take(gpu, choice)
         return choices, waiting
+
+    def _fairness(self, snapshot: NodeSnapshot, uses: dict[int, MigUse]) -> Fairness:
+        """The instances of the GPUs where new ones can be made, with the jobs holding them."""
+        running = {job.id: job for job in self.store.jobs([State.RUNNING])}
+        held: dict[str, tuple[Holder, bool]] = {}
+        for job_id, use in uses.items():
+            job = running.get(job_id) or self.store.job(job_id)
+            held[use.uuid] = (Holder.of(job), use.created and not self.keep)
+        gpus = {}
+        for gpu in snapshot.gpus:
+            model = model_of(gpu)
+            if model is None or gpu.mig is None or not gpu.mig.current:
+                continue
+            slots = []
+            for instance in gpu.mig.instances:
+                if instance.placement_start is None:  # no new instance is made on this GPU
+                    break
+                holder, goes = held.get(instance.uuid or "", (None, False))
+                placement = Placement(instance.placement_start, instance.profile)
+                slots.append(Slot(placement, instance.uuid, holder, goes))
+            else:
+                gpus[gpu.index] = MigGpu(gpu.model, model, slots)
+        return Fairness(gpus, made_go=not self.keep)
 
     def acquire(self, choice: MigChoice) -> MigUse:
         """The chosen instance, created when it is a new one (noted in the store first)."""
@@ -293,9 +346,12 @@ def _instances(snapshot: NodeSnapshot, index: int) -> tuple[MigInstance, ...]:
     return gpu.mig.instances if gpu is not None and gpu.mig is not None else ()
 
 
-def _choose(job: Job, gpus: Sequence[_Gpu]) -> tuple[MigChoice | None, tuple[str, ...]]:
+def _choose(
+    job: Job, gpus: Sequence[_Gpu], fairness: Fairness
+) -> tuple[MigChoice | None, tuple[str, ...]]:
     """A free instance of the job's profile first; else the new instance that strands the fewest
-    slices over the GPUs in MIG mode; else one line per GPU saying why not."""
+    slices over the GPUs in MIG mode and delays no blocked job; else why not: that it would
+    delay one, or one line per GPU."""
     assert job.spec.mig_profile is not None
     profile = job.spec.mig_profile
     for gpu in gpus:
@@ -307,6 +363,7 @@ def _choose(job: Job, gpus: Sequence[_Gpu]) -> tuple[MigChoice | None, tuple[str
             return MigChoice(job, gpu.index, profile, start, found), ()
     best: tuple[tuple[int, int, int], MigChoice] | None = None
     why = []
+    victim: int | None = None
     for gpu in gpus:
         if gpu.model is None or not gpu.model.has_profile(profile):
             why.append(f"GPU {gpu.index}: no {profile} profile")
@@ -318,16 +375,24 @@ def _choose(job: Job, gpus: Sequence[_Gpu]) -> tuple[MigChoice | None, tuple[str
             why.append(f"GPU {gpu.index}: no free {profile}, and its layout is unknown (not root)")
             continue
         try:
-            addition = best_addition(gpu.model, gpu.layout, profile)
+            places = gpu.additions(profile)
         except MigLayoutError as err:
             why.append(f"GPU {gpu.index}: no free {profile} instance, none can be added: {err}")
             continue
-        choice = MigChoice(job, gpu.index, profile, addition.placement.start, None)
-        rank = (addition.stranded, -addition.options, gpu.index)
-        if best is None or rank < best[0]:
-            best = (rank, choice)
+        for addition in places:  # the best place on this GPU that delays no blocked job
+            delayed = fairness.delayed_by(gpu.index, addition.placement)
+            if delayed is not None:
+                victim = delayed if victim is None else victim
+                continue
+            choice = MigChoice(job, gpu.index, profile, addition.placement.start, None)
+            rank = (addition.stranded, -addition.options, gpu.index)
+            if best is None or rank < best[0]:
+                best = (rank, choice)
+            break
     if best is not None:
         return best[1], ()
+    if victim is not None:
+        return None, (f"it fits now, but would delay job {victim} queued ahead of it",)
     return None, tuple(why)
 
 
@@ -337,3 +402,4 @@ def _take(gpu: _Gpu, choice: MigChoice) -> None:
         gpu.free = [i for i in gpu.free if i.uuid != choice.existing.uuid]
     else:
         gpu.layout.append(Placement(choice.start, choice.profile))
+        gpu.known_additions.clear()

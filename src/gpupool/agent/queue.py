@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec
+from gpupool.agent.jobs import Job, JobSpec, queue_order
 from gpupool.agent.node import as_seen_by, guaranteed_compute, held, opportunistic, share_on
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.gpu_placement import Target, gpu_shortfalls, place
@@ -60,10 +60,6 @@ class _Taken:
     memory: int
 
 
-def _order(job: Job) -> tuple[int, int]:
-    return (PRIORITY_RANK[job.spec.priority], job.id)
-
-
 def _taken_by(jobs: Sequence[Job], reserve: int) -> list[_Taken]:
     taken = []
     for job in jobs:
@@ -71,7 +67,7 @@ def _taken_by(jobs: Sequence[Job], reserve: int) -> list[_Taken]:
         started = job.started_at if job.started_at is not None else math.inf
         for gpu, memory in zip(job.gpus, job.memory, strict=False):
             taken.append(
-                _Taken(gpu, started, _order(job), compute, held(job.spec, memory, reserve))
+                _Taken(gpu, started, queue_order(job), compute, held(job.spec, memory, reserve))
             )
     return taken
 
@@ -96,7 +92,7 @@ def _delays(
         later = [
             t
             for t in taken
-            if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > _order(job)
+            if t.gpu == gpu.index and t.started >= job.submitted_at and t.order > queue_order(job)
         ]
         compute = guaranteed_compute(spec) + sum(t.compute for t in later)
         memory = held(spec, share_on(spec, gpu, reserve), reserve) + sum(t.memory for t in later)
@@ -165,7 +161,7 @@ def plan(
         memory = tuple(share_on(job.spec, by_index[g], reserve) for g in result.gpus)
         compute = guaranteed_compute(job.spec)
         taken.extend(
-            _Taken(g, math.inf, _order(job), compute, held(job.spec, m, reserve))
+            _Taken(g, math.inf, queue_order(job), compute, held(job.spec, m, reserve))
             for g, m in zip(result.gpus, memory, strict=True)
         )
         views = _after(views, job.spec, result.gpus, reserve)

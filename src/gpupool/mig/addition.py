@@ -55,6 +55,12 @@ def best_addition(model: GpuModel, layout: Sequence[Placement], profile_name: st
     """The place for one more `profile_name` instance next to `layout` that strands the fewest
     slices; MigLayoutError saying why when it has none. InvalidRequest for a profile the model
     does not have."""
+    return additions(model, layout, profile_name)[0]
+
+
+def additions(model: GpuModel, layout: Sequence[Placement], profile_name: str) -> list[Addition]:
+    """Every place for one more `profile_name` instance next to `layout`, best first (as
+    `best_addition` ranks them); MigLayoutError saying why when there is none."""
     profile = model.profile(profile_name)
     validate_layout(model, layout)
     counts = Counter(model.profile(p.profile).name for p in layout)
@@ -69,7 +75,7 @@ def best_addition(model: GpuModel, layout: Sequence[Placement], profile_name: st
             f"{free} compute slice{'' if free == 1 else 's'} free, {profile.name} needs "
             f"{profile.compute_slices}"
         )
-    additions = []
+    found = []
     for start in profile.starts:
         grown = [*layout, Placement(start, profile.name)]
         try:
@@ -77,13 +83,11 @@ def best_addition(model: GpuModel, layout: Sequence[Placement], profile_name: st
         except MigLayoutError:
             continue
         open_places = len(_open_places(model, grown))
-        additions.append(
-            Addition(len(stranded_slices(model, grown)), open_places, grown[-1]),
-        )
-    if not additions:
+        found.append(Addition(len(stranded_slices(model, grown)), open_places, grown[-1]))
+    if not found:
         raise MigLayoutError(
             f"no valid start of {profile.name} ({', '.join(map(str, profile.starts))}) is free "
             f"next to {format_layout(layout) or 'nothing'}"
         )
     # fewest stranded, then most options left, then the highest start
-    return min(additions, key=lambda a: (a.stranded, -a.options, -a.placement.start))
+    return sorted(found, key=lambda a: (a.stranded, -a.options, -a.placement.start))
