@@ -27,7 +27,7 @@ from gpupool.agent.jobdir import alive
 from gpupool.core import settings
 from gpupool.core.errors import DeviceError
 from gpupool.devices import mps_twin
-from gpupool.devices.procfs import process_start_time
+from gpupool.devices.procfs import process_start_time, process_uid
 
 REAL_CONTROL = "nvidia-cuda-mps-control"
 _ANSWER_TIMEOUT_S = 10.0
@@ -62,18 +62,6 @@ def recorded(jobdir: Path) -> MpsServer | None:
         return MpsServer(int(data["gpu"]), int(data["pid"]), int(data["start"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def process_uid(pid: int) -> int | None:
-    """The real uid a process runs as, None when it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
 
 
 def control_command(simulated: bool, environ: dict[str, str] | None = None) -> list[str]:
