@@ -132,11 +132,8 @@ print("RESULT " + json.dumps({"rate": rate, "p50_ms": p50, "p99_ms": p99}), flus
 """
 LONG_TORCH = (
     BARRIER
+    + TORCH_MATMUL
     + """
-import torch
-a = torch.randn(4096, 4096, device="cuda")
-b = torch.randn(4096, 4096, device="cuda")
-c = torch.empty_like(a)
 def kernel():
     torch.mm(a, b, out=c)
 def synchronize():
