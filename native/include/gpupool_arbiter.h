@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define GPUPOOL_ARBITER_MAGIC 0x3142524150505047ULL /* "GPPARB1" read as little-endian u64 */
-#define GPUPOOL_ARBITER_VERSION 2u
+#define GPUPOOL_ARBITER_VERSION 3u
 #define GPUPOOL_ARBITER_SHARES 64
 
 /* One share on the GPU (all of its processes). share_id 0: a free slot. */
@@ -44,7 +44,9 @@ typedef struct {
     uint64_t granted_ns;     /* 160 when the lease was granted */
     uint64_t last_launch_ns; /* 168 the holder's latest launch */
     uint64_t busy_until_ns;  /* 176 the holder's estimate of when its queued work ends */
-    gpupool_arbiter_share share[GPUPOOL_ARBITER_SHARES]; /* 184 */
+    uint32_t turn;           /* 184 bumped when the lease may have become takeable: a futex */
+    uint32_t reserved;       /* 188 */
+    gpupool_arbiter_share share[GPUPOOL_ARBITER_SHARES]; /* 192 */
 } gpupool_arbiter_file;
 
 #endif /* GPUPOOL_ARBITER_H */

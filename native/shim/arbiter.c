@@ -25,6 +25,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "gpupool_arbiter.h"
@@ -150,6 +153,21 @@ static gp_arb_dev *ready(int dev) {
     return d->state > 0 ? d : NULL;
 }
 
+/* Waiting shares sleep on the file's turn (a futex shared by every process mapping it) and are
+ * woken when a share lets the lease go or stops wanting it: the next share runs at once instead of
+ * at its next poll, which cost the GPU up to GP_POLL_NS at every hand-over. What only time changes
+ * (a holder gone quiet, a high share no longer asking) is still found by the poll. */
+static void wait_turn(gp_arb_file *f, uint32_t seen) {
+    struct timespec timeout = {.tv_sec = 0, .tv_nsec = (long)GP_POLL_NS};
+    syscall(SYS_futex, &f->turn, FUTEX_WAIT, seen, &timeout, NULL, 0);
+}
+
+/* under the lock */
+static void pass_turn(gp_arb_file *f) {
+    __atomic_add_fetch(&f->turn, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &f->turn, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 static void lock(gp_arb_file *f) {
     if (pthread_mutex_lock(&f->lock.mutex) == EOWNERDEAD)
         pthread_mutex_consistent(&f->lock.mutex); /* fields are written whole: still valid */
@@ -233,6 +251,7 @@ void gp_arbiter_acquire(int dev, uint32_t weight) {
     for (;;) {
         uint64_t now = gp_now_ns();
         lock(d->file);
+        uint32_t turn = __atomic_load_n(&d->file->turn, __ATOMIC_ACQUIRE);
         int taken = try_take(d, weight, now);
         pthread_mutex_unlock(&d->file->lock.mutex);
         if (taken) {
@@ -241,7 +260,7 @@ void gp_arbiter_acquire(int dev, uint32_t weight) {
             return;
         }
         if (waiting_since == 0) waiting_since = now;
-        gp_sleep_ns(GP_POLL_NS);
+        wait_turn(d->file, turn);
     }
 }
 
@@ -285,7 +304,10 @@ void gp_arbiter_release(int dev) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
     lock(d->file);
-    if (d->file->holder_pid == my_pid) d->file->holder_pid = 0;
+    if (d->file->holder_pid == my_pid) {
+        d->file->holder_pid = 0;
+        pass_turn(d->file);
+    }
     pthread_mutex_unlock(&d->file->lock.mutex);
 }
 
@@ -298,8 +320,10 @@ void gp_arbiter_rest(int dev, uint64_t now) {
     lock(d->file);
     gp_arb_share *s = &d->file->share[d->slot];
     /* just outside every want window, and far from the idle and stale limits */
-    if (s->share_id == gp_region_share_id() && s->wanted_ns >= now - GP_WANT_NS)
+    if (s->share_id == gp_region_share_id() && s->wanted_ns >= now - GP_WANT_NS) {
         s->wanted_ns = now - GP_WANT_NS - 1;
+        pass_turn(d->file);
+    }
     pthread_mutex_unlock(&d->file->lock.mutex);
 }
 

@@ -75,6 +75,6 @@ def test_an_arbiter_of_another_version_is_refused_with_one_line(tmp_path: Path) 
     with pytest.raises(ConfigError) as err:
         read_shares(path)
     assert str(err.value) == (
-        f"{path} is not a compute arbiter of this gpupool version (it reads version 2): remove "
+        f"{path} is not a compute arbiter of this gpupool version (it reads version 3): remove "
         "it when no workload runs on this GPU"
     )

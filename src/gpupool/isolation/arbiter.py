@@ -19,10 +19,10 @@ from pathlib import Path
 from gpupool.core.errors import ConfigError
 
 MAGIC = 0x3142524150505047  # b"GPPARB1" as a little-endian u64
-VERSION = 2
+VERSION = 3
 SHARES = 64
 HEADER = struct.Struct("<QII")  # magic, version, size
-SHARES_OFFSET = 184
+SHARES_OFFSET = 192
 SHARE = struct.Struct("<QIIQQQiI")  # share_id .. policy
 FILE_SIZE = SHARES_OFFSET + SHARES * SHARE.size
 FILE_PREFIX = "gpupool-arbiter-"
