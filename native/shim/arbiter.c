@@ -159,7 +159,10 @@ static gp_arb_dev *ready(int dev) {
  * (a holder gone quiet, a high share no longer asking) is still found by the poll. */
 static void wait_turn(gp_arb_file *f, uint32_t seen) {
     struct timespec timeout = {.tv_sec = 0, .tv_nsec = (long)GP_POLL_NS};
-    syscall(SYS_futex, &f->turn, FUTEX_WAIT, seen, &timeout, NULL, 0);
+    if (syscall(SYS_futex, &f->turn, FUTEX_WAIT, seen, &timeout, NULL, 0) == 0) return;
+    /* the turn moved (EAGAIN), the poll is due (ETIMEDOUT) or a signal came: look again; any
+     * other failure (a kernel or sandbox without futexes) must not turn the wait into a spin */
+    if (errno != EAGAIN && errno != ETIMEDOUT && errno != EINTR) gp_sleep_ns(GP_POLL_NS);
 }
 
 /* under the lock */
