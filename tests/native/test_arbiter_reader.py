@@ -11,6 +11,10 @@ from shim_support import PROGS, compile_prog, make_node, shim_env, start_client
 
 from gpupool.core.errors import ConfigError
 from gpupool.isolation.arbiter import (
+    FILE_SIZE,
+    HEADER,
+    MAGIC,
+    VERSION,
     arbiter_file,
     compute_use,
     find_share,
@@ -69,9 +73,27 @@ def test_a_gpu_without_an_arbiter_has_no_shares(tmp_path: Path) -> None:
     assert region_share_id(tmp_path / "no-region") is None
 
 
-def test_an_arbiter_of_another_version_is_refused_with_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [0, FILE_SIZE])
+def test_an_arbiter_its_first_process_has_not_yet_initialised_has_no_shares(
+    tmp_path: Path, size: int
+) -> None:
+    """The library creates the file, sizes it, then writes it: `gpupool gpus` reading it in
+    between sees no shares, not an arbiter of another version."""
     path = arbiter_file(tmp_path, GPU)
-    path.write_bytes(b"\x00" * 100)
+    path.write_bytes(bytes(size))
+    assert read_shares(path) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [HEADER.pack(MAGIC, VERSION - 1, FILE_SIZE).ljust(FILE_SIZE, b"\0"), b"not an arbiter"],
+    ids=["older version", "another file"],
+)
+def test_an_arbiter_of_another_version_is_refused_with_one_line(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = arbiter_file(tmp_path, GPU)
+    path.write_bytes(content)
     with pytest.raises(ConfigError) as err:
         read_shares(path)
     assert str(err.value) == (

@@ -73,7 +73,9 @@ def read_shares(path: Path) -> list[ArbitratedShare]:
     except OSError as err:
         raise ConfigError(f"cannot read the compute arbiter {path}: {err.strerror}") from err
     now = time.monotonic_ns()
-    magic, version, size = HEADER.unpack_from(data) if len(data) >= HEADER.size else (0, 0, 0)
+    if not any(data[: HEADER.size]):
+        return []  # created (and maybe sized) by its first process, not yet initialised
+    magic, version, size = HEADER.unpack_from(data.ljust(HEADER.size, b"\0"))
     if magic != MAGIC or version != VERSION or size != FILE_SIZE or len(data) != FILE_SIZE:
         raise ConfigError(
             f"{path} is not a compute arbiter of this gpupool version (it reads version "

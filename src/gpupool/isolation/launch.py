@@ -112,8 +112,9 @@ def find_shared_region(directory: Path) -> Path | None:
 
 def arbiter_dir(sim_node: Path | None) -> Path:
     """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
-    for every launcher of the node (`gpupool exec`, the node daemon, the device plugin): a
-    simulated node's own directory, else /dev/shm."""
+    for `gpupool exec` and the node daemon: a simulated node's own directory, else /dev/shm.
+    (The Kubernetes device plugin keeps its pods' arbiters in a directory of its own, which it
+    mounts into every container: the host's /dev/shm is not for a pod to see.)"""
     return sim_node if sim_node is not None else Path("/dev/shm")
 
 
