@@ -48,15 +48,21 @@ class NotRoot(SimulatedBackend):
         return replace(taken, gpus=tuple(gpus))
 
 
-@pytest.fixture
-def parts(tmp_path: Path) -> Iterator[tuple[Store, SimNode]]:
+def _store_and_node(tmp_path: Path, spec_yaml: str) -> Iterator[tuple[Store, SimNode]]:
     spec = tmp_path / "spec.yaml"
-    spec.write_text("gpus:\n  - model: H100\n    mig: [3g.40gb]\n  - model: H100\n    mig: true\n")
+    spec.write_text(spec_yaml)
     node = SimNode.open_or_create(parse_spec(str(spec)), tmp_path / "node")
     store = Store(tmp_path / "state.db")
     yield store, node
     store.close()
     node.close()
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[Store, SimNode]]:
+    yield from _store_and_node(
+        tmp_path, "gpus:\n  - model: H100\n    mig: [3g.40gb]\n  - model: H100\n    mig: true\n"
+    )
 
 
 def mig_job(store: Store, profile: str) -> int:
@@ -145,13 +151,9 @@ def test_without_root_only_existing_instances_serve(parts: tuple[Store, SimNode]
 @pytest.fixture
 def h100s(tmp_path: Path) -> Iterator[tuple[Store, SimNode]]:
     """Two H100s in MIG mode without instances."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("gpus:\n  - model: H100\n    mig: true\n  - model: H100\n    mig: true\n")
-    node = SimNode.open_or_create(parse_spec(str(spec)), tmp_path / "node")
-    store = Store(tmp_path / "state.db")
-    yield store, node
-    store.close()
-    node.close()
+    yield from _store_and_node(
+        tmp_path, "gpus:\n  - model: H100\n    mig: true\n  - model: H100\n    mig: true\n"
+    )
 
 
 def running_on(
