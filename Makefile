@@ -1,10 +1,12 @@
 # `make test` and `make demo` work on a fresh machine: they create (or reuse) .venv first.
-PYTHON ?= python3
+# Debian's interpreter where there is one: the multi-user tests run the venv as ordinary users,
+# who cannot run an interpreter installed under root's home
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean native proto
+.PHONY: test demo lint typecheck venv clean native proto browser
 
 venv: $(STAMP)
 
@@ -14,8 +16,19 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 	$(BIN)/python -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
-test: $(STAMP) native
+test: $(STAMP) native browser
 	$(BIN)/python -m pytest -q
+
+# the web dashboard's test drives Debian's headless Chromium: as root, install it when missing
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+		else \
+			echo "make test: no chromium; the browser test skips (apt-get install chromium chromium-driver)"; \
+		fi; \
+	fi
 
 # the pool first (a daemon on a simulated node), then the placement replay
 demo: $(STAMP) native
