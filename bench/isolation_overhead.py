@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.devices.simstate import SimGpuSpec, SimState
+from gpupool.devices.sim.state import SimGpuSpec, SimState
 from gpupool.isolation.libraries import native_libraries
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,13 +13,13 @@ import pytest
 
 from gpupool.core.units import GiB
 from gpupool.devices.procfs import process_start_time
-from gpupool.devices.simspec import ENV_NODE_DIR
-from gpupool.devices.simstate import (
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.spec import ENV_NODE_DIR
+from gpupool.devices.sim.state import (
     FLAG_LOST,
     FLAG_NOT_SUPPORTED,
     SimProcSlot,
 )
-from gpupool.devices.simulated import SimulatedBackend
 
 #: the node most scenarios use: two A30s and an H100
 SIM_SPEC = "2xA30,1xH100-80GB"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.devices.simspec import parse_spec
+from gpupool.devices.sim.spec import parse_spec
 from gpupool.mig import catalog
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
  *
  * Created by Python (gpupool.devices.simstate), mapped MAP_SHARED by every process that runs on the
  * simulated CUDA driver, read by the simulated NVML backend. The layout is fixed and little-endian;
- * Python mirrors these offsets in src/gpupool/devices/simstate.py: change both together and bump
+ * Python mirrors these offsets in src/gpupool/devices/sim/state.py: change both together and bump
  * GPUPOOL_SIMSTATE_VERSION.
  */
 #ifndef GPUPOOL_SIMSTATE_H

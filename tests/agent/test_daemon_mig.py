@@ -17,7 +17,7 @@ from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
 from gpupool.agent.jobs import JobSpec
 from gpupool.agent.store import Store
 from gpupool.core.resources import Mode
-from gpupool.devices.simnode import SimNode
+from gpupool.devices.sim.node import SimNode
 from gpupool.mig import catalog
 
 H100 = catalog.get_model("H100")

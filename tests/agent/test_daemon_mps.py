@@ -21,7 +21,7 @@ from tests.agent.daemon_support import CUDA_JOB, EXAMPLES, Daemon, cli
 from tests.agent.test_daemon_recovery import _as_user, open_daemon
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
-from gpupool.devices import mps_twin
+from gpupool.devices.sim import mps_twin
 
 __all__ = ["open_daemon"]  # the fixture: a daemon other users can reach
 

@@ -14,9 +14,9 @@ from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.store import Store
 from gpupool.core.errors import DeviceError, Unschedulable
 from gpupool.core.resources import Mode, Priority
-from gpupool.devices.simnode import SimNode
-from gpupool.devices.simspec import parse_spec
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.node import SimNode
+from gpupool.devices.sim.spec import parse_spec
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from tests.agent.daemon_support import CUDA_JOB, Daemon
 
 from gpupool.devices.procfs import process_start_time
-from gpupool.devices.simstate import MAX_PROCS, PROC_GRAPHICS, STATE_FILE, SimProcSlot, SimState
+from gpupool.devices.sim.state import MAX_PROCS, PROC_GRAPHICS, STATE_FILE, SimProcSlot, SimState
 from gpupool.isolation.libraries import native_libraries
 
 SHARE = "2Gi"

@@ -14,7 +14,7 @@ from nvml_fake import FakeNvml
 
 from gpupool.devices.nvml import NvmlBackend
 from gpupool.devices.nvml_lib import Nvml
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.mig import catalog
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "devices_check.py"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.units import GiB
-from gpupool.devices.simstate import STATE_FILE
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.state import STATE_FILE
 from gpupool.devices.snapshot import ProcessKind
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.mig import catalog
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
-from gpupool.devices.simspec import default_node_dir, parse_spec
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.spec import default_node_dir, parse_spec
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from gpupool.core.errors import DeviceError, InvalidRequest
 from gpupool.core.units import GiB
 from gpupool.devices.factory import open_backend
 from gpupool.devices.procfs import process_start_time
-from gpupool.devices.simstate import FLAG_NOT_SUPPORTED, PROC_BOTH, PROC_GRAPHICS, SimProcSlot
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.state import FLAG_NOT_SUPPORTED, PROC_BOTH, PROC_GRAPHICS, SimProcSlot
 from gpupool.devices.snapshot import ProcessKind
 from gpupool.mig import catalog
 
@@ -192,7 +192,7 @@ def test_first_snapshot_samples_twice(sim_node: SimulatedBackend) -> None:
 def test_long_running_kernel_counts_as_busy(sim_node: SimulatedBackend) -> None:
     import struct
 
-    from gpupool.devices.simstate import GPU_RECORD_SIZE, GPUS_OFFSET
+    from gpupool.devices.sim.state import GPU_RECORD_SIZE, GPUS_OFFSET
 
     clock = SteppedClock()
     sim_node.clock = clock

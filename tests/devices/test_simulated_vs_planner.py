@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidRequest, MigLayoutError
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.mig import catalog
 from gpupool.mig.planner import Placement, validate_layout
 

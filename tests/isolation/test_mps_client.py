@@ -7,7 +7,7 @@ from pathlib import Path
 from gpupool.agent.mps import REAL_CONTROL, control_command
 from gpupool.core.resources import Priority
 from gpupool.core.units import GiB, MiB
-from gpupool.devices import mps_twin
+from gpupool.devices.sim import mps_twin
 from gpupool.isolation.mps import mps_client_env, thread_percentage
 
 

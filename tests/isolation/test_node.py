@@ -12,7 +12,7 @@ from gpupool.core.units import MemoryShare
 from gpupool.devices.factory import open_backend
 from gpupool.devices.nvml import NvmlBackend
 from gpupool.devices.nvml_lib import Nvml
-from gpupool.devices.simspec import ENV_NODE_DIR
+from gpupool.devices.sim.spec import ENV_NODE_DIR
 from gpupool.isolation.launch import memory_bytes
 from gpupool.isolation.node import launch_node, open_launch_node
 from gpupool.mig import catalog

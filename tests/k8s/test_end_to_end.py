@@ -21,8 +21,8 @@ import pytest
 from k8s_support import ExtenderServer, TestKubelet, gpu_pod, wait_for
 
 from gpupool.core.units import GiB, MiB
-from gpupool.devices.simstate import FLAG_LOST
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.state import FLAG_LOST
 from gpupool.k8s import names
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin

@@ -13,8 +13,8 @@ from gpupool.core.errors import DeviceError, MigLayoutError
 from gpupool.devices.backend import DriverProfile, GpuBackend
 from gpupool.devices.mig_apply import StepDone, apply_node, plan_backend, plan_node
 from gpupool.devices.procfs import process_start_time
-from gpupool.devices.simstate import SimProcSlot
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.state import SimProcSlot
 from gpupool.devices.snapshot import MigInstance, NodeSnapshot
 from gpupool.mig.partedconfig import parse_config
 

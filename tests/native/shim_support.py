@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.units import GiB
-from gpupool.devices.simstate import SimGpuSpec, SimState
+from gpupool.devices.sim.state import SimGpuSpec, SimState
 from gpupool.isolation.libraries import native_libraries
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from shim_support import (
 )
 
 from gpupool.core.units import GiB, MiB
-from gpupool.devices.simstate import SimState
+from gpupool.devices.sim.state import SimState
 from gpupool.isolation.launch import ShareLimits, build_launch_spec
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.units import GiB
-from gpupool.devices.simnode import SimNode
-from gpupool.devices.simspec import parse_spec
-from gpupool.devices.simstate import FLAG_LOST, SimProcSlot, SimState
+from gpupool.devices.sim.node import SimNode
+from gpupool.devices.sim.spec import parse_spec
+from gpupool.devices.sim.state import FLAG_LOST, SimProcSlot, SimState
 from gpupool.isolation.libraries import native_libraries
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,11 +12,11 @@ import pytest
 from test_simcuda import parse, probe, records, run_probe, sim_dir, sim_env
 
 from gpupool.core.errors import DeviceError
-from gpupool.devices import simstate
-from gpupool.devices.simnode import SimNode
-from gpupool.devices.simspec import parse_spec
-from gpupool.devices.simstate import mig_device_number
-from gpupool.devices.simulated import SimulatedBackend
+from gpupool.devices.sim import state as simstate
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.devices.sim.node import SimNode
+from gpupool.devices.sim.spec import parse_spec
+from gpupool.devices.sim.state import mig_device_number
 from gpupool.mig import catalog
 
 __all__ = ["probe", "sim_dir"]  # fixtures, imported for pytest

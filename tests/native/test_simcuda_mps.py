@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tests.native.test_simcuda import create_sim_node, sim_dir, sim_env
 
-from gpupool.devices import mps_twin
+from gpupool.devices.sim import mps_twin
 
 __all__ = ["sim_dir"]  # the fixture that builds the simulated driver
 

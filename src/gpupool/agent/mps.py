@@ -5,7 +5,7 @@ leaves. Its pipe and log directories live under the state dir (STATE/mps/<index>
 never the system default, so it serves only the jobs gpupool points at it, and it sees only its
 GPU (CUDA_VISIBLE_DEVICES = the GPU's UUID). It is driven as an admin drives it: the control
 program with `-d`, then commands on the stdin of a client invocation. On a simulated node the
-program is gpupool's twin (devices/mps_twin.py) unless GPUPOOL_MPS_CONTROL names another.
+program is gpupool's twin (devices/sim/mps_twin.py) unless GPUPOOL_MPS_CONTROL names another.
 
 Everything this module knows lives in those directories and the control daemon itself, so a
 restarted daemon finds its control daemons and servers again by asking them.
@@ -26,8 +26,8 @@ from pathlib import Path
 from gpupool.agent.jobdir import alive
 from gpupool.core import settings
 from gpupool.core.errors import DeviceError
-from gpupool.devices import mps_twin
 from gpupool.devices.procfs import process_start_time, process_uid
+from gpupool.devices.sim import mps_twin
 
 REAL_CONTROL = "nvidia-cuda-mps-control"
 _ANSWER_TIMEOUT_S = 10.0

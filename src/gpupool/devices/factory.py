@@ -21,6 +21,6 @@ def open_backend(simulate: str | None, node_dir: Path | None = None) -> GpuBacke
         from gpupool.devices.nvml import NvmlBackend
 
         return NvmlBackend()
-    from gpupool.devices.simulated import SimulatedBackend
+    from gpupool.devices.sim.backend import SimulatedBackend
 
     return SimulatedBackend.open(simulate, node_dir)

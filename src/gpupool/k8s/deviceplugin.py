@@ -22,7 +22,6 @@ import grpc
 from gpupool.core.errors import GpupoolError, KubeApiError
 from gpupool.core.resources import Priority
 from gpupool.devices.backend import GpuBackend
-from gpupool.devices.simulated import SimulatedBackend
 from gpupool.isolation.launch import ShareLimits
 from gpupool.k8s import inventory, names
 from gpupool.k8s.allocation import ShareFiles, container_share
@@ -72,7 +71,8 @@ class DevicePlugin:
         self.backend = backend
         self.kubelet_dir = kubelet_dir
         self.files = files
-        self.sim_node = backend.node_dir if isinstance(backend, SimulatedBackend) else None
+        simulated = backend.simulated_node()
+        self.sim_node = simulated.directory if simulated is not None else None
         self.gpus: list[GpuInfo] = []
         self._changed = threading.Condition()
         self._version = 0

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
-from gpupool.devices.simspec import GpuEntry, NodeSpec
-from gpupool.devices.simstate import (
+from gpupool.devices.sim.spec import GpuEntry, NodeSpec
+from gpupool.devices.sim.state import (
     MIG_PER_GPU,
     STATE_FILE,
     SimGpuSpec,

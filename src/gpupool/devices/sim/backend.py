@@ -17,9 +17,9 @@ from gpupool.core.errors import DeviceError
 from gpupool.core.units import MiB
 from gpupool.devices.backend import DriverProfile, GpuBackend, SimulatedNode
 from gpupool.devices.procfs import process_name
-from gpupool.devices.simnode import SimGpu, SimInstance, SimNode
-from gpupool.devices.simspec import parse_spec, resolve_node_dir
-from gpupool.devices.simstate import (
+from gpupool.devices.sim.node import SimGpu, SimInstance, SimNode
+from gpupool.devices.sim.spec import parse_spec, resolve_node_dir
+from gpupool.devices.sim.state import (
     FLAG_NOT_SUPPORTED,
     PROC_BOTH,
     PROC_GRAPHICS,

@@ -25,7 +25,7 @@ import yaml
 
 from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest, not_utf8
-from gpupool.devices.simstate import MAX_GPUS
+from gpupool.devices.sim.state import MAX_GPUS
 from gpupool.mig import catalog
 
 ENV_NODE_DIR = settings.SIM_NODE.name

@@ -1,0 +1,1 @@
+"""Simulated GPUs: a node spec, its directory and state, the backend over it, the MPS twin."""
