@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean native proto browser
+.PHONY: test demo lint typecheck venv clean native proto browser cli-docs
 
 venv: $(STAMP)
 
@@ -41,8 +41,8 @@ native:
 	$(MAKE) -C native
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -54,3 +54,7 @@ clean:
 proto: $(STAMP)
 	cd src && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		--grpc_python_out=. gpupool/k8s/proto/api.proto
+
+# docs/cli.md from the commands' own --help (tests/test_cli_reference.py checks it is current)
+cli-docs: $(STAMP)
+	$(BIN)/python tools/cli_reference.py
