@@ -11,6 +11,8 @@ Usage: python tools/cli_reference.py [--check] [OUTPUT]   (default OUTPUT: docs/
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import re
 import sys
 from collections.abc import Iterator
@@ -78,8 +80,32 @@ def _help(runner: CliRunner, root: typer.Typer, path: tuple[str, ...]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+@contextlib.contextmanager
+def _plain_help() -> Iterator[None]:
+    """typer reads TERMINAL_WIDTH, FORCE_COLOR and the like once, at import: pin what they set."""
+    try:
+        rich_utils = importlib.import_module("typer.rich_utils")
+    except ImportError:  # no rich: typer prints click's plain help, which ENV settles
+        yield
+        return
+    pinned = {"MAX_WIDTH": COLUMNS, "FORCE_TERMINAL": False, "COLOR_SYSTEM": None}
+    saved = {name: getattr(rich_utils, name) for name in pinned if hasattr(rich_utils, name)}
+    for name in saved:
+        setattr(rich_utils, name, pinned[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(rich_utils, name, value)
+
+
 def render() -> str:
     """The whole page, as `make cli-docs` writes it."""
+    with _plain_help():
+        return _render()
+
+
+def _render() -> str:
     root = _app()
     runner = CliRunner()
     paths = list(_walk(typer.main.get_command(root), ()))
