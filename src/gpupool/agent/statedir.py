@@ -74,10 +74,10 @@ def _open_or_make(parent: int, name: str, here: Path, mode: int) -> int:
     except OSError as err:
         if os.path.islink(here):
             raise ConfigError(
-                f"the state dir's path goes through the symbolic link {here}: "
-                "give a path without links (gpupool serve --state-dir)"
+                f"{here} is a symbolic link: the state dir, what is in it and the path to it "
+                "have none (give gpupool serve --state-dir a path without links)"
             ) from None
-        raise ConfigError(f"cannot use the state dir's path at {here}: {err.strerror}") from err
+        raise ConfigError(f"cannot create the state dir {here}: {err.strerror}") from err
     if made:
         os.fchmod(fd, mode)  # the umask must not take group or others' search from a parent
     return fd

@@ -65,7 +65,7 @@ class MarkerScan:
         window = self._tail + chunk
         self.seen = self.marker in window
         # what may be the marker's start: its length less one byte, no more
-        self._tail = window[len(window) - len(self.marker) + 1 :] if len(self.marker) > 1 else b""
+        self._tail = window[max(0, len(window) - len(self.marker) + 1) :]
 
 
 class Log:
