@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from tests.users import users
 
 from gpupool.agent import supervisor
+from gpupool.agent.jobdir import JobDir
 from gpupool.agent.supervisor import CHUNK, OOM_MARKER, Log, MarkerScan
 
 
@@ -108,3 +112,41 @@ def test_the_pump_reads_in_chunks_and_records_the_exit_at_the_jobs_own_exit(
     assert b"x" * 10 + OOM_MARKER + b"\n" in stderr_then and b"last" not in stderr_then
     assert (tmp_path / "stdout").read_bytes() == b"o" * (3 * CHUNK)
     assert (tmp_path / "stderr").read_bytes().endswith(b"last\n")
+
+
+def test_the_supervisor_caps_a_users_log_and_keeps_its_tail(tmp_path: Path) -> None:
+    """The real supervisor (root) runs a job as a real user that prints 2 MiB of numbered lines
+    under a 64 KiB cap: the log is the user's, at most the cap, the marker first, then the
+    stream's newest lines."""
+    with users(1) as (alice,):
+        jobdir = JobDir(tmp_path / "1", max_log_size=64 * 1024)
+        script = "import sys\nfor i in range(200_000): sys.stdout.write(f'line {i:09d}\\n')\n"
+        jobdir.write_launch(
+            {
+                "argv": [sys.executable, "-c", script],
+                "env": {"PATH": os.environ["PATH"]},
+                "cwd": "/",
+                "max_log_size": jobdir.max_log_size,
+                "uid": alice.uid,
+                "gid": alice.gid,
+                "groups": [alice.gid],
+            }
+        )
+        subprocess.run(
+            [sys.executable, "-S", "-E", supervisor.__file__, str(jobdir.path)], check=True
+        )
+        deadline = time.monotonic() + 60
+        while jobdir.exit_status() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = jobdir.exit_status()
+        assert ended is not None and ended.exit_code == 0 and not ended.oom
+        found = jobdir.stdout.stat()
+        assert (found.st_uid, found.st_mode & 0o777) == (alice.uid, 0o600)
+        assert found.st_size <= 64 * 1024
+        data = jobdir.stdout.read_bytes()
+        marker, _, tail = data.partition(b"\n")
+        dropped = int(marker.split()[1])
+        assert marker == f"[gpupool: {dropped} bytes dropped]".encode()
+        assert dropped + len(tail) == 200_000 * 15  # every byte kept or counted
+        assert tail.endswith(b"line 000199999\n") and len(tail) >= 16 * 1024
+        assert jobdir.read_log("stdout", len(data) - 15, 100) == b"line 000199999\n"

@@ -221,7 +221,9 @@ def test_an_exempt_process_of_no_job_is_an_exempt_finding(pids: list[int]) -> No
 
 
 def test_kill_spares_graphics_only_and_exempt_processes(tmp_path: Path) -> None:
-    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    # the stranger runs another program than the exempt one
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    sleepers = [subprocess.Popen(argv) for argv in (["sleep", "30"], ["sleep", "30"], sleep)]
     display, exempt, stranger = (s.pid for s in sleepers)
     snapshot = _node(
         _gpu(

@@ -124,6 +124,7 @@ def hold(state_dir: Path) -> IO[str]:
         )
     except OSError as err:
         raise ConfigError(f"cannot open {state_dir / LOCK_NAME}: {err.strerror}") from err
+    os.fchmod(fd, 0o600)  # an older gpupool made it with the umask's mode
     handle = os.fdopen(fd, "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

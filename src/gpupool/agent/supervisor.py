@@ -298,7 +298,8 @@ def supervise(jobdir: str) -> int:
     if failed is not None:
         os.close(out_read)
         os.close(err_read)
-        logs[1].write(f"gpupool: cannot run {launch['argv'][0]}: {message}\n".encode())
+        with contextlib.suppress(OSError):  # a full disk: the exit status still gets written
+            logs[1].write(f"gpupool: cannot run {launch['argv'][0]}: {message}\n".encode())
         ended(failed)
         return 0
     pump(pid, [Stream(out_read, logs[0]), Stream(err_read, logs[1], scan)], ended)
