@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.users import users
+from tests.users import User, users
 
 from gpupool.agent import supervisor
-from gpupool.agent.jobdir import JobDir
+from gpupool.agent.jobdir import ExitStatus, JobDir
 from gpupool.agent.supervisor import CHUNK, OOM_MARKER, Log, MarkerScan
 
 
@@ -114,6 +114,28 @@ def test_the_pump_reads_in_chunks_and_records_the_exit_at_the_jobs_own_exit(
     assert (tmp_path / "stderr").read_bytes().endswith(b"last\n")
 
 
+def _supervise(jobdir: JobDir, argv: list[str], user: User) -> ExitStatus:
+    """Run the real supervisor on `jobdir` for `argv` as `user`; the job's exit status."""
+    jobdir.write_launch(
+        {
+            "argv": argv,
+            "env": {"PATH": os.environ["PATH"]},
+            "cwd": "/",
+            "max_log_size": jobdir.max_log_size,
+            "uid": user.uid,
+            "gid": user.gid,
+            "groups": [user.gid],
+        }
+    )
+    subprocess.run([sys.executable, "-S", "-E", supervisor.__file__, str(jobdir.path)], check=True)
+    deadline = time.monotonic() + 60
+    while jobdir.exit_status() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = jobdir.exit_status()
+    assert ended is not None
+    return ended
+
+
 def test_the_supervisor_caps_a_users_log_and_keeps_its_tail(tmp_path: Path) -> None:
     """The real supervisor (root) runs a job as a real user that prints 2 MiB of numbered lines
     under a 64 KiB cap: the log is the user's, at most the cap, the marker first, then the
@@ -121,25 +143,8 @@ def test_the_supervisor_caps_a_users_log_and_keeps_its_tail(tmp_path: Path) -> N
     with users(1) as (alice,):
         jobdir = JobDir(tmp_path / "1", max_log_size=64 * 1024)
         script = "import sys\nfor i in range(200_000): sys.stdout.write(f'line {i:09d}\\n')\n"
-        jobdir.write_launch(
-            {
-                "argv": [sys.executable, "-c", script],
-                "env": {"PATH": os.environ["PATH"]},
-                "cwd": "/",
-                "max_log_size": jobdir.max_log_size,
-                "uid": alice.uid,
-                "gid": alice.gid,
-                "groups": [alice.gid],
-            }
-        )
-        subprocess.run(
-            [sys.executable, "-S", "-E", supervisor.__file__, str(jobdir.path)], check=True
-        )
-        deadline = time.monotonic() + 60
-        while jobdir.exit_status() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = jobdir.exit_status()
-        assert ended is not None and ended.exit_code == 0 and not ended.oom
+        ended = _supervise(jobdir, [sys.executable, "-c", script], alice)
+        assert ended.exit_code == 0 and not ended.oom
         found = jobdir.stdout.stat()
         assert (found.st_uid, found.st_mode & 0o777) == (alice.uid, 0o600)
         assert found.st_size <= 64 * 1024
@@ -150,3 +155,13 @@ def test_the_supervisor_caps_a_users_log_and_keeps_its_tail(tmp_path: Path) -> N
         assert dropped + len(tail) == 200_000 * 15  # every byte kept or counted
         assert tail.endswith(b"line 000199999\n") and len(tail) >= 16 * 1024
         assert jobdir.read_log("stdout", len(data) - 15, 100) == b"line 000199999\n"
+
+
+def test_a_job_that_closes_its_stdout_early_is_still_pumped(tmp_path: Path) -> None:
+    with users(1) as (alice,):
+        jobdir = JobDir(tmp_path / "1")
+        script = "echo first; exec >&-; sleep 0.5; echo still >&2; exit 4"
+        ended = _supervise(jobdir, ["sh", "-c", script], alice)
+        assert ended.exit_code == 4
+        assert jobdir.stdout.read_bytes() == b"first\n"
+        assert jobdir.stderr.read_bytes() == b"still\n"
