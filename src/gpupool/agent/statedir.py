@@ -63,14 +63,27 @@ def prepare(state_dir: Path) -> Path:
 def _open_or_make(parent: int, name: str, here: Path, mode: int) -> int:
     """`name` in the directory `parent`, opened without following a link; made if missing."""
     try:
+        return _open_dir(parent, name, here)
+    except FileNotFoundError:
+        pass
+    try:
         os.mkdir(name, mode, dir_fd=parent)
-        made = True
     except FileExistsError:
-        made = False
+        pass  # made meanwhile by someone else: checked as any existing one
     except OSError as err:
         raise ConfigError(f"cannot create the state dir {here}: {err.strerror}") from err
+    else:
+        made = _open_dir(parent, name, here)
+        os.fchmod(made, mode)  # the umask must not take group or others' search from a parent
+        return made
+    return _open_dir(parent, name, here)
+
+
+def _open_dir(parent: int, name: str, here: Path) -> int:
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        raise
     except OSError as err:
         if os.path.islink(here):
             raise ConfigError(
@@ -78,9 +91,6 @@ def _open_or_make(parent: int, name: str, here: Path, mode: int) -> int:
                 "have none (give gpupool serve --state-dir a path without links)"
             ) from None
         raise ConfigError(f"cannot create the state dir {here}: {err.strerror}") from err
-    if made:
-        os.fchmod(fd, mode)  # the umask must not take group or others' search from a parent
-    return fd
 
 
 def _check(found: os.stat_result, here: Path, *, state_dir: bool) -> None:
