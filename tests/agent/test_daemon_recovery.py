@@ -173,6 +173,9 @@ def open_daemon() -> Iterator[Daemon]:
     one is made in /tmp itself and removed at the end."""
     root = Path(tempfile.mkdtemp(prefix="gpupool-uid-", dir="/tmp"))
     root.chmod(0o755)
+    # the state dir as a socket group lays it out (0750 root:GROUP), the group nobody's (65534)
+    (root / "state").mkdir(mode=0o750)
+    os.chown(root / "state", 0, 65534)
     running = Daemon(root, "1xA100-40GB").start()
     yield running
     running.stop()

@@ -216,8 +216,9 @@ def test_killing_a_process_that_has_exited_says_so_and_raises_nothing() -> None:
     [
         (["--watchdog", "shoot"], {}, "invalid watchdog action 'shoot'"),
         ([], {"GPUPOOL_WATCHDOG": "x"}, "invalid watchdog action 'x'"),
-        (["--watchdog-exempt", "Xorg,uid:abc"], {}, "invalid watchdog exemption 'uid:abc'"),
-        ([], {"GPUPOOL_WATCHDOG_EXEMPT": "Xorg,,uid:0"}, "invalid watchdog exemption 'Xorg,,"),
+        (["--watchdog-exempt", "/bin/x,uid:abc"], {}, "invalid watchdog exemption 'uid:abc'"),
+        ([], {"GPUPOOL_WATCHDOG_EXEMPT": "/bin/x,,uid:0"}, "invalid watchdog exemption '/bin/x,,"),
+        (["--watchdog-exempt", "Xorg"], {}, "invalid watchdog exemption 'Xorg': name the exec"),
     ],
 )
 def test_a_bad_watchdog_setting_is_one_line_and_starts_nothing(
@@ -243,7 +244,8 @@ def test_a_bad_watchdog_setting_is_one_line_and_starts_nothing(
     )
     assert result.returncode == 2
     assert result.stderr.startswith(f"gpupool: error: {says}")
-    use = "use report or kill" if "action" in says else "use comma-separated process names"
+    paths = "use comma-separated absolute executable paths"
+    use = "use report or kill" if "action" in says else paths
     assert use in result.stderr and result.stderr.count("\n") == 1
     assert not state.exists()
 
@@ -353,32 +355,21 @@ def test_a_graphics_only_process_is_neither_reported_nor_killed(killing: Daemon)
             foreign.wait()
 
 
-def _command_name() -> str:
-    """The command name a CUDA program of foreign_process has (what an exemption names)."""
-    shown = subprocess.run(
-        [sys.executable, "-c", "print(open('/proc/self/comm').read().strip())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return shown.stdout.strip()
-
-
-@pytest.mark.parametrize("by", ["name", "uid"])
+@pytest.mark.parametrize("by", ["path", "uid"])
 def test_an_exempt_process_is_reported_once_and_never_killed(tmp_path: Path, by: str) -> None:
-    # by name through the option, by uid through the setting: both ways in
-    name = _command_name()
+    # by executable through the option, by uid through the setting: both ways in
+    path = os.path.realpath(sys.executable)  # what the CUDA program of foreign_process runs
     extra: tuple[str, ...] = ("--watchdog", "kill")
     env = {}
-    if by == "name":
-        extra += ("--watchdog-exempt", f"Xorg,{name}")
+    if by == "path":
+        extra += ("--watchdog-exempt", f"/usr/lib/xorg/Xorg,{sys.executable}")
     else:
         env["GPUPOOL_WATCHDOG_EXEMPT"] = f"uid:{os.getuid()}"
     daemon = Daemon(tmp_path, "1xA30", extra, env).start()
     foreign = foreign_process(daemon.node_dir)
     try:
         event = wait_for_event(daemon, lambda e: e["kind"] == "exempt")
-        why = f"name {name}" if by == "name" else f"uid {os.getuid()}"
+        why = f"path {path}" if by == "path" else f"uid {os.getuid()}"
         assert event["pid"] == foreign.pid and event["job_id"] is None
         assert event["detail"].endswith(f"belongs to no job, 1GiB; exempt ({why}), not killed")
         time.sleep(2.5)

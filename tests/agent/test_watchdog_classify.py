@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpupool.agent.exempt import Exemptions
+from gpupool.agent.exempt import Exemptions, executable
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.owners import Owners, identified
@@ -18,7 +20,6 @@ from gpupool.agent.store import Store
 from gpupool.agent.watchdog import EXEMPT, KILLED, NO_JOB, OVER_SHARE, Action, Watchdog, classify
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import GiB, MiB
-from gpupool.devices.procfs import process_name
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot, ProcessInfo, ProcessKind
 
 COMPUTE, GRAPHICS, BOTH = ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.BOTH
@@ -174,50 +175,67 @@ def test_a_graphics_only_process_of_no_job_is_no_finding(pids: list[int]) -> Non
     assert seen[0].to_json()["kind"] == "graphics"
 
 
+def _sleep_path() -> str:
+    """The executable a `sleep` process runs, as /proc/PID/exe shows it."""
+    found = shutil.which("sleep")
+    assert found is not None
+    return os.path.realpath(found)
+
+
 def test_an_exempt_process_of_no_job_is_an_exempt_finding(pids: list[int]) -> None:
-    agent, other, job_process = pids
-    snapshot = _node(
-        _gpu(
-            0,
-            ProcessInfo(agent, "dcgm", GiB, COMPUTE),
-            ProcessInfo(other, "p", GiB, COMPUTE),
-            ProcessInfo(job_process, "dcgm", 3 * GiB, COMPUTE),
+    agent, _, job_process = pids  # `sleep` processes
+    # named as the exempt agent's command, but another program: a name exempts nothing
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        snapshot = _node(
+            _gpu(
+                0,
+                ProcessInfo(agent, "dcgm", GiB, COMPUTE),
+                ProcessInfo(other.pid, "dcgm", GiB, COMPUTE),
+                ProcessInfo(job_process, "dcgm", 3 * GiB, COMPUTE),
+            )
         )
-    )
-    owner = {agent: None, other: None, job_process: 1}
-    jobs = [_job(1, (0,), 2 * GiB)]
-    seen, findings = classify(snapshot, jobs, 0, owner.get, exemptions=Exemptions.parse("dcgm"))
-    # the exemption is for processes of no job: a job's process is still held to its share
-    assert [(f.kind, f.processes[0].pid) for f in findings] == [
-        (EXEMPT, agent),
-        (NO_JOB, other),
-        (OVER_SHARE, job_process),
-    ]
-    assert findings[0].detail() == (
-        f"GPU 0: pid {agent} (dcgm) belongs to no job, 1GiB; exempt (name dcgm), not killed"
-    )
-    marks = [(p.exempt, p.stranger) for p in seen]
-    assert marks == [("name dcgm", False), (None, True), (None, False)]
-    by_user = Exemptions.parse(f"uid:{os.getuid()}")  # the sleepers are this test's user's
-    _, findings = classify(snapshot, jobs, 0, owner.get, exemptions=by_user)
-    assert [f.kind for f in findings] == [EXEMPT, EXEMPT, OVER_SHARE]
-    assert findings[1].processes[0].exempt == f"uid {os.getuid()}"
+        owner = {agent: None, other.pid: None, job_process: 1}
+        jobs = [_job(1, (0,), 2 * GiB)]
+        by_path = Exemptions.parse(_sleep_path())
+        seen, findings = classify(snapshot, jobs, 0, owner.get, exemptions=by_path)
+        # the exemption is for processes of no job: a job's process is still held to its share
+        assert [(f.kind, f.processes[0].pid) for f in findings] == [
+            (EXEMPT, agent),
+            (NO_JOB, other.pid),
+            (OVER_SHARE, job_process),
+        ]
+        assert findings[0].detail() == (
+            f"GPU 0: pid {agent} (dcgm) belongs to no job, 1GiB; "
+            f"exempt (path {_sleep_path()}), not killed"
+        )
+        marks = [(p.exempt, p.stranger) for p in seen]
+        assert marks == [(f"path {_sleep_path()}", False), (None, True), (None, False)]
+        by_user = Exemptions.parse(f"uid:{os.getuid()}")  # the processes are this test's user's
+        _, findings = classify(snapshot, jobs, 0, owner.get, exemptions=by_user)
+        assert [f.kind for f in findings] == [EXEMPT, EXEMPT, OVER_SHARE]
+        assert findings[1].processes[0].exempt == f"uid {os.getuid()}"
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_kill_spares_graphics_only_and_exempt_processes(tmp_path: Path) -> None:
-    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    # the stranger runs another program than the exempt one
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    sleepers = [subprocess.Popen(argv) for argv in (["sleep", "30"], ["sleep", "30"], sleep)]
     display, exempt, stranger = (s.pid for s in sleepers)
-    name = process_name(exempt)  # "sleep", as /proc shows it
     snapshot = _node(
         _gpu(
             0,
             ProcessInfo(display, "Xorg", 300 * MiB, GRAPHICS),
-            ProcessInfo(exempt, name, GiB, COMPUTE),
+            ProcessInfo(exempt, "sleep", GiB, COMPUTE),
             ProcessInfo(stranger, "other", GiB, COMPUTE),
         )
     )
     store = Store(tmp_path / "state.db")
-    watchdog = Watchdog(store, Action.KILL, 0, lambda i: JobDir(tmp_path), Exemptions.parse(name))
+    exemptions = Exemptions.parse(_sleep_path())
+    watchdog = Watchdog(store, Action.KILL, 0, lambda i: JobDir(tmp_path), exemptions)
     try:
         first = watchdog.check(snapshot, [])
         assert [(f.kind, f.processes[0].pid) for f in first] == [
@@ -239,13 +257,27 @@ def test_kill_spares_graphics_only_and_exempt_processes(tmp_path: Path) -> None:
             sleeper.wait()
 
 
-def test_an_exemption_list_is_names_and_uids() -> None:
-    exemptions = Exemptions.parse(" Xorg , gnome-shell,uid:0,uid:1000 ")
-    assert exemptions == Exemptions(frozenset({"Xorg", "gnome-shell"}), frozenset({0, 1000}))
-    assert str(exemptions) == "Xorg,gnome-shell,uid:0,uid:1000"
-    assert exemptions.why("Xorg", 1000) == "name Xorg"
-    assert exemptions.why("python3", 1000) == "uid 1000"
-    assert exemptions.why("python3", 1001) is None and exemptions.why("xorg", None) is None
+def test_an_exemption_list_is_paths_and_uids(tmp_path: Path) -> None:
+    link = tmp_path / "agent"
+    link.symlink_to(_sleep_path())
+    exemptions = Exemptions.parse(f" /usr/lib/xorg/Xorg , {link},uid:0,uid:1000 ")
+    # a listed link stands for the file it names, as /proc/PID/exe shows a process's executable
+    paths = frozenset({"/usr/lib/xorg/Xorg", _sleep_path()})
+    assert exemptions == Exemptions(paths, frozenset({0, 1000}))
+    assert str(exemptions) == f"{','.join(sorted(paths))},uid:0,uid:1000"
+    assert exemptions.why("/usr/lib/xorg/Xorg", 1000) == "path /usr/lib/xorg/Xorg"
+    assert exemptions.why("/usr/bin/python3", 1000) == "uid 1000"
+    assert exemptions.why("/usr/bin/python3", 1001) is None and exemptions.why(None, None) is None
+
+
+def test_an_executable_is_what_the_kernel_says_the_process_runs() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert executable(sleeper.pid) == _sleep_path()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert executable(sleeper.pid) is None  # gone
 
 
 @pytest.mark.parametrize(
@@ -254,10 +286,11 @@ def test_an_exemption_list_is_names_and_uids() -> None:
         ("uid:abc", "'uid:abc': a uid is a number"),
         ("uid:-1", "'uid:-1': a uid is a number"),
         ("uid:", "'uid:': a uid is a number"),
-        ("Xorg,,uid:0", "'Xorg,,uid:0': an empty name"),
-        ("Xorg,", "'Xorg,': an empty name"),
-        (" ", "' ': an empty name"),
-        ("nvidia-dcgm-exporter", "longer than the 15 bytes of a command name"),
+        ("/usr/bin/x,,uid:0", "'/usr/bin/x,,uid:0': an empty entry"),
+        ("/usr/bin/x,", "'/usr/bin/x,': an empty entry"),
+        (" ", "' ': an empty entry"),
+        ("Xorg", "'Xorg': name the executable by its absolute path"),
+        ("bin/dcgm", "'bin/dcgm': name the executable by its absolute path"),
     ],
 )
 def test_a_bad_exemption_is_refused_in_one_line(text: str, says: str) -> None:
@@ -265,4 +298,5 @@ def test_a_bad_exemption_is_refused_in_one_line(text: str, says: str) -> None:
         Exemptions.parse(text)
     message = str(refused.value)
     assert message.startswith("invalid watchdog exemption ") and says in message
-    assert "use comma-separated process names and uid:N" in message and "\n" not in message
+    assert "use comma-separated absolute executable paths and uid:N" in message
+    assert "\n" not in message

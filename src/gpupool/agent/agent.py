@@ -21,7 +21,7 @@ from typing import Any
 
 from gpupool.agent import launcher, mps, node
 from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
-from gpupool.agent.jobdir import JobDir, alive
+from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE, JobDir, alive, jobs_dir
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.mpsjobs import MpsJobs
@@ -60,8 +60,15 @@ class AgentConfig:
     watchdog_exempt: Exemptions = NO_EXEMPTIONS
     #: leave the MIG instances created for jobs in place after them
     mig_keep_instances: bool = False
+    #: each job's stdout and stderr keep at most this many bytes, the newest (0: no limit)
+    max_log_size: int = DEFAULT_MAX_LOG_SIZE
 
     def __post_init__(self) -> None:
+        if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:
+            raise InvalidRequest(
+                f"invalid maximum log size {self.max_log_size} bytes (--max-log-size): "
+                f"0 for no limit, or at least {MIN_LOG_SIZE // 1024}Ki"
+            )
         if self.policy not in GPU_POLICIES:
             raise InvalidRequest(
                 f"unknown policy {self.policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
@@ -75,8 +82,7 @@ class Agent:
         self.config = config
         self.backend = backend
         self.store = Store(config.state_dir / "state.db")
-        self.jobs_dir = config.state_dir / "jobs"
-        self.jobs_dir.mkdir(exist_ok=True)
+        self.jobs_dir = jobs_dir(config.state_dir)
         self._backend_lock = threading.Lock()
         snapshot = self._snapshot()
         self.launch_node = launch_node(backend)
@@ -139,7 +145,7 @@ class Agent:
         self.store.close()
 
     def jobdir(self, job_id: int) -> JobDir:
-        return JobDir(self.jobs_dir / str(job_id))
+        return JobDir(self.jobs_dir / str(job_id), self.config.max_log_size)
 
     def recover(self) -> None:
         """Re-adopt running jobs, record the ends that happened meanwhile, requeue cut launches."""
@@ -343,12 +349,14 @@ class Agent:
             self._cancel_at.pop(job.id, None)
         words = detail or mps_failure
         words = words or (f"exit code {code}" if code is not None else "exit code unknown")
+        # the supervisor saw the interception library's out-of-memory line go by
+        ended = jobdir.exit_status()
         self.store.finish(
             job.id,
             state,
             code,
             finished_at=at,
-            oom=jobdir.saw_oom(),
+            oom=ended is not None and ended.oom,
             peak_memory=peak,
             detail=words,
         )

@@ -1,50 +1,55 @@
 """The watchdog's exemption list: GPU processes outside gpupool that the node runs on purpose (a
-monitoring agent with a CUDA context, an administrator's benchmark), by name or by user.
+monitoring agent with a CUDA context, an administrator's benchmark), by executable or by user.
 
-`--watchdog-exempt` / GPUPOOL_WATCHDOG_EXEMPT is a comma-separated list of process names (the
-command name `gpupool gpus` shows, /proc/PID/comm) and `uid:N` entries. Such a process, when it
-belongs to no job, is reported once as exempt and never killed.
+`--watchdog-exempt` / GPUPOOL_WATCHDOG_EXEMPT is a comma-separated list of absolute executable
+paths and `uid:N` entries. Such a process, when it belongs to no job, is reported once as exempt
+and never killed. Never by command name: a process sets its own (prctl, or a link named
+anything), so a name would exempt whatever chose it. The executable is what the kernel says the
+process runs (/proc/PID/exe, a path without links); a listed path is resolved once, so
+/usr/bin/python3 exempts the interpreter it links to.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gpupool.core.errors import InvalidRequest
 
-#: the kernel keeps a command name in 16 bytes, the last a NUL: a longer name never matches
-MAX_NAME = 15
 UID_PREFIX = "uid:"
+#: what the kernel appends to /proc/PID/exe when the executable was removed or replaced
+_DELETED = " (deleted)"
 
 
 @dataclass(frozen=True)
 class Exemptions:
-    names: frozenset[str] = frozenset()
+    paths: frozenset[str] = frozenset()
     uids: frozenset[int] = frozenset()
 
     @classmethod
     def parse(cls, text: str) -> Exemptions:
         """The list `text` stands for; a bad entry is refused with one line."""
-        names: set[str] = set()
+        paths: set[str] = set()
         uids: set[int] = set()
         for raw in text.split(","):
             entry = raw.strip()
             if entry.startswith(UID_PREFIX):
                 uids.add(_uid(entry))
             else:
-                names.add(_name(entry, text))
-        return cls(frozenset(names), frozenset(uids))
+                paths.add(_path(entry, text))
+        return cls(frozenset(paths), frozenset(uids))
 
-    def why(self, name: str, uid: int | None) -> str | None:
-        """What exempts a process of this name and user (`name Xorg`, `uid 0`), or None."""
-        if name in self.names:
-            return f"name {name}"
+    def why(self, executable: str | None, uid: int | None) -> str | None:
+        """What exempts a process running `executable` as `uid` (`path /usr/bin/dcgm`,
+        `uid 0`), or None."""
+        if executable is not None and executable in self.paths:
+            return f"path {executable}"
         if uid is not None and uid in self.uids:
             return f"uid {uid}"
         return None
 
     def __str__(self) -> str:
-        entries = sorted(self.names) + [f"{UID_PREFIX}{uid}" for uid in sorted(self.uids)]
+        entries = sorted(self.paths) + [f"{UID_PREFIX}{uid}" for uid in sorted(self.uids)]
         return ",".join(entries) or "none"
 
 
@@ -52,10 +57,20 @@ class Exemptions:
 NO_EXEMPTIONS = Exemptions()
 
 
+def executable(pid: int) -> str | None:
+    """The file process `pid` runs, as the kernel resolved it; None when gone, hidden from us
+    (another user's process, to a daemon not run as root) or removed since it started."""
+    try:
+        target = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return None if target.endswith(_DELETED) else target
+
+
 def _refuse(what: str) -> InvalidRequest:
     return InvalidRequest(
         f"invalid watchdog exemption {what} (--watchdog-exempt, GPUPOOL_WATCHDOG_EXEMPT): "
-        "use comma-separated process names and uid:N"
+        "use comma-separated absolute executable paths and uid:N"
     )
 
 
@@ -66,12 +81,12 @@ def _uid(entry: str) -> int:
     return int(number)
 
 
-def _name(entry: str, text: str) -> str:
+def _path(entry: str, text: str) -> str:
     if not entry:
-        raise _refuse(f"{text!r}: an empty name")
-    if len(entry.encode()) > MAX_NAME:
+        raise _refuse(f"{text!r}: an empty entry")
+    if not entry.startswith("/"):
         raise _refuse(
-            f"{entry!r}: longer than the {MAX_NAME} bytes of a command name "
-            f"(the kernel shows {entry.encode()[:MAX_NAME].decode(errors='ignore')!r})"
+            f"{entry!r}: name the executable by its absolute path (as `readlink "
+            f"/proc/PID/exe` shows it), not by a name, which any process can give itself"
         )
-    return entry
+    return os.path.realpath(entry)

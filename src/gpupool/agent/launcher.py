@@ -174,21 +174,19 @@ def _identity(uid: int) -> dict[str, Any]:
 
 def launch(job: Job, node: LaunchNode, jobdir: JobDir, mps_control: mps.MpsControl) -> None:
     """Write the job's launch file and start its supervisor (which starts the job, detached)."""
-    jobdir.path.mkdir(parents=True, exist_ok=True)
+    jobdir.create()
     chosen = MpsLauncher(mps_control) if job.spec.mode is Mode.MPS else LAUNCHERS[job.spec.mode]
     env = chosen.env(job, node, jobdir, base_env(job))
     identity = _identity(job.uid)
     if os.geteuid() == 0:
         # the job's own processes create its accounting region in there
-        for region in jobdir.path.glob("gpupool-share-*"):
-            os.chown(region, identity["uid"], identity["gid"])
+        jobdir.hand_over_shares(identity["uid"], identity["gid"])
     jobdir.write_launch(
         {
             "argv": list(job.spec.argv),
             "env": env,
             "cwd": job.spec.workdir,
-            "stdout": str(jobdir.stdout),
-            "stderr": str(jobdir.stderr),
+            "max_log_size": jobdir.max_log_size,
             **identity,
         }
     )

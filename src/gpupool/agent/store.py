@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -121,10 +123,51 @@ def _job(row: sqlite3.Row) -> Job:
     )
 
 
+#: SQLite's companions of a WAL database, which it creates with the database's mode and owner
+_COMPANIONS = ("-wal", "-shm")
+
+
+def _private_files(path: Path) -> None:
+    """Make the database 0600 before SQLite opens it (so its WAL and shared memory are, too),
+    never through a link; one left 0644 by an older gpupool, and its companions, become 0600."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        fd = -1
+    except OSError as err:
+        raise ConfigError(f"cannot create the state database {path}: {err.strerror}") from err
+    if fd >= 0:
+        os.close(fd)
+        return
+    for name in [path, *(Path(f"{path}{suffix}") for suffix in _COMPANIONS)]:
+        try:
+            fd = os.open(name, flags)
+        except FileNotFoundError:
+            continue
+        except OSError as err:  # ELOOP: a symbolic link
+            raise ConfigError(
+                f"cannot open the state database {name}: {err.strerror} "
+                "(it must be a plain file of the daemon's user)"
+            ) from err
+        try:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
+                raise ConfigError(
+                    f"{name} is not a plain file of the daemon's user: remove it, or give "
+                    "another state dir"
+                )
+            if stat.S_IMODE(found.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
 class Store:
     """Jobs and events; safe to share between threads (one connection behind a lock)."""
 
     def __init__(self, path: Path) -> None:
+        _private_files(path)
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row

@@ -15,9 +15,9 @@ offending process gets SIGKILL (for a job over its share, all its processes on t
 driver cannot tell which one escaped), and the kill is recorded.
 
 Two kinds of process of no job are never killed: one the driver lists as graphics only (a
-display server, a desktop) is no finding at all, and one on the exemption list (by name or user,
-exempt.py) is an `exempt` node event instead of `no_job`, so the GPU's users outside gpupool
-still show.
+display server, a desktop) is no finding at all, and one on the exemption list (by executable
+or user, exempt.py) is an `exempt` node event instead of `no_job`, so the GPU's users outside
+gpupool still show.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
+from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions, executable
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
 from gpupool.agent.owners import Owners, identified
@@ -79,7 +79,7 @@ class GpuProcess:
     job: int | None
     share: int | None  # the job's memory share on this GPU (0 on a GPU it was not placed on)
     over_share: bool = False
-    exempt: str | None = None  # of no job: what exempts it (`name Xorg`, `uid 0`)
+    exempt: str | None = None  # of no job: what exempts it (`path /usr/bin/dcgm`, `uid 0`)
 
     @property
     def stranger(self) -> bool:
@@ -136,8 +136,10 @@ def _of_no_job(entry: GpuProcess, exemptions: Exemptions) -> tuple[GpuProcess, F
         # CUDA contexts, so this is no share's escape, and SIGKILL to Xorg would take the node's
         # display and every session on it down. Listed, but no finding.
         return entry, None
-    uid = process_uid(entry.pid) if exemptions.uids else None  # /proc read only when needed
-    entry = replace(entry, exempt=exemptions.why(entry.name, uid))
+    # /proc read only when needed
+    uid = process_uid(entry.pid) if exemptions.uids else None
+    exe = executable(entry.pid) if exemptions.paths else None
+    entry = replace(entry, exempt=exemptions.why(exe, uid))
     return entry, Finding(NO_JOB if entry.exempt is None else EXEMPT, entry.gpu, (entry,))
 
 

@@ -83,9 +83,10 @@ def register(app: typer.Typer) -> None:
         watchdog_exempt: str | None = typer.Option(
             None,
             "--watchdog-exempt",
-            metavar="NAME,uid:N,...",
-            help="GPU processes of no job to report as exempt and never kill: command names "
-            "(as gpupool gpus shows them) and uid:N (default: $GPUPOOL_WATCHDOG_EXEMPT).",
+            metavar="PATH,uid:N,...",
+            help="GPU processes of no job to report as exempt and never kill: absolute paths of "
+            "executables (as readlink /proc/PID/exe shows them; never command names, which any "
+            "process sets for itself) and uid:N (default: $GPUPOOL_WATCHDOG_EXEMPT).",
         ),
         mig_keep_instances: bool = typer.Option(
             False,

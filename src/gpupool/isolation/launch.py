@@ -88,13 +88,14 @@ def _prepend_path(value: str, existing: str | None, sep: str) -> str:
     return value if not existing else f"{value}{sep}{existing}"
 
 
-_REGION_DIR_PREFIX = "gpupool-share-"
+#: a share's private directory (one per launch), whose owner is the share's user
+SHARE_DIR_PREFIX = "gpupool-share-"
 _REGION_FILE = "region"
 
 
 def new_shared_region(directory: Path | None = None) -> Path:
     """A fresh accounting file path inside a private (0700) directory; the library creates it."""
-    private = Path(tempfile.mkdtemp(prefix=_REGION_DIR_PREFIX, dir=directory))
+    private = Path(tempfile.mkdtemp(prefix=SHARE_DIR_PREFIX, dir=directory))
     return private / _REGION_FILE
 
 
@@ -103,7 +104,7 @@ def find_shared_region(directory: Path) -> Path | None:
     try:
         with os.scandir(directory) as entries:  # no glob: /metrics asks for every job
             for entry in entries:
-                if entry.name.startswith(_REGION_DIR_PREFIX):
+                if entry.name.startswith(SHARE_DIR_PREFIX):
                     return Path(entry.path) / _REGION_FILE
     except OSError:
         pass

@@ -11,6 +11,7 @@ of each one. Offsets here and in the header change together (bump VERSION); a te
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ COUNTERS_OFFSET = 224
 _COUNTERS_END = COUNTERS_OFFSET + DEVICES * COUNTERS.size
 _LOCK_SIZE = 128
 _PROC_SIZE = 16 + 8 * DEVICES
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # counters, lock, used, credit_ns, credit_at_ns, spans, procs
 FILE_SIZE = _COUNTERS_END + _LOCK_SIZE + 3 * 8 * DEVICES + DEVICES * SPANS * 16 + PROCS * _PROC_SIZE
 
@@ -44,14 +46,43 @@ class DeviceCounters:
     lease_wait_seconds: float
 
 
+def open_region(region: Path) -> int:
+    """`region` opened for reading, as a file its share's user made: never through a link,
+    never blocking (a FIFO), and only a regular file owned by the owner of its directory (the
+    share's private directory); else ConfigError, one line. FileNotFoundError when missing."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        where = os.open(region.parent, _DIR_FLAGS)
+        try:
+            owner = os.fstat(where).st_uid
+            fd = os.open(region.name, flags, dir_fd=where)
+        finally:
+            os.close(where)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise ConfigError(f"cannot read the shared region {region}: {err.strerror}") from err
+    found = os.fstat(fd)
+    if stat.S_ISREG(found.st_mode) and found.st_uid == owner:
+        return fd
+    os.close(fd)
+    what = "a regular file" if not stat.S_ISREG(found.st_mode) else f"owned by uid {owner}"
+    raise ConfigError(f"the shared region {region} is not {what}: skipped")
+
+
 def region_share_id(region: Path) -> int | None:
     """The id of the share whose accounting region is at `region`; None if it was never created
-    (the command never used a GPU) or is not one of this version."""
+    (the command never used a GPU), is not one of this version, or not a file of its share."""
     try:
-        with region.open("rb") as f:
-            head = f.read(HEADER.size)
+        fd = open_region(region)
+    except (OSError, ConfigError):
+        return None
+    try:
+        head = os.pread(fd, HEADER.size, 0)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if len(head) < HEADER.size:
         return None
     magic, version, _size, found = HEADER.unpack(head)
@@ -76,9 +107,11 @@ class OpenRegions:
     open a path lookup, and each lets the daemon's other threads take the GIL). A region's path
     is new at each launch (a fresh private directory) and the library creates the file once and
     never replaces it, so a descriptor kept by path reads that launch's region; `keep` closes
-    those of the shares that ended. No mapping: a job can truncate its region, and a read of a
-    mapping past the end of its file kills the reader (SIGBUS), where pread just reads short.
-    Thread-safe (two scrapes at once must not close a descriptor the other reads)."""
+    those of the shares that ended. The file is the share's user's, opened as `open_region`
+    says: a link, a FIFO or another user's file is refused, never waited on. No mapping: a job
+    can truncate its region, and a read of a mapping past the end of its file kills the reader
+    (SIGBUS), where pread just reads short. Thread-safe (two scrapes at once must not close a
+    descriptor the other reads)."""
 
     def __init__(self) -> None:
         self._open: dict[Path, int] = {}
@@ -90,7 +123,7 @@ class OpenRegions:
             try:
                 fd = self._open.get(region)
                 if fd is None:
-                    fd = self._open[region] = os.open(region, os.O_RDONLY | os.O_CLOEXEC)
+                    fd = self._open[region] = open_region(region)
                 data = os.pread(fd, _COUNTERS_END, 0)
             except FileNotFoundError:
                 return None
