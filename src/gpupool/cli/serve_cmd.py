@@ -33,7 +33,7 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
     except OSError as err:
         why = "it is a symbolic link" if err.errno == errno.ELOOP else err.strerror
         raise ConfigError(f"cannot read the token file {token_file}: {why}") from err
-    with os.fdopen(fd, "rb") as source:
+    try:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
             raise ConfigError(f"the token file {token_file} is not a regular file")
@@ -47,7 +47,9 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
                 f"the token file {token_file} is open to others (mode "
                 f"{stat.S_IMODE(found.st_mode):04o}): chmod 600 {token_file}"
             )
-        data = source.read(MAX_TOKEN_FILE + 1)
+        data = os.read(fd, MAX_TOKEN_FILE + 1)
+    finally:
+        os.close(fd)
     token = data.strip()
     if not token:
         raise ConfigError(f"the token file {token_file} is empty")
