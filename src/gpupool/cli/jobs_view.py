@@ -98,11 +98,6 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         typer.echo("(no jobs)")
 
 
-def _command(job: dict[str, Any]) -> str:
-    """The command, or "(hidden)" where the daemon keeps it to its owner and the admins."""
-    return "(hidden)" if job["command"] is None else " ".join(job["command"])
-
-
 def _when(at: float | None) -> str:
     return "-" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3]
 
@@ -113,7 +108,7 @@ def print_job(job: dict[str, Any]) -> None:
     lines = [
         f"job {job['id']} ({job['name']}), {job['user']}: {job['state']}"
         + (f", exit code {job['exit_code']}" if job["exit_code"] is not None else ""),
-        f"  command:  {_command(job)}",
+        f"  command:  {' '.join(job['command'])}",
         f"  share:    {job['gpu_count']} GPU(s), {_memory(job)} and {job['compute']}% compute each,"
         f" mode {job['mode']}, priority {job['priority']}, models {models}",
         f"  GPUs:     {gpus}",
