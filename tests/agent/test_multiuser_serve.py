@@ -21,6 +21,8 @@ from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, until
 from tests.agent.test_daemon_recovery import socket_port
 
+from gpupool.core.errors import ConfigError
+
 TOKEN = "s3cret-token"
 BIG = 1 << 20
 
@@ -257,3 +259,21 @@ def test_tls_on_the_tcp_listener_the_unix_socket_stays_plain(tmp_path: Path) -> 
         assert f"https://127.0.0.1:{port}" in _log(daemon)
     finally:
         daemon.stop()
+
+
+def test_the_systemd_unit_makes_the_group_and_stops_on_a_configuration_error() -> None:
+    unit = (Path(__file__).resolve().parents[2] / "deploy/systemd/gpupool.service").read_text()
+    lines = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#")
+    assert "groupadd --system gpupool" in lines["ExecStartPre"]
+    assert lines["RestartPreventExitStatus"] == str(ConfigError.exit_code)
+    assert lines["StateDirectoryMode"] == "0750"
+    options = lines["ExecStart"].split()[2:]
+    usage = subprocess.run(
+        [sys.executable, "-m", "gpupool", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="200"),
+    ).stdout
+    for option in options:
+        assert not option.startswith("--") or option in usage, option
