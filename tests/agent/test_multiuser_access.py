@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon
+from tests.agent.daemon_support import CUDA_JOB, Daemon, until
 from tests.users import (
     User,
     add_to_group,
@@ -246,3 +246,23 @@ def test_a_daemon_run_by_a_user_serves_that_user_only(tmp_path: Path) -> None:
             assert daemon.returncode == 0, daemon.stderr.read() if daemon.stderr else ""
     finally:
         remove_tree(root)
+
+
+def test_a_gpu_process_of_anothers_job_shows_its_share_not_its_name(pool: Pool) -> None:
+    daemon, alice, bob = pool.daemon, pool.alice, pool.bob
+    # the simulated GPUs open to every user, as a real node's /dev/nvidia* are (0666)
+    (daemon.node_dir / "state.bin").chmod(0o666)
+    # exclusive: a whole GPU, no shim and no arbiter, only the (simulated) driver
+    job = pool.submit_as(alice, [sys.executable, CUDA_JOB, "60"], mode="exclusive", compute=100)
+    daemon.wait(job, ("running",))
+
+    def of_job(user: User) -> list[dict[str, Any]]:
+        status, data = http_as(user, pool.sock, "GET", "/v1/processes")
+        assert status == 200
+        return [p for p in data["processes"] if p["job"] == job]
+
+    seen = until(lambda: of_job(alice))
+    assert seen and all(p["name"] for p in seen), daemon.job(job)["events"]
+    hidden = of_job(bob)
+    assert [p["pid"] for p in hidden] == [p["pid"] for p in seen]
+    assert all(p["name"] is None and p["share"] for p in hidden)
