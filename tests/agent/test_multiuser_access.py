@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, until
+from tests.agent.watchdog_support import SHARE, escape_command, wait_for_event
 from tests.users import (
     User,
     add_to_group,
@@ -266,3 +267,16 @@ def test_a_gpu_process_of_anothers_job_shows_its_share_not_its_name(pool: Pool) 
     hidden = of_job(bob)
     assert [p["pid"] for p in hidden] == [p["pid"] for p in seen]
     assert all(p["name"] is None and p["share"] for p in hidden)
+
+
+def test_the_watchdogs_events_of_anothers_job_are_left_out(pool: Pool, tmp_path: Path) -> None:
+    daemon, bob = pool.daemon, pool.bob
+    command = escape_command("unset LD_PRELOAD", tmp_path / "scratch", tmp_path / "unused")
+    job = daemon.submit(command, memory=SHARE, compute=10)  # root's, past its share
+    wait_for_event(daemon, lambda e: e["kind"] == "over_share" and e["job_id"] == job)
+    status, seen = http_as(bob, pool.sock, "GET", "/v1/events")
+    assert status == 200 and all(e["job_id"] != job for e in seen["events"])
+    assert http_as(pool.alice, pool.sock, "GET", "/v1/events")[0] == 200
+    add_to_group(bob, pool.admins)
+    status, seen = http_as(bob, pool.sock, "GET", "/v1/events")
+    assert any(e["job_id"] == job and e["kind"] == "over_share" for e in seen["events"])
