@@ -41,7 +41,7 @@ def test_each_job_takes_its_share_and_the_reserve(reserved: Daemon) -> None:
     assert "memory 1MiB needed, 0B free" in waiting
     assert "1GiB per job and GPU for CUDA contexts" in waiting
     assert reserved.call("GET", "/v1/node")["gpus"][0]["memory_admitted"] == total
-    reserved.call("POST", f"/v1/jobs/{first}/cancel")
+    reserved.call("POST", f"/v1/jobs/{first}/cancel", json={})
     assert reserved.wait(third, ("running",))["state"] == "running"
 
 
@@ -66,7 +66,7 @@ def test_an_exclusive_job_holds_the_whole_gpu_and_no_share_lands_beside_it(
     waiting = until(lambda: reserved.call("GET", f"/v1/jobs/{shared}")["waiting"])
     assert "memory 1MiB needed, 0B free" in "\n".join(waiting)
     assert reserved.job(shared)["state"] == "queued"
-    reserved.call("POST", f"/v1/jobs/{whole}/cancel")
+    reserved.call("POST", f"/v1/jobs/{whole}/cancel", json={})
     assert reserved.wait(shared)["state"] == "succeeded"
 
 

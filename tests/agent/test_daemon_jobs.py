@@ -184,7 +184,7 @@ def test_describe_says_which_gpu_lacks_what_while_queued(daemon: Daemon) -> None
     assert "GPU 1: compute 50% needed, 30% free" in reasons
     shown = cli("describe", str(waiting), url=daemon.url, check=True).stdout
     assert "waiting because:" in shown and "GPU 1: compute 50% needed" in shown
-    daemon.call("POST", f"/v1/jobs/{hog}/cancel")
+    daemon.call("POST", f"/v1/jobs/{hog}/cancel", json={})
     assert daemon.wait(waiting)["state"] == "succeeded"
 
 

@@ -171,7 +171,7 @@ def test_kill_9_leaves_no_orphan_instance(mig_daemon: Daemon) -> None:
     cut = job_on(mig_daemon, 30, "100", mig_profile="2g.20gb")
     uuid = mig_daemon.wait(adopted, ("running",))["mig_uuid"]
     mig_daemon.wait(cut, ("running",))
-    mig_daemon.call("POST", f"/v1/jobs/{cut}/cancel")
+    mig_daemon.call("POST", f"/v1/jobs/{cut}/cancel", json={})
     mig_daemon.wait(cut)
     while not details(mig_daemon, cut, "mig"):  # its instance destroyed after its end
         time.sleep(0.05)

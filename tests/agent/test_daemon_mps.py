@@ -222,7 +222,7 @@ def test_a_killed_server_fails_its_clients_and_a_later_job_gets_a_new_one(node: 
     later = node.submit([sys.executable, CUDA_JOB, "0.5"], mode="mps", compute=30)
     assert node.wait(later)["state"] == "succeeded"
     assert node.job(later)["mps_server"] not in (None, server)
-    node.call("POST", f"/v1/jobs/{other_gpu}/cancel")
+    node.call("POST", f"/v1/jobs/{other_gpu}/cancel", json={})
     node.wait(other_gpu)
     assert control_gone(node, 0) and control_gone(node, 1)
 

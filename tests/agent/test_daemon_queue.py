@@ -72,7 +72,7 @@ def test_cancel_terms_then_kills_and_a_queued_job_never_starts(one_gpu: Daemon) 
     assert killed["state"] == "cancelled" and killed["exit_code"] == 137  # SIGKILL after 1 s
     assert one_gpu.job(queued)["started_at"] is None
     with pytest.raises(InvalidRequest, match="already finished"):
-        one_gpu.call("POST", f"/v1/jobs/{queued}/cancel")
+        one_gpu.call("POST", f"/v1/jobs/{queued}/cancel", json={})
 
 
 def test_drain_starts_nothing_new_and_lets_running_jobs_finish(one_gpu: Daemon) -> None:
@@ -103,4 +103,4 @@ def test_a_low_job_is_admitted_beside_guaranteed_compute_and_holds_none(one_gpu:
     (gpu,) = one_gpu.call("GET", "/v1/node")["gpus"]
     assert gpu["compute_admitted"] == 1000
     for job_id in (late, first, low, second):
-        one_gpu.call("POST", f"/v1/jobs/{job_id}/cancel")
+        one_gpu.call("POST", f"/v1/jobs/{job_id}/cancel", json={})

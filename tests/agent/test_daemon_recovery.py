@@ -170,13 +170,15 @@ def _as_user(
 @pytest.fixture
 def open_daemon() -> Iterator[Daemon]:
     """A daemon whose socket other users can reach: pytest's own temp dirs are private, so this
-    one is made in /tmp itself and removed at the end."""
+    one is made in /tmp itself and removed at the end; with no socket group the daemon keeps its
+    state dir 0700, opened here as an admin would (the tests open the socket itself)."""
     root = Path(tempfile.mkdtemp(prefix="gpupool-uid-", dir="/tmp"))
     root.chmod(0o755)
     # the state dir as a socket group lays it out (0750 root:GROUP), the group nobody's (65534)
     (root / "state").mkdir(mode=0o750)
     os.chown(root / "state", 0, 65534)
     running = Daemon(root, "1xA100-40GB").start()
+    running.state_dir.chmod(0o755)
     yield running
     running.stop()
     _kill_jobs(running)
@@ -192,7 +194,7 @@ def test_only_the_owner_or_root_may_cancel(open_daemon: Daemon) -> None:
     submitted, refused = _as_user(
         65534,
         daemon.state_dir / "gpupool.sock",
-        [("POST", "/v1/jobs", body), ("POST", f"/v1/jobs/{mine}/cancel", None)],
+        [("POST", "/v1/jobs", body), ("POST", f"/v1/jobs/{mine}/cancel", {})],
     )
     assert submitted[0] == 201 and submitted[1]["job"]["uid"] == 65534
     assert refused[0] == 403 and refused[1]["error"] == "PermissionDenied"
@@ -203,13 +205,16 @@ def test_only_the_owner_or_root_may_cancel(open_daemon: Daemon) -> None:
     while not daemon.call("GET", f"/v1/jobs/{theirs}/logs")["data"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert daemon.call("GET", f"/v1/jobs/{theirs}/logs")["data"] == "65534\n"  # ran as them
-    assert daemon.call("POST", f"/v1/jobs/{theirs}/cancel")["job"]["id"] == theirs  # root may
+    assert (
+        daemon.call("POST", f"/v1/jobs/{theirs}/cancel", json={})["job"]["id"] == theirs
+    )  # root may
     assert daemon.wait(theirs)["state"] == "cancelled"
 
 
 def test_tcp_needs_the_bearer_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)
     with socket_port() as port:
         pass
     daemon = Daemon(

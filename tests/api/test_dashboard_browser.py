@@ -39,6 +39,7 @@ def _free_port() -> int:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
     (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "token").chmod(0o600)
     listen = f"127.0.0.1:{_free_port()}"
     extra = ("--listen", listen, "--token-file", str(tmp_path / "token"))
     daemon = Daemon(tmp_path, "2xA100-40GB", extra).start()
@@ -125,7 +126,7 @@ def test_a_person_sees_the_gpus_jobs_and_events_live(
     browser.save_screenshot(str(tmp_path / "dashboard.png"))
 
     # a job ends: the page follows without a reload
-    daemon.call("POST", f"/v1/jobs/{tuner}/cancel")
+    daemon.call("POST", f"/v1/jobs/{tuner}/cancel", json={})
     wait.until(lambda b: not b.find_elements(By.CSS_SELECTOR, f'tr[data-job="{tuner}"]'))
     wait.until(lambda b: "cancelled" in _text(b, "#events"))
     assert "tuner" not in _text(browser, '[data-gpu="0"]')

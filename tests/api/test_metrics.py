@@ -53,7 +53,7 @@ def test_busy_jobs_show_their_use_and_share_and_vanish_when_they_end(daemon: Dae
     (count,) = [v for _, v in samples["gpupool_scheduling_latency_seconds_count"]]
     assert count >= 1
 
-    daemon.call("POST", f"/v1/jobs/{ids[0]}/cancel")
+    daemon.call("POST", f"/v1/jobs/{ids[0]}/cancel", json={})
     daemon.wait(ids[0])
 
     def gone() -> bool:

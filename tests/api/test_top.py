@@ -38,7 +38,7 @@ def test_once_prints_one_frame_that_fits_80_by_24(daemon: Daemon) -> None:
     assert set(rows) == {"alpha", "beta"} and all("256M/4G" in rows[n] for n in rows), shown
     assert "more" in lines[-2] and lines[-1] == "q quit"
     for job in busy:
-        daemon.call("POST", f"/v1/jobs/{job}/cancel")
+        daemon.call("POST", f"/v1/jobs/{job}/cancel", json={})
 
 
 def _run_in_pty(daemon: Daemon) -> tuple[subprocess.Popen[bytes], int]:

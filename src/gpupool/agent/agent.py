@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpupool.agent import launcher, mps, node
+from gpupool.agent.access import Access
 from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
 from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE, JobDir, alive, jobs_dir
 from gpupool.agent.jobs import Job, JobSpec, State
@@ -30,7 +31,7 @@ from gpupool.agent.queue import plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
 from gpupool.agent.watchdog import Action, Watchdog
-from gpupool.core.errors import GpupoolError, InvalidRequest, PermissionDenied, Unschedulable
+from gpupool.core.errors import GpupoolError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -38,7 +39,6 @@ from gpupool.isolation.launch import memory_bytes
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
-ROOT_UID = 0
 #: the longest a queued MIG job waits for a new look at the GPUs' MIG layouts
 MIG_REPLAN_S = 1.0
 
@@ -62,6 +62,8 @@ class AgentConfig:
     mig_keep_instances: bool = False
     #: each job's stdout and stderr keep at most this many bytes, the newest (0: no limit)
     max_log_size: int = DEFAULT_MAX_LOG_SIZE
+    #: who may act on whose jobs and drain the node (default: this process's user is the admin)
+    access: Access = field(default_factory=lambda: Access(os.geteuid()))
 
     def __post_init__(self) -> None:
         if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:
@@ -235,10 +237,7 @@ class Agent:
 
     def cancel(self, job_id: int, uid: int, user: str) -> Job:
         job = self.store.job(job_id)
-        if uid not in (job.uid, ROOT_UID):
-            raise PermissionDenied(
-                f"job {job_id} belongs to {job.user}: only they or root may cancel it"
-            )
+        self.config.access.require_owner(uid, job.uid, job_id, "cancel it")
         if job.state.finished:
             raise InvalidRequest(f"job {job_id} has already finished ({job.state.value})")
         if job.state is State.QUEUED:
@@ -257,7 +256,9 @@ class Agent:
         self._wake.set()
         return self.store.job(job_id)
 
-    def drain(self, on: bool) -> None:
+    def drain(self, on: bool, uid: int) -> None:
+        """Stop starting jobs (on) or start them again, for `uid` if an admin."""
+        self.config.access.require_admin(uid, "draining the node" if on else "ending a drain")
         self.store.set_setting("draining", "1" if on else "0")
         self._wake.set()
 

@@ -212,6 +212,19 @@ class JobDir:
             return None
         return ExitStatus(int(data["exit_code"]), float(data["at"]), bool(data.get("oom")))
 
+    def log_size(self, stream: str) -> int:
+        """The size of the job's `stream` log now (0 when there is none): a follower whose offset
+        is past it knows the log was cut to its tail and starts again from the top."""
+        if stream not in STREAMS:
+            raise InvalidRequest(f"unknown stream {stream!r}: use stdout or stderr")
+        fd = _open_regular(self.log(stream))
+        if fd is None:
+            return 0
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
     def read_log(self, stream: str, offset: int, limit: int) -> bytes:
         """Up to `limit` bytes of the job's `stream` log ("stdout" or "stderr") from `offset`;
         b"" when there is none (yet) or it is not a regular file. The file is its user's: it

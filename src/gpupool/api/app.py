@@ -1,27 +1,32 @@
 """The daemon's REST API, version 1 (FastAPI; OpenAPI at /docs and /openapi.json).
 
 Who calls: on the Unix socket, the peer's uid from SO_PEERCRED (`server.py` puts it in the ASGI
-scope); on TCP, whoever holds the bearer token, acting as the daemon's own user. Errors of the
-error tree become 4xx/5xx with `{"error": class name, "message": one line}`.
+scope); on TCP, whoever holds the bearer token, acting as the daemon's own user. What a caller may
+do and see is `agent.config.access`'s to say: every job's share is public, its command, logs and
+events are its owner's and the admins'. `guard.py` checks every request before a route runs.
+Errors of the error tree become 4xx/5xx with `{"error": class name, "message": one line}`.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
-import pwd
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool import __version__
+from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
 from gpupool.api import watchdog_routes
-from gpupool.api.dashboard import dashboard_router
+from gpupool.api.dashboard import Sessions, dashboard_router
+from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import (
     DaemonError,
@@ -35,9 +40,6 @@ from gpupool.core.errors import (
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU
 
-#: ASGI scope keys set by the server for each connection
-PEER_UID = "gpupool.peer_uid"
-OVER_TCP = "gpupool.tcp"
 LOG_CHUNK = 1 << 20
 
 _STATUS: tuple[tuple[type[GpupoolError], int], ...] = (
@@ -70,6 +72,12 @@ class DrainBody(BaseModel):
     on: bool = True
 
 
+class CancelBody(BaseModel):
+    """Empty: a cancel is a POST, and every POST carries a JSON body (guard.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def _spec(body: SubmitBody) -> JobSpec:
     if not 0 < body.compute <= 100:
         raise InvalidRequest(f"invalid compute {body.compute:g}: must be above 0 and at most 100")
@@ -97,26 +105,38 @@ def _spec(body: SubmitBody) -> JobSpec:
     )
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+def bearer(request: Request) -> bytes:
+    """The bearer token a request carries, as the bytes sent: compared as bytes, a token with
+    characters outside ASCII is simply wrong (401), never an error of the comparison."""
+    for key, value in request.scope.get("headers", ()):
+        if key.lower() == b"authorization":
+            scheme, _, given = bytes(value).strip().partition(b" ")
+            return given.strip() if scheme.lower() == b"bearer" else b""
+    return b""
 
 
-def create_app(agent: Agent, token: str | None = None) -> FastAPI:
-    """The app for `agent`; `token` guards TCP connections (None: TCP refuses everyone)."""
-    app = FastAPI(title="gpupool node daemon", version=__version__, docs_url="/docs")
+def create_app(
+    agent: Agent,
+    token: str | None = None,
+    *,
+    allowed_hosts: Iterable[str] = (),
+    secure_cookies: bool = False,
+) -> Guard:
+    """The app for `agent`, behind its guard. `token` guards TCP connections (None: TCP refuses
+    everyone); `allowed_hosts`: names besides localhost a Host header may carry (the --listen
+    host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure."""
+    access = agent.config.access
+    secret = None if token is None else token.encode()
+    app = FastAPI(title="gpupool node daemon", version=__version__, docs_url=None, openapi_url=None)
 
     async def caller(request: Request) -> int:
         if request.scope.get(OVER_TCP):
-            header = request.headers.get("authorization", "")
-            given = header.removeprefix("Bearer ").strip()
-            if token is None or not given or not hmac.compare_digest(given, token):
+            given = bearer(request)
+            if secret is None or not given or not hmac.compare_digest(given, secret):
                 raise _Unauthorized
-            return os.geteuid()
+            return access.daemon_uid
         uid = request.scope.get(PEER_UID)
-        return int(uid) if uid is not None else os.geteuid()
+        return int(uid) if uid is not None else access.daemon_uid
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_: Request, __: Exception) -> JSONResponse:
@@ -148,21 +168,40 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         data["mps_server"] = agent.mps_jobs.server_pid(job)
         return data
 
+    # the docs take the same caller as the API: over TCP they need the token too
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(caller)])
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(caller)])
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
+
+    def private(job: Job, uid: int, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` of `job`, its command hidden (None) from a caller who may not see it."""
+        if not access.may_see(uid, job.uid):
+            data["command"] = None
+        return data
+
     @app.get("/v1/health")
     def health(_: int = Depends(caller)) -> dict[str, Any]:
         return {"ok": True, "version": __version__}
 
     @app.get("/v1/jobs")
-    def list_jobs(all: bool = False, _: int = Depends(caller)) -> dict[str, Any]:
-        return {"jobs": [with_live(job) for job in agent.jobs(everything=all)]}
+    def list_jobs(all: bool = False, uid: int = Depends(caller)) -> dict[str, Any]:
+        jobs = agent.jobs(everything=all)
+        return {"jobs": [private(job, uid, with_live(job)) for job in jobs]}
 
-    # async: a submit is a few hundred microseconds of work, less than a hop to the thread pool
+    # a plain def, run in the thread pool: the store's lock and SQLite's writes must never hold
+    # the event loop, which serves every other client
     @app.post("/v1/jobs", status_code=201)
-    async def submit(body: SubmitBody, uid: int = Depends(caller)) -> dict[str, Any]:
-        return {"job": agent.submit(_spec(body), uid, _user(uid)).to_json()}
+    def submit(body: SubmitBody, uid: int = Depends(caller)) -> dict[str, Any]:
+        return {"job": agent.submit(_spec(body), uid, user_name(uid)).to_json()}
 
     @app.get("/v1/jobs/{job_id}")
-    def describe(job_id: int, _: int = Depends(caller)) -> dict[str, Any]:
+    def describe(job_id: int, uid: int = Depends(caller)) -> dict[str, Any]:
+        job = agent.job(job_id)
+        access.require_owner(uid, job.uid, job_id, "see its command, logs and events")
         data = agent.describe(job_id)
         data["mps_server"] = agent.mps_jobs.server_pid(agent.job(job_id))
         live = agent.live(job_id)
@@ -172,33 +211,31 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         return data
 
     @app.post("/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: int, uid: int = Depends(caller)) -> dict[str, Any]:
-        return {"job": agent.cancel(job_id, uid, _user(uid)).to_json()}
+    def cancel(job_id: int, _: CancelBody, uid: int = Depends(caller)) -> dict[str, Any]:
+        return {"job": agent.cancel(job_id, uid, user_name(uid)).to_json()}
 
     @app.get("/v1/jobs/{job_id}/logs")
     def logs(
-        job_id: int, stream: str = "stdout", offset: int = 0, _: int = Depends(caller)
+        job_id: int, stream: str = "stdout", offset: int = 0, uid: int = Depends(caller)
     ) -> dict[str, Any]:
         job = agent.job(job_id)
-        if stream not in ("stdout", "stderr"):
-            raise InvalidRequest(f"unknown stream {stream!r}: use stdout or stderr")
-        path = agent.jobdir(job_id).log(stream)
-        data = b""
-        try:
-            with path.open("rb") as source:
-                source.seek(max(0, offset))
-                data = source.read(LOG_CHUNK)
-        except FileNotFoundError:
-            pass
+        access.require_owner(uid, job.uid, job_id, "read its logs")
+        jobdir = agent.jobdir(job_id)
+        start = max(0, offset)
+        data = jobdir.read_log(stream, start, LOG_CHUNK)
+        if not data and start and jobdir.log_size(stream) < start:
+            # the log reached --max-log-size and was cut to its tail: follow it from the top
+            start = 0
+            data = jobdir.read_log(stream, start, LOG_CHUNK)
         return {
             "data": data.decode(errors="replace"),
-            "offset": max(0, offset) + len(data),
+            "offset": start + len(data),
             "finished": job.state.finished,
         }
 
     @app.post("/v1/drain")
-    def drain(body: DrainBody, _: int = Depends(caller)) -> dict[str, Any]:
-        agent.drain(body.on)
+    def drain(body: DrainBody, uid: int = Depends(caller)) -> dict[str, Any]:
+        agent.drain(body.on, uid)
         return agent.node_json()
 
     @app.get("/v1/node")
@@ -207,8 +244,9 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
 
     watchdog_routes.register(app, agent, caller)
     app.include_router(metrics_router(agent, caller))
-    app.include_router(dashboard_router(agent, token, caller))
-    return app
+    sessions = Sessions(os.urandom(32), secure=secure_cookies)
+    app.include_router(dashboard_router(agent, secret, sessions, caller))
+    return Guard(app, access, host_names(allowed_hosts))
 
 
 class _Unauthorized(Exception):

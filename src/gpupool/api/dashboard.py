@@ -6,36 +6,106 @@ top` reads it too), `/` renders it as HTML (`dashboard_html.py`), and the page's
 `/dashboard/parts` every few seconds, the same HTML fragments rendered again, so the page is
 drawn in one place only (Python) and works without JavaScript too.
 
-Over TCP a browser cannot send the bearer header: `/?token=TOKEN` once sets an HttpOnly,
-SameSite=Strict cookie and redirects to `/`; the cookie is accepted by the dashboard's read-only
-routes only, never by the API that changes anything.
+A viewer sees every job's share, and the events of the jobs they may see (their own; all of
+them for an admin), as `ps` does. Over the Unix socket the viewer is the peer's uid. Over TCP a
+browser cannot send the bearer header: `/?token=TOKEN` once opens a session, a signed cookie
+(HttpOnly, SameSite=Strict, Secure under TLS) that names the daemon's user and an expiry, never
+the token itself, and redirects to `/`; the cookie is accepted by the dashboard's read-only routes
+only, never by the API that changes anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, State
 from gpupool.api import dashboard_html
+from gpupool.api.guard import OVER_TCP
+from gpupool.core.errors import NotFound
 from gpupool.core.units import MILLI_PER_GPU
 
-COOKIE = "gpupool_token"
+COOKIE = "gpupool_session"
+#: how long a dashboard session lasts
+SESSION_S = 12 * 3600
 EVENTS_SHOWN = 30
 Caller = Callable[[Request], Awaitable[int]]
+_SESSION = re.compile(r"(\d{1,10})\.(\d{1,12})\.([0-9a-f]{64})", re.ASCII)
 
 
-def recent_events(agent: Agent, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
-    """The events panel's rows, newest first: {at, job_id, kind, detail}, job_id None for an
-    event of the node rather than of a job. Every source of events is merged here, so the page
-    shows them all."""
+@dataclass(frozen=True)
+class Sessions:
+    """Dashboard sessions: a cookie `UID.EXPIRY.MAC`, MAC the HMAC-SHA256 of `UID.EXPIRY` under a
+    key that is random per daemon, so a session ends at its expiry or at the daemon's restart, and
+    the cookie, if it leaks, is not the token."""
+
+    key: bytes
+    #: set the cookie's Secure attribute (TCP is TLS)
+    secure: bool = False
+    lifetime_s: float = SESSION_S
+
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
+
+    def issue(self, uid: int) -> str:
+        payload = f"{uid}.{int(time.time() + self.lifetime_s)}"
+        return f"{payload}.{self._mac(payload)}"
+
+    def check(self, cookie: str) -> int | None:
+        """The session's uid, or None for a cookie that is malformed, forged or expired."""
+        found = _SESSION.fullmatch(cookie)
+        if found is None:
+            return None
+        uid, expiry, mac = found.groups()
+        if not hmac.compare_digest(mac.encode(), self._mac(f"{uid}.{expiry}").encode()):
+            return None
+        return int(uid) if int(expiry) > time.time() else None
+
+    def set_cookie(self, response: Response, uid: int) -> None:
+        response.set_cookie(
+            COOKIE,
+            self.issue(uid),
+            max_age=int(self.lifetime_s),
+            path="/",
+            secure=self.secure,
+            httponly=True,
+            samesite="strict",
+        )
+
+
+def visible_jobs(agent: Agent, uid: int, ids: Iterable[int]) -> set[int]:
+    """Those of `ids` whose events and command `uid` may see (a job gone from the store: none)."""
+    access = agent.config.access
+    if access.is_admin(uid):
+        return set(ids)
+    shown = set()
+    for job_id in set(ids):
+        try:
+            owner = agent.store.job(job_id).uid
+        except NotFound:
+            continue
+        if access.may_see(uid, owner):
+            shown.add(job_id)
+    return shown
+
+
+def recent_events(agent: Agent, uid: int, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
+    """The events panel's rows that `uid` may see, newest first: {at, job_id, kind, detail},
+    job_id None for an event of the node rather than of a job. Every source of events is merged
+    here, so the page shows them all."""
     merged = agent.store.recent_events(limit) + agent.store.node_events((), limit=limit)
+    shown = visible_jobs(agent, uid, (e["job_id"] for e in merged if e["job_id"] is not None))
+    merged = [e for e in merged if e["job_id"] is None or e["job_id"] in shown]
     return sorted(merged, key=lambda event: event["at"], reverse=True)[:limit]
 
 
@@ -60,8 +130,8 @@ def _job_row(agent: Agent, job: Job) -> dict[str, Any]:
     }
 
 
-def dashboard_data(agent: Agent) -> dict[str, Any]:
-    """Everything the dashboard shows, as JSON-ready data."""
+def dashboard_data(agent: Agent, uid: int) -> dict[str, Any]:
+    """Everything the dashboard shows to `uid`, as JSON-ready data."""
     observed = agent.observed
     snapshot = observed.snapshot
     jobs = agent.jobs()
@@ -112,43 +182,51 @@ def dashboard_data(agent: Agent) -> dict[str, Any]:
             "at": [point.at for point in points],
             "utilization": [list(point.utilization) for point in points],
         },
-        "events": recent_events(agent),
+        "events": recent_events(agent, uid),
     }
 
 
-def dashboard_router(agent: Agent, token: str | None, caller: Caller) -> APIRouter:
-    """The dashboard's routes; over TCP they take the bearer header or the token cookie."""
+def dashboard_router(
+    agent: Agent, token: bytes | None, sessions: Sessions, caller: Caller
+) -> APIRouter:
+    """The dashboard's routes; over TCP they take the bearer header or a session cookie."""
     router = APIRouter()
+    access = agent.config.access
 
     async def viewer(request: Request) -> int:
-        cookie = request.cookies.get(COOKIE, "")
-        if token is not None and cookie and hmac.compare_digest(cookie, token):
-            return 0
+        if request.scope.get(OVER_TCP):
+            uid = sessions.check(request.cookies.get(COOKIE, ""))
+            if uid is not None:
+                return uid
         return await caller(request)
 
     @router.get("/", response_class=HTMLResponse, response_model=None)
     async def page(request: Request) -> Response:
         given = request.query_params.get("token")
-        if given is not None:  # the one visit that sets the cookie; the token leaves the URL
-            if token is None or not hmac.compare_digest(given, token):
+        if given is not None:  # the one visit that opens a session; the token leaves the URL
+            if token is None or not hmac.compare_digest(given.encode(), token):
                 message = "wrong token in ?token=: use the daemon's --token-file"
                 return JSONResponse({"error": "Unauthorized", "message": message}, 401)
             moved = RedirectResponse("/", status_code=303)
-            moved.set_cookie(COOKIE, given, httponly=True, samesite="strict")
+            sessions.set_cookie(moved, access.daemon_uid)
             return moved
-        await viewer(request)
-        return HTMLResponse(dashboard_html.page(dashboard_data(agent)))
+        uid = await viewer(request)
+        # the store is read in the thread pool, never on the event loop
+        data = await run_in_threadpool(dashboard_data, agent, uid)
+        return HTMLResponse(dashboard_html.page(data))
 
-    @router.get("/dashboard/parts", dependencies=[Depends(viewer)])
-    def parts() -> dict[str, Any]:
-        return dashboard_html.parts(dashboard_data(agent))
+    @router.get("/dashboard/parts")
+    def parts(uid: int = Depends(viewer)) -> dict[str, Any]:
+        return dashboard_html.parts(dashboard_data(agent, uid))
 
-    @router.get("/v1/dashboard", dependencies=[Depends(viewer)])
-    def data() -> dict[str, Any]:
-        return dashboard_data(agent)
+    @router.get("/v1/dashboard")
+    def data(uid: int = Depends(viewer)) -> dict[str, Any]:
+        return dashboard_data(agent, uid)
 
-    @router.get("/jobs/{job_id}", response_class=HTMLResponse, dependencies=[Depends(viewer)])
-    def job_page(job_id: int) -> str:
+    @router.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job_page(job_id: int, uid: int = Depends(viewer)) -> str:
+        owner = agent.job(job_id).uid
+        access.require_owner(uid, owner, job_id, "see its command and events")
         return dashboard_html.job_page(agent.describe(job_id))
 
     return router

@@ -4,29 +4,43 @@ uvicorn does not hand the connection to the app, so the peer's credentials are r
 connection is made: a subclass of uvicorn's h11 protocol asks the socket for SO_PEERCRED in
 `connection_made` and wraps the app so that each request's scope carries the uid (or marks the
 connection as TCP, where the bearer token decides).
+
+The socket is the node's door: 0660 root:GROUP (the socket group) in a state dir 0750
+root:GROUP, or 0600 in a 0700 state dir without one. TLS, when asked, is for the TCP listener
+only. A signal stops the server and returns, so the daemon's own cleanup runs; so does the state
+dir or the socket vanishing (an admin's `rm -rf`, another daemon's socket in its place), which is
+noticed within WATCH_S.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import resource
+import signal
 import socket
+import ssl
 import struct
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpupool.api.app import OVER_TCP, PEER_UID
+from gpupool.api.guard import OVER_TCP, PEER_UID
 from gpupool.core.errors import ConfigError, InvalidRequest
 
 Scope = MutableMapping[str, Any]
 #: sun_path is 108 bytes on Linux, one of them the terminating NUL
 MAX_SOCKET_PATH = 107
 Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
+#: how often the server checks that its state dir and socket are still the ones it made
+WATCH_S = 0.5
+#: the identity of a file: (device, inode)
+Identity = tuple[int, int]
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -56,9 +70,27 @@ class PeerCredProtocol(H11Protocol):
         self.app = app
 
 
-def unix_socket(path: Path) -> socket.socket:
-    """A listening Unix socket at `path` (mode 0660); a stale file there is replaced (the
-    caller holds the state dir's lock, so no live daemon owns it)."""
+def share_state_dir(state_dir: Path, gid: int | None) -> None:
+    """Make `state_dir` 0750 owner:`gid`, so that the socket group can reach the socket (and its
+    members' jobs their job dirs), or 0700 without a socket group. Through a descriptor opened
+    without following a link, so the change lands on the directory itself."""
+    try:
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ConfigError(f"cannot open the state dir {state_dir}: {err.strerror}") from err
+    try:
+        if gid is not None:
+            os.fchown(fd, os.geteuid(), gid)
+        os.fchmod(fd, 0o750 if gid is not None else 0o700)
+    except OSError as err:
+        raise ConfigError(f"cannot set the state dir {state_dir}'s mode: {err.strerror}") from err
+    finally:
+        os.close(fd)
+
+
+def unix_socket(path: Path, gid: int | None) -> socket.socket:
+    """A listening Unix socket at `path`: 0660 owner:`gid`, or 0600 without a group. A stale file
+    there is replaced (the caller holds the state dir's lock, so no live daemon owns it)."""
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ConfigError(
             f"cannot listen on {path}: a Unix socket path may have at most {MAX_SOCKET_PATH} "
@@ -66,14 +98,49 @@ def unix_socket(path: Path) -> socket.socket:
         )
     path.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # bind makes the file with the umask's mode: 0600 from its first instant, opened to the group
+    # once it has the group (a socket's own descriptor cannot chown the file on Linux; the path is
+    # safe to use, in a directory only the daemon's user may write)
+    umask = os.umask(0o177)
     try:
         sock.bind(str(path))
+        if gid is not None:
+            os.chown(path, -1, gid, follow_symlinks=False)
+            os.chmod(path, 0o660)
     except OSError as err:
         sock.close()
         raise ConfigError(f"cannot listen on {path}: {err.strerror}") from err
-    os.chmod(path, 0o660)
+    finally:
+        os.umask(umask)
     sock.listen(128)
     return sock
+
+
+def identity(path: Path) -> Identity | None:
+    """`path`'s (device, inode), not following a link; None when nothing is there."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def remove_socket(path: Path, made: Identity | None) -> None:
+    """Unlink the socket at `path` if it is still the one this daemon made, not a newer
+    daemon's."""
+    if made is not None and identity(path) == made:
+        path.unlink(missing_ok=True)
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server TLS context from a PEM certificate (chain) and its key, or one line on why not."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        reason = getattr(err, "strerror", None) or getattr(err, "reason", None) or str(err)
+        raise ConfigError(f"cannot use --tls-cert {cert} --tls-key {key}: {reason}") from err
+    return context
 
 
 def tcp_socket(listen: str) -> socket.socket:
@@ -105,10 +172,75 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def serve(app: Any, sockets: list[socket.socket]) -> None:
-    """Run until SIGINT or SIGTERM."""
+class _Server(uvicorn.Server):
+    """uvicorn's server, changed where the daemon needs it: TLS on TCP sockets only, signals that
+    stop it and nothing more, and a watch on the state dir and the socket."""
+
+    def __init__(
+        self, config: uvicorn.Config, tls: ssl.SSLContext | None, watched: dict[Path, Identity]
+    ) -> None:
+        super().__init__(config)
+        self.tls = tls
+        self.watched = watched
+        #: why the server stopped by itself, if it did
+        self.gone: str | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn's own raises the signal again after shutting down, which kills the process
+        # before the daemon's cleanup (the socket, the "stopped" line) and exits with 143
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn applies one TLS setting to every socket; the Unix socket stays plain
+        await self.lifespan.startup()
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+            return made
+
+        self.servers = []
+        for sock in sockets or ():
+            tls = self.tls if sock.family != socket.AF_UNIX else None
+            self.servers.append(
+                await loop.create_server(protocol, sock=sock, ssl=tls, backlog=config.backlog)
+            )
+        self.started = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % round(WATCH_S / 0.1) == 0 and self.gone is None:
+            self.gone = self._missing()
+            self.should_exit = self.should_exit or self.gone is not None
+        return await super().on_tick(counter)
+
+    def _missing(self) -> str | None:
+        for path, made in self.watched.items():
+            if identity(path) != made:
+                return f"{path} was removed or replaced: stopping (running jobs go on)"
+        return None
+
+
+def serve(
+    app: Any,
+    sockets: list[socket.socket],
+    tls: ssl.SSLContext | None = None,
+    watched: dict[Path, Identity] | None = None,
+) -> str | None:
+    """Serve until SIGINT or SIGTERM (None), or until a path of `watched` is no longer the file
+    it was (the reason); `tls` for the TCP sockets."""
     _raise_open_file_limit()
     config = uvicorn.Config(
         app, http=PeerCredProtocol, lifespan="off", log_level="warning", access_log=False
     )
-    uvicorn.Server(config).run(sockets=sockets)
+    server = _Server(config, tls, watched or {})
+    server.run(sockets=sockets)
+    return server.gone

@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Cancel jobs: SIGTERM to each job's process group, SIGKILL after a grace period."""
         with Client(url) as client:
-            jobs = [client.call("POST", f"/v1/jobs/{j}/cancel")["job"] for j in job_ids]
+            jobs = [client.call("POST", f"/v1/jobs/{j}/cancel", json={})["job"] for j in job_ids]
         if as_json:
             _echo_json({"jobs": jobs})
         else:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import errno
+import grp
 import os
+import stat
 from pathlib import Path
 
 import typer
 
 from gpupool.core import settings
-from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
+
+#: the socket group a root daemon uses when --socket-group is not given and the group exists
+DEFAULT_SOCKET_GROUP = "gpupool"
+#: a token is a line of text; anything larger is not a token file
+MAX_TOKEN_FILE = 4096
 
 
 def _token(token_file: Path | None, listen: str | None) -> str | None:
@@ -18,22 +26,83 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
         return None
     if token_file is None:
         raise InvalidRequest("--listen needs --token-file: every TCP request needs a bearer token")
+    # opened without following a link and checked on the open file: what is read is what was
+    # checked, a regular file only the daemon's user can read
     try:
-        token = token_file.read_text().strip()
+        fd = os.open(token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
-        raise ConfigError(f"cannot read the token file {token_file}: {err.strerror}") from err
+        why = "it is a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        raise ConfigError(f"cannot read the token file {token_file}: {why}") from err
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise ConfigError(f"the token file {token_file} is not a regular file")
+        if found.st_uid != os.geteuid():
+            raise ConfigError(
+                f"the token file {token_file} belongs to uid {found.st_uid}, not to the daemon's "
+                f"user (uid {os.geteuid()}): chown it"
+            )
+        if found.st_mode & 0o077:
+            raise ConfigError(
+                f"the token file {token_file} is open to others (mode "
+                f"{stat.S_IMODE(found.st_mode):04o}): chmod 600 {token_file}"
+            )
+        data = os.read(fd, MAX_TOKEN_FILE + 1)
+    finally:
+        os.close(fd)
+    token = data.strip()
     if not token:
         raise ConfigError(f"the token file {token_file} is empty")
-    return token
+    if len(data) > MAX_TOKEN_FILE or not all(0x21 <= byte < 0x7F for byte in token):
+        raise ConfigError(
+            f"the token file {token_file} must hold one token of printable ASCII characters "
+            f"(at most {MAX_TOKEN_FILE} bytes), e.g. from: openssl rand -hex 32"
+        )
+    return token.decode("ascii")
 
 
-def _context_reserve(text: str | None) -> int | None:
+def _socket_gid(name: str | None) -> tuple[int | None, str]:
+    """The socket group's gid: --socket-group's, else `gpupool`'s if it exists, else None (root
+    only), with a line to print at start saying how to let users in. A daemon not run as root has
+    none: it serves its own user only."""
+    from gpupool.agent.access import group_id
+
+    if os.geteuid() != 0:
+        if name is not None:
+            raise InvalidRequest(
+                "--socket-group: a daemon not run as root serves its own user only; "
+                "run it as root to share the node"
+            )
+        return None, ""
+    if name is not None:
+        return group_id(name, "--socket-group"), ""
+    try:
+        return grp.getgrnam(DEFAULT_SOCKET_GROUP).gr_gid, ""
+    except KeyError:
+        return None, (
+            f"gpupool serve: no group {DEFAULT_SOCKET_GROUP}: only root may use the socket; to "
+            f"let users in: groupadd --system {DEFAULT_SOCKET_GROUP}; usermod -aG "
+            f"{DEFAULT_SOCKET_GROUP} USER (then restart the daemon)"
+        )
+
+
+def _tls(cert: Path | None, key: Path | None, listen: str | None) -> tuple[Path, Path] | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InvalidRequest("--tls-cert and --tls-key go together")
+    if listen is None:
+        raise InvalidRequest("--tls-cert is for the TCP listener: add --listen HOST:PORT")
+    return cert, key
+
+
+def _size(text: str | None, option: str) -> int | None:
     if text is None:
         return None
     try:
         return parse_bytes(text)
     except InvalidRequest as err:
-        raise InvalidRequest(f"--context-reserve: {err}") from None
+        raise InvalidRequest(f"{option}: {err}") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -58,7 +127,37 @@ def register(app: typer.Typer) -> None:
             None, "--listen", metavar="HOST:PORT", help="Also serve TCP (needs --token-file)."
         ),
         token_file: Path | None = typer.Option(
-            None, "--token-file", metavar="FILE", help="The bearer token TCP clients must send."
+            None,
+            "--token-file",
+            metavar="FILE",
+            help="The bearer token TCP clients must send (a file of the daemon's user, mode 0600).",
+        ),
+        tls_cert: Path | None = typer.Option(
+            None, "--tls-cert", metavar="FILE", help="Serve TCP over TLS: the PEM certificate."
+        ),
+        tls_key: Path | None = typer.Option(
+            None, "--tls-key", metavar="FILE", help="Serve TCP over TLS: the PEM private key."
+        ),
+        allowed_hosts: list[str] = typer.Option(
+            [],
+            "--allowed-host",
+            metavar="NAME",
+            help="A name clients reach the daemon by, besides localhost and the --listen host "
+            "(a request with another Host is refused); repeatable.",
+        ),
+        socket_group: str | None = typer.Option(
+            None,
+            "--socket-group",
+            metavar="NAME",
+            help="The group whose members may use the socket (default gpupool if it exists, "
+            "else root only).",
+        ),
+        admin_group: str | None = typer.Option(
+            None,
+            "--admin-group",
+            metavar="NAME",
+            help="Members may drain the node and cancel any job (default: root and the "
+            "daemon's user only).",
         ),
         policy: str = typer.Option(
             "binpack", "--policy", metavar="NAME", help="GPU choice: binpack, spread or gpupool."
@@ -88,6 +187,13 @@ def register(app: typer.Typer) -> None:
             "executables (as readlink /proc/PID/exe shows them; never command names, which any "
             "process sets for itself) and uid:N (default: $GPUPOOL_WATCHDOG_EXEMPT).",
         ),
+        max_log_size: str = typer.Option(
+            "1Gi",
+            "--max-log-size",
+            metavar="SIZE",
+            help="Keep at most SIZE of each job's stdout and stderr (0: no limit): past it the "
+            "oldest half is dropped and the log starts with a line saying how many bytes were.",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -98,6 +204,7 @@ def register(app: typer.Typer) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
         from gpupool.agent import statedir
+        from gpupool.agent.access import Access
         from gpupool.agent.agent import Agent, AgentConfig
         from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
         from gpupool.agent.watchdog import Action
@@ -111,11 +218,16 @@ def register(app: typer.Typer) -> None:
             raise InvalidRequest(
                 f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
             )
-        reserve = _context_reserve(context_reserve)
+        reserve = _size(context_reserve, "--context-reserve")
+        log_cap = _size(max_log_size, "--max-log-size")
         action = Action.parse(watchdog or settings.WATCHDOG.read(os.environ) or "report")
         exempt = watchdog_exempt or settings.WATCHDOG_EXEMPT.read(os.environ)
         exemptions = NO_EXEMPTIONS if exempt is None else Exemptions.parse(exempt)
         token = _token(token_file, listen)
+        tls_files = _tls(tls_cert, tls_key, listen)
+        tls = server.tls_context(*tls_files) if tls_files is not None else None
+        access = Access.of_this_process(admin_group)
+        socket_gid, no_group = _socket_gid(socket_group)
         root = statedir.prepare(state_dir or statedir.default_state_dir())
         config = AgentConfig(
             root,
@@ -125,9 +237,14 @@ def register(app: typer.Typer) -> None:
             watchdog=action,
             watchdog_exempt=exemptions,
             mig_keep_instances=mig_keep_instances,
+            max_log_size=log_cap or 0,
+            access=access,
         )
         lock = statedir.hold(root)
-        sockets = [server.unix_socket(root / statedir.SOCKET_NAME)]
+        server.share_state_dir(root, socket_gid)
+        socket_path = root / statedir.SOCKET_NAME
+        sockets = [server.unix_socket(socket_path, socket_gid)]
+        watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
             sockets.append(server.tcp_socket(listen))
         with open_backend(simulate, node_dir) as backend:
@@ -140,21 +257,26 @@ def register(app: typer.Typer) -> None:
                     err=True,
                 )
             agent.start()
-            where = [f"unix://{root / statedir.SOCKET_NAME}"] + (
-                [f"http://{listen}"] if listen else []
-            )
+            if no_group:
+                typer.echo(no_group, err=True)
+            scheme = "https" if tls is not None else "http"
+            where = [f"unix://{socket_path}"] + ([f"{scheme}://{listen}"] if listen else [])
             typer.echo(
                 f"gpupool serve: listening on {', '.join(where)} (policy {policy}, context "
                 f"reserve {format_bytes(agent.context_reserve)} per job and GPU, watchdog "
                 f"{action}, exempt {exemptions}, state {root})",
                 err=True,
             )
+            hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
+            app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
             try:
-                server.serve(create_app(agent, token), sockets)
+                gone = server.serve(app, sockets, tls, {p: i for p, i in watched.items() if i})
             finally:
                 agent.stop()
-                (root / statedir.SOCKET_NAME).unlink(missing_ok=True)
+                server.remove_socket(socket_path, watched[socket_path])
                 lock.close()
+        if gone is not None:
+            raise DaemonError(gone)
         typer.echo(
             "gpupool serve: stopped; running jobs go on and are adopted at the next start", err=True
         )
