@@ -31,9 +31,8 @@ typedef struct {
 #define CU_HOOK(base, version, sym, ptsz) {#sym, base, version, ptsz, 0, (void *)sym},
 #define NVML_HOOK(sym) {#sym, NULL, 0, 0, 1, (void *)sym},
 
-static const gp_hook hooks[] = {
-    GP_PROCS_WRAPPED(CU_HOOK) NVML_HOOK(nvmlDeviceGetMemoryInfo)
-        NVML_HOOK(nvmlDeviceGetMemoryInfo_v2)};
+static const gp_hook hooks[] = {GP_PROCS_WRAPPED(CU_HOOK) NVML_HOOK(nvmlDeviceGetMemoryInfo)
+                                    NVML_HOOK(nvmlDeviceGetMemoryInfo_v2)};
 #define HOOK_COUNT (sizeof hooks / sizeof hooks[0])
 
 /* the real entry point of each hook, for matching what the driver's cuGetProcAddress returns */
