@@ -33,9 +33,16 @@ _Static_assert(sizeof(gpupool_sim_gpu) == GPUPOOL_SIM_GPU_RECORD_SIZE, "gpu reco
 _Static_assert(sizeof(gpupool_sim_proc) == GPUPOOL_SIM_PROC_RECORD_SIZE, "proc record size");
 
 void sim_complain(const char *fmt, const char *arg) {
-    fprintf(stderr, "gpupool simulated driver: ");
-    fprintf(stderr, fmt, arg);
-    fputc('\n', stderr);
+    /* the interception library's prefix, so that one pattern finds every line gpupool's libraries
+     * write, and one write(2), so that concurrent processes' lines never interleave */
+    char line[1024];
+    int n = snprintf(line, sizeof line, "gpupool[%d]: simulated driver: ", (int)getpid());
+    int m = snprintf(line + n, sizeof line - (size_t)n - 1, fmt, arg);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2) len = sizeof line - 2;
+    line[len++] = '\n';
+    ssize_t rc = write(STDERR_FILENO, line, len);
+    (void)rc;
 }
 
 uint64_t sim_now_ns(void) {
