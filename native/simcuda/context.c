@@ -52,8 +52,10 @@ static void sim_ctx_teardown(sim_ctx *ctx) {
     pthread_mutex_lock(&g_sim.mu);
     sim_mem *mems = ctx->mems;
     sim_stream *streams = ctx->streams;
+    sim_event *events = ctx->events;
     ctx->mems = NULL;
     ctx->streams = NULL;
+    ctx->events = NULL;
     pthread_mutex_unlock(&g_sim.mu);
     while (mems != NULL) {
         sim_mem *next = mems->next;
@@ -67,6 +69,14 @@ static void sim_ctx_teardown(sim_ctx *ctx) {
         streams->magic = 0;
         free(streams);
         streams = next;
+    }
+    /* a context's events die with it, as a real driver's do: none keeps a pointer to a freed
+     * context, and a program that never destroys its events leaks nothing */
+    while (events != NULL) {
+        sim_event *next = events->next;
+        events->magic = 0;
+        free(events);
+        events = next;
     }
     ctx->null_stream.last_end_ns = 0;
 }
@@ -374,6 +384,10 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int flags) {
     ev->magic = SIM_MAGIC_EVENT;
     ev->ctx = ctx;
     ev->flags = flags;
+    pthread_mutex_lock(&g_sim.mu);
+    ev->next = ctx->events;
+    ctx->events = ev;
+    pthread_mutex_unlock(&g_sim.mu);
     *phEvent = (CUevent)ev;
     return CUDA_SUCCESS;
 }
@@ -434,6 +448,14 @@ CUresult cuEventDestroy_v2(CUevent hEvent) {
     sim_event *ev;
     CUresult rc = sim_event_checked(hEvent, &ev);
     if (rc != CUDA_SUCCESS) return rc;
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_event **pp = &ev->ctx->events; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == ev) {
+            *pp = ev->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_sim.mu);
     ev->magic = 0;
     free(ev);
     return CUDA_SUCCESS;

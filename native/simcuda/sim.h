@@ -63,6 +63,8 @@ typedef struct sim_mem {
     struct sim_mem *prev, *next; /* the owning context's list */
 } sim_mem;
 
+struct sim_event;
+
 typedef struct sim_ctx {
     uint32_t magic;
     int ordinal; /* visible device ordinal (the CUdevice) */
@@ -73,6 +75,7 @@ typedef struct sim_ctx {
     unsigned int flags;
     sim_stream null_stream;
     sim_stream *streams;
+    struct sim_event *events;
     sim_mem *mems;
 } sim_ctx;
 
@@ -83,6 +86,7 @@ typedef struct sim_event {
     int recorded;
     int captured;
     uint64_t time_ns;
+    struct sim_event *next; /* the owning context's list */
 } sim_event;
 
 /* the process-wide driver state */
