@@ -87,6 +87,8 @@ FN(cuGraphCreate);
 FN(cuGraphAddKernelNode);
 FN(cuGraphInstantiateWithFlags);
 FN(cuGraphLaunch);
+FN(cuGraphDestroy);
+FN(cuGraphExecDestroy);
 
 static void *load(void *lib, const char *name) {
     void *fn = dlsym(lib, name);
@@ -144,6 +146,8 @@ static void load_driver(void) {
     LOAD(cuGraphAddKernelNode);
     LOAD(cuGraphInstantiateWithFlags);
     LOAD(cuGraphLaunch);
+    LOAD(cuGraphDestroy);
+    LOAD(cuGraphExecDestroy);
 }
 
 static void check(CUresult rc, const char *what) {
@@ -204,6 +208,7 @@ static CUgraphExec graph(void) {
         prev = node;
     }
     check(p_cuGraphInstantiateWithFlags(&exec, g, 0), "cuGraphInstantiateWithFlags");
+    check(p_cuGraphDestroy(g), "cuGraphDestroy");
     return exec;
 }
 
@@ -254,6 +259,7 @@ static void run(double seconds, const char *kind) {
     }
     if (ctx != NULL) check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     check(p_cuCtxSynchronize(), "cuCtxSynchronize");
+    if (exec != NULL) check(p_cuGraphExecDestroy(exec), "cuGraphExecDestroy");
     printf("run %llu %llu\n", launches, (unsigned long long)(now_ns() - start));
 }
 
