@@ -2,10 +2,12 @@
 
 `make -C native sanitize` builds both libraries with the sanitizers into build/sanitize/. The C
 test programs, built with them too, drive the libraries through the paths the other native tests
-take: the simulated driver alone (sim_probe), the interception library's memory hooks and
-accounting, its launch hooks, throttle and arbiter (shim_client, request_loop), its NVML hooks
-(shim_nvml_direct), and its configuration errors. Python is not built with the sanitizers, so no
-Python process loads these libraries here.
+take: the simulated driver alone (sim_probe; MIG instances, MPS clients), the interception
+library's memory hooks and accounting, its launch hooks, throttle and arbiter (shim_client,
+request_loop), its NVML hooks (shim_nvml_direct), and its configuration errors. Python is not
+built with the sanitizers, so no Python process loads these libraries here (one can, with the
+ASan runtime preloaded and leak checks off, but the C programs keep leak checks and cover every
+hook).
 
 Any report fails: an error or undefined behaviour ends the process at once
 (-fno-sanitize-recover), a leak is reported at its exit (LeakSanitizer), with the exit status
@@ -14,6 +16,7 @@ REPORTED and the report on stderr.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,6 +28,7 @@ import pytest
 from shim_support import PROGS, Result, codes, compile_prog, make_node, shim_env
 
 from gpupool.core.units import GiB, MiB
+from gpupool.devices import mps_twin
 from gpupool.devices.simnode import SimNode
 from gpupool.devices.simspec import parse_spec
 from gpupool.isolation.libraries import NativeLibraries
@@ -179,6 +183,34 @@ def test_the_simulated_driver_s_mig_instances(sanitized: Sanitized, tmp_path: Pa
     env = probe_env(sanitized, tmp_path / "node", CUDA_VISIBLE_DEVICES=uuid)
     for verb in (["enum"], ["kernels", "4", "256", "128"], ["alloc", str(20 * GiB)]):
         assert run([sanitized.prog("sim_probe"), *verb], env).returncode == 0
+
+
+def test_the_simulated_driver_s_mps_clients(
+    sanitized: Sanitized, node: Path, tmp_path: Path
+) -> None:
+    dirs = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+    }
+    twin = mps_twin.command()
+    assert subprocess.run([*twin, "-d"], env=dict(os.environ, **dirs), timeout=30).returncode == 0
+    try:
+        kernels = ["kernels", "8", "256", "128"]
+        for percent, pinned in (("30", "0=1G"), ("100", "0=10M")):
+            env = probe_env(
+                sanitized,
+                node,
+                **dirs,
+                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=percent,
+                CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=pinned,
+            )
+            assert run([sanitized.prog("sim_probe"), *kernels], env).returncode == 0
+            assert run([sanitized.prog("sim_probe"), "alloc", str(GiB)], env).returncode == 0
+        bad = probe_env(sanitized, node, **dirs, CUDA_MPS_CLIENT_PRIORITY="x" * 5000)
+        refused = run([sanitized.prog("sim_probe"), "enum"], bad)
+        assert refused.stderr[0].startswith(f"{refused.prefix}simulated driver: ")
+    finally:
+        subprocess.run(twin, input="quit\n", text=True, env=dict(os.environ, **dirs), timeout=30)
 
 
 def test_memory_hooks_and_accounting(sanitized: Sanitized, node: Path, tmp_path: Path) -> None:
