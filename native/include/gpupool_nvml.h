@@ -39,7 +39,7 @@ typedef struct nvmlMemory_v2_st {
     unsigned long long used;
 } nvmlMemory_v2_t;
 
-#define NVML_STRUCT_VERSION(data, ver) \
+#define NVML_STRUCT_VERSION(data, ver)                                                             \
     (unsigned int)(sizeof(nvml##data##_v##ver##_t) | (unsigned int)((ver) << 24U))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
 

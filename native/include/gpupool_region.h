@@ -40,14 +40,14 @@ typedef struct {
 } gpupool_region_counters;
 
 typedef struct {
-    uint64_t magic; /* 0  GPUPOOL_REGION_MAGIC, written last, once the rest is initialised */
-    uint32_t version; /* 8  GPUPOOL_REGION_VERSION */
-    uint32_t size;    /* 12 sizeof(gpupool_region) */
+    uint64_t magic;    /* 0  GPUPOOL_REGION_MAGIC, written last, once the rest is initialised */
+    uint32_t version;  /* 8  GPUPOOL_REGION_VERSION */
+    uint32_t size;     /* 12 sizeof(gpupool_region) */
     uint64_t share_id; /* 16 random: tells this share from others in the GPUs' arbiters */
     uint32_t policy;   /* 24 */
     uint32_t pad;
-    uint64_t memory_limit[GPUPOOL_REGION_DEVICES];  /* 32 */
-    uint32_t compute_limit[GPUPOOL_REGION_DEVICES]; /* 160 */
+    uint64_t memory_limit[GPUPOOL_REGION_DEVICES];            /* 32 */
+    uint32_t compute_limit[GPUPOOL_REGION_DEVICES];           /* 160 */
     gpupool_region_counters counters[GPUPOOL_REGION_DEVICES]; /* 224 */
     union {
         pthread_mutex_t mutex; /* robust, process-shared */

@@ -8,8 +8,8 @@
 #ifndef GPUPOOL_SETTINGS_H
 #define GPUPOOL_SETTINGS_H
 
-#define GP_ENV_MEMORY_LIMIT "GPUPOOL_MEMORY_LIMIT"     /* also _<n> per device ordinal */
-#define GP_ENV_COMPUTE_LIMIT "GPUPOOL_COMPUTE_LIMIT"   /* also _<n> per device ordinal */
+#define GP_ENV_MEMORY_LIMIT "GPUPOOL_MEMORY_LIMIT"   /* also _<n> per device ordinal */
+#define GP_ENV_COMPUTE_LIMIT "GPUPOOL_COMPUTE_LIMIT" /* also _<n> per device ordinal */
 #define GP_ENV_COMPUTE_POLICY "GPUPOOL_COMPUTE_POLICY"
 #define GP_ENV_COMPUTE_PRIORITY "GPUPOOL_COMPUTE_PRIORITY"
 #define GP_ENV_SHARED_REGION "GPUPOOL_SHARED_REGION"

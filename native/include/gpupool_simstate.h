@@ -19,7 +19,7 @@
 #define GPUPOOL_SIM_GPU_RECORD_SIZE 512u
 #define GPUPOOL_SIM_PROC_RECORD_SIZE 64u
 #define GPUPOOL_SIM_GPUS_OFFSET GPUPOOL_SIM_HEADER_SIZE
-#define GPUPOOL_SIM_PROCS_OFFSET \
+#define GPUPOOL_SIM_PROCS_OFFSET                                                                   \
     (GPUPOOL_SIM_GPUS_OFFSET + GPUPOOL_SIM_MAX_GPUS * GPUPOOL_SIM_GPU_RECORD_SIZE)
 /* MIG instances: one record per (GPU, GPU instance id 1..7), the same layout as a GPU's, after
  * the process table. The driver numbers devices 0..MAX_GPUS-1 for GPUs and MAX_GPUS + k for
@@ -27,9 +27,9 @@
 #define GPUPOOL_SIM_MIG_PER_GPU 7u
 #define GPUPOOL_SIM_MAX_MIG (GPUPOOL_SIM_MAX_GPUS * GPUPOOL_SIM_MIG_PER_GPU)
 #define GPUPOOL_SIM_MAX_DEVICES (GPUPOOL_SIM_MAX_GPUS + GPUPOOL_SIM_MAX_MIG)
-#define GPUPOOL_SIM_MIG_OFFSET \
+#define GPUPOOL_SIM_MIG_OFFSET                                                                     \
     (GPUPOOL_SIM_PROCS_OFFSET + GPUPOOL_SIM_MAX_PROCS * GPUPOOL_SIM_PROC_RECORD_SIZE)
-#define GPUPOOL_SIM_STATE_SIZE \
+#define GPUPOOL_SIM_STATE_SIZE                                                                     \
     (GPUPOOL_SIM_MIG_OFFSET + GPUPOOL_SIM_MAX_MIG * GPUPOOL_SIM_GPU_RECORD_SIZE)
 
 /* process kinds (a slot's `kind`): which of NVML's lists the process is in. The simulated driver
@@ -63,21 +63,21 @@ typedef struct {
  * at GPUPOOL_SIM_MIG_OFFSET + k * GPUPOOL_SIM_GPU_RECORD_SIZE (its uuid "MIG-...", its own memory,
  * SMs and kernel timeline: instances run side by side). */
 typedef struct {
-    char uuid[48];           /* 0   "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NUL-terminated */
-    char name[96];           /* 48  marketing name, "NVIDIA H100 80GB HBM3" */
-    char model[32];          /* 144 gpupool model name, "H100-80GB" */
-    uint64_t memory_total;   /* 176 bytes */
-    uint64_t memory_used;    /* 184 bytes, sum over live process slots (driver keeps it) */
-    uint64_t busy_ns_total;  /* 192 cumulative simulated kernel time (CLOCK_MONOTONIC ns) */
-    uint64_t busy_until_ns;  /* 200 CLOCK_MONOTONIC ns at which the last queued kernel ends */
-    uint32_t sm_count;       /* 208 */
-    uint32_t cc_major;       /* 212 compute capability */
-    uint32_t cc_minor;       /* 216 */
-    uint32_t flags;          /* 220 GPUPOOL_SIM_GPU_* */
-    char pci_bus_id[32];     /* 224 "00000000:17:00.0" */
-    uint32_t mig_parent;     /* 256 an instance record: its GPU's index + 1; 0: a GPU, or a free
-                                    instance record (Python writes it when MIG layouts change) */
-    uint8_t reserved_py[124];    /* 260 Python's, zero */
+    char uuid[48];            /* 0   "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NUL-terminated */
+    char name[96];            /* 48  marketing name, "NVIDIA H100 80GB HBM3" */
+    char model[32];           /* 144 gpupool model name, "H100-80GB" */
+    uint64_t memory_total;    /* 176 bytes */
+    uint64_t memory_used;     /* 184 bytes, sum over live process slots (driver keeps it) */
+    uint64_t busy_ns_total;   /* 192 cumulative simulated kernel time (CLOCK_MONOTONIC ns) */
+    uint64_t busy_until_ns;   /* 200 CLOCK_MONOTONIC ns at which the last queued kernel ends */
+    uint32_t sm_count;        /* 208 */
+    uint32_t cc_major;        /* 212 compute capability */
+    uint32_t cc_minor;        /* 216 */
+    uint32_t flags;           /* 220 GPUPOOL_SIM_GPU_* */
+    char pci_bus_id[32];      /* 224 "00000000:17:00.0" */
+    uint32_t mig_parent;      /* 256 an instance record: its GPU's index + 1; 0: a GPU, or a free
+                                     instance record (Python writes it when MIG layouts change) */
+    uint8_t reserved_py[124]; /* 260 Python's, zero */
     uint8_t driver_private[128]; /* 384 the simulated driver's own per-GPU state */
 } gpupool_sim_gpu;
 
@@ -92,11 +92,11 @@ typedef struct {
     uint64_t busy_ns;        /* 24 cumulative simulated kernel time of this process here */
     uint64_t last_launch_ns; /* 32 CLOCK_MONOTONIC ns of its latest launch */
     /* the driver's own, for an MPS client (zero otherwise, and in state files of before) */
-    uint64_t mps_end_ns;     /* 40 CLOCK_MONOTONIC ns at which its queued kernels end */
-    uint32_t mps_percent;    /* 48 its active thread percentage */
-    uint32_t mps_priority;   /* 52 its client priority: 0 normal, 1 below normal */
-    uint32_t kind;           /* 56 GPUPOOL_SIM_PROC_*: which of NVML's lists the process is in */
-    uint8_t reserved[4];     /* 60 */
+    uint64_t mps_end_ns;   /* 40 CLOCK_MONOTONIC ns at which its queued kernels end */
+    uint32_t mps_percent;  /* 48 its active thread percentage */
+    uint32_t mps_priority; /* 52 its client priority: 0 normal, 1 below normal */
+    uint32_t kind;         /* 56 GPUPOOL_SIM_PROC_*: which of NVML's lists the process is in */
+    uint8_t reserved[4];   /* 60 */
 } gpupool_sim_proc;
 
 #endif /* GPUPOOL_SIMSTATE_H */

@@ -42,14 +42,14 @@
 
 #define GP_ARB_SHARES GPUPOOL_ARBITER_SHARES
 #define GP_LEASE_NS (20 * GP_NS_PER_MS)
-#define GP_WANT_NS (3 * GP_NS_PER_MS)  /* a share that asked this recently still wants the GPU */
+#define GP_WANT_NS (3 * GP_NS_PER_MS) /* a share that asked this recently still wants the GPU */
 /* a high share asks at every slice while it has work: one that has not asked for this long is
  * between requests, and the low shares may use the GPU */
 #define GP_HIGH_WANT_NS (800 * 1000ULL)
-#define GP_HOLD_IDLE_NS (3 * GP_NS_PER_MS) /* a holder this long without launching lets go */
+#define GP_HOLD_IDLE_NS (3 * GP_NS_PER_MS)   /* a holder this long without launching lets go */
 #define GP_HIGH_HOLD_IDLE_NS (500 * 1000ULL) /* a high holder, when a low share waits */
-#define GP_IDLE_NS (50 * GP_NS_PER_MS)     /* a share idle this long starts afresh */
-#define GP_STALE_NS (10 * GP_NS_PER_S)     /* a share slot this old may be reused */
+#define GP_IDLE_NS (50 * GP_NS_PER_MS)       /* a share idle this long starts afresh */
+#define GP_STALE_NS (10 * GP_NS_PER_S)       /* a share slot this old may be reused */
 #define GP_POLL_NS (200 * 1000ULL)
 
 typedef gpupool_arbiter_share gp_arb_share;
@@ -228,8 +228,8 @@ static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
      * next slice, and what it has in flight then is one small slice */
     int preempt = priority == GP_PRIORITY_HIGH && is_low(holder);
     /* a high holder between requests lets a waiting low share in soon: its work is done */
-    uint64_t hold_idle = holder->priority == GP_PRIORITY_HIGH && is_low(s) ? GP_HIGH_HOLD_IDLE_NS
-                                                                           : GP_HOLD_IDLE_NS;
+    uint64_t hold_idle =
+        holder->priority == GP_PRIORITY_HIGH && is_low(s) ? GP_HIGH_HOLD_IDLE_NS : GP_HOLD_IDLE_NS;
     int idle = now > f->last_launch_ns + hold_idle && now > f->busy_until_ns;
     if (!holder_gone(f) && !idle && !preempt) return 0;
     for (int i = 0; i < GP_ARB_SHARES; i++) {

@@ -120,7 +120,8 @@ bad:
 static uint64_t parse_memory(const char *name, const char *text) {
     uint64_t bytes = 0;
     if (gp_parse_bytes(text, &bytes) != 0)
-        gp_fatal("invalid %s=%s: expected a size like 4Gi (4x2^30 bytes), 4G (4x10^9) or 512Mi", name, text);
+        gp_fatal("invalid %s=%s: expected a size like 4Gi (4x2^30 bytes), 4G (4x10^9) or 512Mi",
+                 name, text);
     return bytes;
 }
 

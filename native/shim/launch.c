@@ -8,14 +8,14 @@
 
 #include "shim.h"
 
-#define GP_LAUNCH_ENTRIES(X)                                                                  \
-    X(cuLaunchKernel)                                                                         \
-    X(cuLaunchKernel_ptsz)                                                                    \
-    X(cuLaunchKernelEx)                                                                       \
-    X(cuLaunchKernelEx_ptsz)                                                                  \
-    X(cuLaunchCooperativeKernel)                                                              \
-    X(cuLaunchCooperativeKernel_ptsz)                                                         \
-    X(cuGraphLaunch)                                                                          \
+#define GP_LAUNCH_ENTRIES(X)                                                                       \
+    X(cuLaunchKernel)                                                                              \
+    X(cuLaunchKernel_ptsz)                                                                         \
+    X(cuLaunchKernelEx)                                                                            \
+    X(cuLaunchKernelEx_ptsz)                                                                       \
+    X(cuLaunchCooperativeKernel)                                                                   \
+    X(cuLaunchCooperativeKernel_ptsz)                                                              \
+    X(cuGraphLaunch)                                                                               \
     X(cuGraphLaunch_ptsz)
 
 #define GP_ENTRY_ENUM(name) GP_ENTRY_##name,
@@ -40,9 +40,8 @@ void gp_launch_report(void) {
         uint64_t n_held = __atomic_load_n(&held[i], __ATOMIC_RELAXED);
         uint64_t n = n_held + __atomic_load_n(&passed[i], __ATOMIC_RELAXED);
         if (n == 0) continue;
-        int m = snprintf(line + len, sizeof line - len, "%s %s %llu (%llu held)",
-                         len ? "," : "", entry_names[i], (unsigned long long)n,
-                         (unsigned long long)n_held);
+        int m = snprintf(line + len, sizeof line - len, "%s %s %llu (%llu held)", len ? "," : "",
+                         entry_names[i], (unsigned long long)n, (unsigned long long)n_held);
         if (m < 0 || (size_t)m >= sizeof line - len) break;
         len += (size_t)m;
     }
@@ -65,18 +64,18 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
     return rc;
 }
 
-#define THROTTLED(real_name, stream, ptsz, call)                                                \
-    do {                                                                                      \
-        __typeof__(&real_name) real = GP_REAL(real_name);                                     \
-        if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;                                  \
-        gp_launch launch;                                                                     \
-        gp_throttle_before(&launch, (stream), (ptsz));                                        \
-        __atomic_add_fetch(launch.dev >= 0 ? &held[GP_ENTRY_##real_name]                      \
-                                           : &passed[GP_ENTRY_##real_name],                    \
-                           1, __ATOMIC_RELAXED);                                              \
-        CUresult rc = real call;                                                              \
-        gp_throttle_after(&launch, rc);                                                       \
-        return rc;                                                                            \
+#define THROTTLED(real_name, stream, ptsz, call)                                                   \
+    do {                                                                                           \
+        __typeof__(&real_name) real = GP_REAL(real_name);                                          \
+        if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;                                       \
+        gp_launch launch;                                                                          \
+        gp_throttle_before(&launch, (stream), (ptsz));                                             \
+        __atomic_add_fetch(launch.dev >= 0 ? &held[GP_ENTRY_##real_name]                           \
+                                           : &passed[GP_ENTRY_##real_name],                        \
+                           1, __ATOMIC_RELAXED);                                                   \
+        CUresult rc = real call;                                                                   \
+        gp_throttle_after(&launch, rc);                                                            \
+        return rc;                                                                                 \
     } while (0)
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -119,11 +118,11 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
                hStream, kernelParams));
 }
 
-CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
-                                        unsigned int gridDimY, unsigned int gridDimZ,
-                                        unsigned int blockDimX, unsigned int blockDimY,
-                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                        CUstream hStream, void **kernelParams) {
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams) {
     THROTTLED(cuLaunchCooperativeKernel_ptsz, hStream, 1,
               (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                hStream, kernelParams));

@@ -1,4 +1,4 @@
-/* Logging ("gpupool: " lines on stderr), the fatal exit, byte formatting and the clock. */
+/* Logging ("gpupool[PID]: " lines on stderr), the fatal exit, byte formatting and the clock. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,9 +11,11 @@
 gp_log_level gp_log_threshold = GP_LOG_WARN;
 
 static void write_line(const char *fmt, va_list args) {
-    /* one write(2) per line, so lines of concurrent processes never interleave */
+    /* one write(2) per line, so lines of concurrent processes never interleave; the pid tells
+     * apart the processes of one job, whose lines go to the same stderr (getpid, not a cached
+     * value: a forked child logs under its own pid) */
     char line[1024];
-    int n = snprintf(line, sizeof line, "gpupool: ");
+    int n = snprintf(line, sizeof line, "gpupool[%d]: ", (int)getpid());
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, args);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
     if (len > sizeof line - 2) len = sizeof line - 2;

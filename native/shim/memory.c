@@ -31,8 +31,10 @@ uint64_t gp_memory_limit(int dev) {
             char want[32], have[32];
             gp_format_bytes(limit, want, sizeof want);
             gp_format_bytes(total, have, sizeof have);
-            gp_log(GP_LOG_WARN, "memory limit %s on device %d is more than the GPU has (%s); "
-                                "using %s", want, dev, have, have);
+            gp_log(GP_LOG_WARN,
+                   "memory limit %s on device %d is more than the GPU has (%s); "
+                   "using %s",
+                   want, dev, have, have);
         }
         return total;
     }
@@ -40,8 +42,9 @@ uint64_t gp_memory_limit(int dev) {
 }
 
 /* The calling thread's context and its device, with the device cached per thread: one driver
- * call per allocation or launch instead of two. A context handle may be reused for another device after a
- * context is destroyed, so teardown bumps a generation that invalidates every thread's cache. */
+ * call per allocation or launch instead of two. A context handle may be reused for another device
+ * after a context is destroyed, so teardown bumps a generation that invalidates every thread's
+ * cache. */
 static uint64_t context_generation;
 static __thread CUcontext cached_ctx;
 static __thread int cached_dev = -1;
@@ -313,8 +316,8 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     int dev = gp_current_device_and_context(&ctx);
     if (reserve(dev, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
-    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_MIPMAP, dev,
-           bytes, ctx);
+    settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, GP_KIND_MIPMAP, dev, bytes,
+           ctx);
     return rc;
 }
 
@@ -385,9 +388,8 @@ CUresult cuArrayDestroy(CUarray hArray) {
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
-    return free_with((void *)GP_REAL(cuMipmappedArrayDestroy),
-                     (uint64_t)(uintptr_t)hMipmappedArray, NULL, GP_KIND_MIPMAP,
-                     call_mipmap_destroy);
+    return free_with((void *)GP_REAL(cuMipmappedArrayDestroy), (uint64_t)(uintptr_t)hMipmappedArray,
+                     NULL, GP_KIND_MIPMAP, call_mipmap_destroy);
 }
 
 /* ---- queries -------------------------------------------------------------------------------- */
@@ -466,7 +468,6 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     uint64_t ctx = active_primary(dev);
     CUresult rc = real(dev);
     /* the last release destroys the primary context, and its allocations with it */
-    if (rc == CUDA_SUCCESS && ctx != 0 && !primary_active(dev))
-        forget_context(ctx);
+    if (rc == CUDA_SUCCESS && ctx != 0 && !primary_active(dev)) forget_context(ctx);
     return rc;
 }

@@ -18,10 +18,9 @@ static int uuid_matches(const char *token, size_t len, const char *uuid) {
 
 static void format_uuid(const CUuuid *uuid, char *out, size_t size) {
     const unsigned char *b = (const unsigned char *)uuid->bytes;
-    snprintf(out, size,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-             b[15]);
+    snprintf(out, size, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
 }
 
 /* the CUDA ordinal whose UUID is `uuid`: -1 if none, -2 if CUDA is not initialised here (the

@@ -17,6 +17,11 @@
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
+/* AddressSanitizer's runtime looks up what it intercepts through dlsym (ours) while it starts,
+ * before its shadow memory exists: in a sanitized build, the code on that path must not be
+ * instrumented */
+#define GP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+
 /* one intercepted entry point: its exported name, and for cuGetProcAddress its base name, the
  * first CUDA version that maps the base name to this symbol, and whether it is a _ptsz flavour */
 typedef struct {
@@ -31,9 +36,8 @@ typedef struct {
 #define CU_HOOK(base, version, sym, ptsz) {#sym, base, version, ptsz, 0, (void *)sym},
 #define NVML_HOOK(sym) {#sym, NULL, 0, 0, 1, (void *)sym},
 
-static const gp_hook hooks[] = {
-    GP_PROCS_WRAPPED(CU_HOOK) NVML_HOOK(nvmlDeviceGetMemoryInfo)
-        NVML_HOOK(nvmlDeviceGetMemoryInfo_v2)};
+static const gp_hook hooks[] = {GP_PROCS_WRAPPED(CU_HOOK) NVML_HOOK(nvmlDeviceGetMemoryInfo)
+                                    NVML_HOOK(nvmlDeviceGetMemoryInfo_v2)};
 #define HOOK_COUNT (sizeof hooks / sizeof hooks[0])
 
 /* the real entry point of each hook, for matching what the driver's cuGetProcAddress returns */
@@ -41,7 +45,7 @@ static void *volatile hook_real[HOOK_COUNT];
 
 static dlsym_fn real_dlsym_fn;
 
-static dlsym_fn find_real_dlsym(void) {
+GP_UNINSTRUMENTED static dlsym_fn find_real_dlsym(void) {
     dlsym_fn fn = __atomic_load_n(&real_dlsym_fn, __ATOMIC_ACQUIRE);
     if (fn != NULL) return fn;
     /* glibc 2.34 moved dlsym into libc under a new version; older ones have only their first
@@ -91,7 +95,7 @@ void *gp_real_cached(void *volatile *slot, const char *name, int nvml) {
     return fn;
 }
 
-static const gp_hook *hook_named(const char *name) {
+GP_UNINSTRUMENTED static const gp_hook *hook_named(const char *name) {
     if (!((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0)) return NULL;
     for (size_t i = 0; i < HOOK_COUNT; i++) {
         if (strcmp(hooks[i].name, name) == 0) return &hooks[i];
@@ -99,7 +103,8 @@ static const gp_hook *hook_named(const char *name) {
     return NULL;
 }
 
-__attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
+GP_UNINSTRUMENTED __attribute__((visibility("default"))) void *dlsym(void *handle,
+                                                                     const char *name) {
     dlsym_fn real = find_real_dlsym();
     const gp_hook *hook = hook_named(name);
     if (hook != NULL) {

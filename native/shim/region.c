@@ -73,8 +73,8 @@ static void reclaim_dead(int recount) {
             if (proc->used[dev] == 0) continue;
             gp_log(GP_LOG_INFO, "gave back %llu bytes on device %d of dead process %d",
                    (unsigned long long)proc->used[dev], dev, proc->pid);
-            region->used[dev] -= proc->used[dev] < region->used[dev] ? proc->used[dev]
-                                                                     : region->used[dev];
+            region->used[dev] -=
+                proc->used[dev] < region->used[dev] ? proc->used[dev] : region->used[dev];
         }
         memset(proc, 0, sizeof *proc);
     }
@@ -122,8 +122,8 @@ static void init_region(gp_region *r, const gp_config *cfg) {
 }
 
 static gp_region *map_private(const gp_config *cfg) {
-    void *mem = mmap(NULL, sizeof(gp_region), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
+    void *mem =
+        mmap(NULL, sizeof(gp_region), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) gp_fatal("cannot map accounting memory: %s", strerror(errno));
     init_region(mem, cfg);
     return mem;
@@ -146,8 +146,7 @@ static gp_region *map_shared(const gp_config *cfg) {
                  strerror(errno));
     /* the first process to hold the file lock initialises; the others wait and map */
     while (flock(fd, LOCK_EX) != 0) {
-        if (errno != EINTR)
-            gp_fatal("cannot lock the shared region %s: %s", path, strerror(errno));
+        if (errno != EINTR) gp_fatal("cannot lock the shared region %s: %s", path, strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) != 0)
@@ -181,8 +180,8 @@ static void drop_previous_image(void) {
         gp_region_proc *proc = &region->procs[i];
         if (proc->pid != my_pid || proc->start_time != start) continue;
         for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
-            region->used[dev] -= proc->used[dev] < region->used[dev] ? proc->used[dev]
-                                                                     : region->used[dev];
+            region->used[dev] -=
+                proc->used[dev] < region->used[dev] ? proc->used[dev] : region->used[dev];
         }
         memset(proc, 0, sizeof *proc);
     }
@@ -258,8 +257,8 @@ void gp_region_close(void) {
     region_lock();
     gp_region_proc *proc = &region->procs[my_slot];
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
-        region->used[dev] -= proc->used[dev] < region->used[dev] ? proc->used[dev]
-                                                                 : region->used[dev];
+        region->used[dev] -=
+            proc->used[dev] < region->used[dev] ? proc->used[dev] : region->used[dev];
     }
     memset(proc, 0, sizeof *proc);
     my_slot = -1;

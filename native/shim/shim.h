@@ -26,11 +26,11 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
                              void **kernelParams, void **extra);
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                void **extra);
-CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
-                                        unsigned int gridDimY, unsigned int gridDimZ,
-                                        unsigned int blockDimX, unsigned int blockDimY,
-                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                        CUstream hStream, void **kernelParams);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 
@@ -50,7 +50,7 @@ void gp_log(gp_log_level level, const char *fmt, ...) __attribute__((format(prin
 void gp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* "3.9 GiB", "512 MiB", "17 B" */
 void gp_format_bytes(uint64_t bytes, char *out, unsigned long size);
-uint64_t gp_now_ns(void);        /* CLOCK_MONOTONIC */
+uint64_t gp_now_ns(void); /* CLOCK_MONOTONIC */
 void gp_sleep_ns(uint64_t ns);
 
 /* ---- config.c: GPUPOOL_* variables, read once at load -------------------------------------- */
@@ -64,12 +64,13 @@ typedef struct {
     uint32_t compute_limit[GP_MAX_DEVICES]; /* percent 1..100, 100 = none */
     gp_policy policy;
     gp_priority priority;
-    const char *region_path;   /* NULL: this process alone */
-    const char *arbiter_dir;   /* where the GPUs' compute arbiters live (node-wide) */
+    const char *region_path; /* NULL: this process alone */
+    const char *arbiter_dir; /* where the GPUs' compute arbiters live (node-wide) */
 } gp_config;
 
 void gp_config_load(gp_config *cfg);
-/* Kubernetes quantities: "4Gi", "4GiB", "4G" (10^9), "512Mi", "1073741824" -> bytes; 0 on success, -1 if malformed */
+/* Kubernetes quantities: "4Gi", "4GiB", "4G" (10^9), "512Mi", "1073741824" -> bytes; 0 on success,
+ * -1 if malformed */
 int gp_parse_bytes(const char *text, uint64_t *out);
 
 /* ---- region.c: the share's accounting, shared by all its processes -------------------------- */
@@ -123,15 +124,15 @@ void *gp_real_nvml(const char *name);
 void *gp_real_cached(void *volatile *slot, const char *name, int nvml);
 void *gp_real_dlsym(void *handle, const char *name);
 
-#define GP_REAL(name)                                                                         \
-    ({                                                                                        \
-        static void *volatile gp_slot_##name;                                                 \
-        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 0);                         \
+#define GP_REAL(name)                                                                              \
+    ({                                                                                             \
+        static void *volatile gp_slot_##name;                                                      \
+        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 0);                              \
     })
-#define GP_REAL_NVML(name)                                                                    \
-    ({                                                                                        \
-        static void *volatile gp_slot_##name;                                                 \
-        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 1);                         \
+#define GP_REAL_NVML(name)                                                                         \
+    ({                                                                                             \
+        static void *volatile gp_slot_##name;                                                      \
+        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 1);                              \
     })
 
 /* ---- memory.c ------------------------------------------------------------------------------ */
@@ -146,8 +147,8 @@ void gp_memory_report_refusals(void);
 /* ---- throttle.c: compute shares ------------------------------------------------------ */
 
 typedef struct {
-    int dev;    /* -1: not throttled, the launch passes straight through */
-    int pushed; /* the stream's context was made current for the launch (none was) */
+    int dev;      /* -1: not throttled, the launch passes straight through */
+    int pushed;   /* the stream's context was made current for the launch (none was) */
     uint64_t now; /* when the launch was made (after any wait for its turn) */
 } gp_launch;
 
@@ -157,7 +158,6 @@ void gp_throttle_after_fork(void);
 /* at exit, at log level info: launches seen per entry point, and how many the share held */
 void gp_launch_report(void);
 void gp_launch_after_fork(void);
-
 
 /* ---- arbiter.c: one lease per GPU, node-wide, shared by every compute share on it ----------- */
 

@@ -190,10 +190,8 @@ static void close_batch(gp_throttle *t, int after_gap) {
         return;
     }
     int slot = (t->head + t->count) % GP_MAX_PENDING;
-    t->pending[slot] = (gp_batch){.end = event,
-                                  .submit_ns = t->submit_ns,
-                                  .launches = t->launches,
-                                  .after_gap = after_gap};
+    t->pending[slot] = (gp_batch){
+        .end = event, .submit_ns = t->submit_ns, .launches = t->launches, .after_gap = after_gap};
     t->count++;
     /* the first batch anchors event time to the host clock: wait for it */
     if (t->last_end == NULL) account(t, 1);

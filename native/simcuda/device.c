@@ -42,8 +42,7 @@ static const struct {
      "too many resources requested for launch"},
     {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
      "primary context active"},
-    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-     "context is destroyed"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
      "too many blocks in cooperative launch"},
@@ -60,10 +59,8 @@ static const struct {
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-CUresult cuGetErrorString(CUresult error, const char **pStr)
-{
-    if (pStr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuGetErrorString(CUresult error, const char **pStr) {
+    if (pStr == NULL) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof sim_errors / sizeof sim_errors[0]; i++) {
         if (sim_errors[i].code == error) {
             *pStr = sim_errors[i].text;
@@ -74,10 +71,8 @@ CUresult cuGetErrorString(CUresult error, const char **pStr)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuGetErrorName(CUresult error, const char **pStr)
-{
-    if (pStr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    if (pStr == NULL) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof sim_errors / sizeof sim_errors[0]; i++) {
         if (sim_errors[i].code == error) {
             *pStr = sim_errors[i].name;
@@ -88,90 +83,66 @@ CUresult cuGetErrorName(CUresult error, const char **pStr)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuDriverGetVersion(int *driverVersion)
-{
-    if (driverVersion == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuDriverGetVersion(int *driverVersion) {
+    if (driverVersion == NULL) return CUDA_ERROR_INVALID_VALUE;
     *driverVersion = SIM_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetCount(int *count)
-{
+CUresult cuDeviceGetCount(int *count) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (count == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
     *count = g_sim.count;
     return CUDA_SUCCESS;
 }
 
 /* the device's record, after the checks every device query makes */
-static CUresult sim_device(CUdevice dev, gpupool_sim_gpu **out)
-{
+static CUresult sim_device(CUdevice dev, gpupool_sim_gpu **out) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (dev < 0 || dev >= g_sim.count)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (sim_gpu_lost(g_sim.phys[dev]))
-        return SIM_LOST_ERROR;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (dev < 0 || dev >= g_sim.count) return CUDA_ERROR_INVALID_DEVICE;
+    if (sim_gpu_lost(g_sim.phys[dev])) return SIM_LOST_ERROR;
     *out = sim_gpu(g_sim.phys[dev]);
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGet(CUdevice *device, int ordinal)
-{
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= g_sim.count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_sim.count) return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
-{
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (name == NULL || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "%.*s", (int)sizeof rec->name, rec->name);
     return CUDA_SUCCESS;
 }
 
-static int sim_hex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
+static int sim_hex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
 }
 
-CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
-{
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (uuid == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx": 32 hex digits after the prefix */
     const char *p = strncmp(rec->uuid, "GPU-", 4) == 0 ? rec->uuid + 4 : rec->uuid;
     memset(uuid->bytes, 0, sizeof uuid->bytes);
     for (int nibble = 0; nibble < 32 && *p != '\0'; p++) {
         int v = sim_hex(*p);
-        if (v < 0)
-            continue;
+        if (v < 0) continue;
         uuid->bytes[nibble / 2] = (char)(uuid->bytes[nibble / 2] | (v << (nibble % 2 ? 0 : 4)));
         nibble++;
     }
@@ -180,70 +151,55 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
-CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
-{
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (bytes == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
     *bytes = rec->memory_total;
     return CUDA_SUCCESS;
 }
 
 /* "00000000:17:00.0" (NVML's form) or "0000:17:00.0" -> domain, bus, device */
-static void sim_pci_parts(const gpupool_sim_gpu *rec, unsigned *domain, unsigned *bus, unsigned *device)
-{
+static void sim_pci_parts(const gpupool_sim_gpu *rec, unsigned *domain, unsigned *bus,
+                          unsigned *device) {
     *domain = *bus = *device = 0;
-    if (sscanf(rec->pci_bus_id, "%x:%x:%x", domain, bus, device) != 3)
-        *domain = *bus = *device = 0;
+    if (sscanf(rec->pci_bus_id, "%x:%x:%x", domain, bus, device) != 3) *domain = *bus = *device = 0;
 }
 
-CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
-{
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (pciBusId == NULL || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (pciBusId == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     unsigned domain, bus, device;
     sim_pci_parts(rec, &domain, &bus, &device);
     snprintf(pciBusId, (size_t)len, "%04x:%02x:%02x.0", domain & 0xffffu, bus, device);
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
-{
+CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (major == NULL || minor == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (major == NULL || minor == NULL) return CUDA_ERROR_INVALID_VALUE;
     *major = (int)rec->cc_major;
     *minor = (int)rec->cc_minor;
     return CUDA_SUCCESS;
 }
 
 /* Per-SM limits by architecture (CUDA C Programming Guide, compute capabilities table). */
-int sim_shared_per_sm(const gpupool_sim_gpu *rec)
-{
-    if (rec->cc_major >= 9)
-        return 233472;
-    if (rec->cc_major == 8 && rec->cc_minor == 0)
-        return 167936;
+int sim_shared_per_sm(const gpupool_sim_gpu *rec) {
+    if (rec->cc_major >= 9) return 233472;
+    if (rec->cc_major == 8 && rec->cc_minor == 0) return 167936;
     return 102400;
 }
 
-int sim_threads_per_sm(const gpupool_sim_gpu *rec)
-{
+int sim_threads_per_sm(const gpupool_sim_gpu *rec) {
     return rec->cc_major == 8 && rec->cc_minor != 0 ? 1536 : 2048;
 }
 
-static int sim_attribute(const gpupool_sim_gpu *rec, CUdevice_attribute attrib)
-{
+static int sim_attribute(const gpupool_sim_gpu *rec, CUdevice_attribute attrib) {
     unsigned domain, bus, device;
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
@@ -265,7 +221,9 @@ static int sim_attribute(const gpupool_sim_gpu *rec, CUdevice_attribute attrib)
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: sim_pci_parts(rec, &domain, &bus, &device); return (int)bus;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        sim_pci_parts(rec, &domain, &bus, &device);
+        return (int)bus;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
         sim_pci_parts(rec, &domain, &bus, &device);
         return (int)device;
@@ -298,16 +256,13 @@ static int sim_attribute(const gpupool_sim_gpu *rec, CUdevice_attribute attrib)
     }
 }
 
-CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
-{
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
     gpupool_sim_gpu *rec;
     CUresult rc = sim_device(dev, &rec);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     /* cuda.h numbers attributes from 1 up (134 in CUDA 12.4, more in 13); a newer runtime may ask
      * for ones this simulation does not know, which read as absent (0), not as errors */
-    if (pi == NULL || (int)attrib < 1 || (int)attrib >= 256)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (pi == NULL || (int)attrib < 1 || (int)attrib >= 256) return CUDA_ERROR_INVALID_VALUE;
     *pi = sim_attribute(rec, attrib);
     return CUDA_SUCCESS;
 }

@@ -20,11 +20,9 @@ typedef struct sim_host {
 
 static sim_host *sim_hosts;
 
-static CUresult sim_host_track(void *p, size_t size, int registered, sim_ctx *ctx)
-{
+static CUresult sim_host_track(void *p, size_t size, int registered, sim_ctx *ctx) {
     sim_host *h = calloc(1, sizeof *h);
-    if (h == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (h == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     h->ptr = (uintptr_t)p;
     h->size = size;
     h->registered = registered;
@@ -37,8 +35,7 @@ static CUresult sim_host_track(void *p, size_t size, int registered, sim_ctx *ct
 }
 
 /* unlinks and returns the record starting at `p` (registered or not, as asked) */
-static sim_host *sim_host_take(uintptr_t p, int registered)
-{
+static sim_host *sim_host_take(uintptr_t p, int registered) {
     pthread_mutex_lock(&g_sim.mu);
     sim_host *found = NULL;
     for (sim_host **pp = &sim_hosts; *pp != NULL; pp = &(*pp)->next) {
@@ -53,8 +50,7 @@ static sim_host *sim_host_take(uintptr_t p, int registered)
 }
 
 /* A context that is destroyed or reset takes its pinned memory and registrations with it. */
-void sim_host_release_ctx(sim_ctx *ctx)
-{
+void sim_host_release_ctx(sim_ctx *ctx) {
     sim_host *gone = NULL;
     pthread_mutex_lock(&g_sim.mu);
     for (sim_host **pp = &sim_hosts; *pp != NULL;) {
@@ -70,26 +66,22 @@ void sim_host_release_ctx(sim_ctx *ctx)
     pthread_mutex_unlock(&g_sim.mu);
     while (gone != NULL) {
         sim_host *next = gone->next;
-        if (!gone->registered)
-            munmap((void *)gone->ptr, gone->size);
+        if (!gone->registered) munmap((void *)gone->ptr, gone->size);
         free(gone);
         gone = next;
     }
 }
 
-CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
-{
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (pp == NULL || bytesize == 0 ||
         (Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                              CU_MEMHOSTALLOC_WRITECOMBINED)) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     void *p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     rc = sim_host_track(p, bytesize, 0, ctx);
     if (rc != CUDA_SUCCESS) {
         munmap(p, bytesize);
@@ -101,46 +93,36 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) { return cuMemHostAlloc(pp, bytesize, 0); }
 
-CUresult cuMemFreeHost(void *p)
-{
+CUresult cuMemFreeHost(void *p) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_host *h = sim_host_take((uintptr_t)p, 0);
-    if (h == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (h == NULL) return CUDA_ERROR_INVALID_VALUE;
     munmap((void *)h->ptr, h->size);
     free(h);
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
-{
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     SIM_UNUSED(Flags); /* portable, device-map, I/O memory, read-only: all the same here */
-    if (p == NULL || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (p == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     return sim_host_track(p, bytesize, 1, ctx);
 }
 
-CUresult cuMemHostUnregister(void *p)
-{
+CUresult cuMemHostUnregister(void *p) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_host *h = sim_host_take((uintptr_t)p, 1);
-    if (h == NULL)
-        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (h == NULL) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     free(h);
     return CUDA_SUCCESS;
 }
 
 /* the pinned or registered range holding `p` */
-static int sim_host_find(uintptr_t p, sim_host *out)
-{
+static int sim_host_find(uintptr_t p, sim_host *out) {
     int found = 0;
     pthread_mutex_lock(&g_sim.mu);
     for (sim_host *h = sim_hosts; h != NULL && !found; h = h->next) {
@@ -153,11 +135,9 @@ static int sim_host_find(uintptr_t p, sim_host *out)
     return found;
 }
 
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
-{
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_host h;
     if (pdptr == NULL || Flags != 0 || !sim_host_find((uintptr_t)p, &h))
         return CUDA_ERROR_INVALID_VALUE;
@@ -174,8 +154,7 @@ typedef struct {
     int managed;
 } sim_pointer;
 
-static int sim_pointer_info(uintptr_t p, sim_pointer *out)
-{
+static int sim_pointer_info(uintptr_t p, sim_pointer *out) {
     sim_mem m;
     sim_host h;
     if (sim_linear_find(p, &m)) {
@@ -189,14 +168,11 @@ static int sim_pointer_info(uintptr_t p, sim_pointer *out)
     return 0;
 }
 
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
-{
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_pointer info;
-    if (data == NULL || !sim_pointer_info((uintptr_t)ptr, &info))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (data == NULL || !sim_pointer_info((uintptr_t)ptr, &info)) return CUDA_ERROR_INVALID_VALUE;
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)info.ctx; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = info.type; break;
@@ -214,17 +190,12 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_mem m;
-    if (!sim_linear_find((uintptr_t)dptr, &m))
-        return CUDA_ERROR_NOT_FOUND;
-    if (pbase != NULL)
-        *pbase = (CUdeviceptr)m.ptr;
-    if (psize != NULL)
-        *psize = m.size;
+    if (!sim_linear_find((uintptr_t)dptr, &m)) return CUDA_ERROR_NOT_FOUND;
+    if (pbase != NULL) *pbase = (CUdeviceptr)m.ptr;
+    if (psize != NULL) *psize = m.size;
     return CUDA_SUCCESS;
 }

@@ -42,60 +42,47 @@ static sim_func *sim_funcs; /* every function handed out, freed with their modul
 
 /* ---- modules and libraries ------------------------------------------------------------------ */
 
-static CUresult sim_module_new(CUmodule *out, const void *image)
-{
+static CUresult sim_module_new(CUmodule *out, const void *image) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (out == NULL || image == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (out == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     sim_module *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     m->magic = SIM_MAGIC_MODULE;
     m->ctx = ctx;
     *out = (CUmodule)m;
     return CUDA_SUCCESS;
 }
 
-CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     return sim_module_new(module, image);
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
-                            CUjit_option *options, void **optionValues)
-{
+                            CUjit_option *options, void **optionValues) {
     if (numOptions > 0 && (options == NULL || optionValues == NULL))
         return CUDA_ERROR_INVALID_VALUE;
     return sim_module_new(module, image);
 }
 
-CUresult cuModuleLoad(CUmodule *module, const char *fname)
-{
+CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     struct stat st;
-    if (fname == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (stat(fname, &st) != 0)
-        return CUDA_ERROR_FILE_NOT_FOUND;
+    if (fname == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (stat(fname, &st) != 0) return CUDA_ERROR_FILE_NOT_FOUND;
     return sim_module_new(module, fname);
 }
 
-static sim_module *sim_module_of(void *h)
-{
+static sim_module *sim_module_of(void *h) {
     sim_module *m = h;
     return m != NULL && m->magic == SIM_MAGIC_MODULE ? m : NULL;
 }
 
-CUresult cuModuleUnload(CUmodule hmod)
-{
+CUresult cuModuleUnload(CUmodule hmod) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_module *m = sim_module_of(hmod);
-    if (m == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (m == NULL) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_sim.mu);
     for (sim_func **pp = &sim_funcs; *pp != NULL;) {
         sim_func *f = *pp;
@@ -113,16 +100,12 @@ CUresult cuModuleUnload(CUmodule hmod)
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_func_get(sim_func **out, void *hmod, const char *name)
-{
+static CUresult sim_func_get(sim_func **out, void *hmod, const char *name) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_module *m = sim_module_of(hmod);
-    if (m == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (out == NULL || name == NULL || name[0] == '\0')
-        return CUDA_ERROR_INVALID_VALUE;
+    if (m == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (out == NULL || name == NULL || name[0] == '\0') return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_sim.mu);
     sim_func *f = sim_funcs;
     while (f != NULL && !(f->module == m && strncmp(f->name, name, sizeof f->name - 1) == 0))
@@ -135,22 +118,19 @@ static CUresult sim_func_get(sim_func **out, void *hmod, const char *name)
         sim_funcs = f;
     }
     pthread_mutex_unlock(&g_sim.mu);
-    if (f == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (f == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     *out = f;
     return CUDA_SUCCESS;
 }
 
-CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
-{
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
     return sim_func_get((sim_func **)hfunc, hmod, name);
 }
 
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions,
                            CUlibraryOption *libraryOptions, void **libraryOptionValues,
-                           unsigned int numLibraryOptions)
-{
+                           unsigned int numLibraryOptions) {
     if ((numJitOptions > 0 && (jitOptions == NULL || jitOptionsValues == NULL)) ||
         (numLibraryOptions > 0 && (libraryOptions == NULL || libraryOptionValues == NULL)))
         return CUDA_ERROR_INVALID_VALUE;
@@ -159,21 +139,16 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
 
 CUresult cuLibraryUnload(CUlibrary library) { return cuModuleUnload((CUmodule)library); }
 
-CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
-{
+CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
     return sim_func_get((sim_func **)pKernel, library, name);
 }
 
-CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
-{
+CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_func *f = (sim_func *)kernel;
-    if (f == NULL || f->magic != SIM_MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (pFunc == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (f == NULL || f->magic != SIM_MAGIC_FUNC) return CUDA_ERROR_INVALID_HANDLE;
+    if (pFunc == NULL) return CUDA_ERROR_INVALID_VALUE;
     *pFunc = (CUfunction)f;
     return CUDA_SUCCESS;
 }
@@ -181,10 +156,8 @@ CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 /* ---- function attributes and occupancy ------------------------------------------------------- */
 
 /* resident blocks per SM for this block size and dynamic shared memory (0: it cannot run) */
-static int sim_blocks_per_sm(const gpupool_sim_gpu *rec, uint64_t threads, size_t shared)
-{
-    if (threads == 0 || threads > 1024)
-        return 0;
+static int sim_blocks_per_sm(const gpupool_sim_gpu *rec, uint64_t threads, size_t shared) {
+    if (threads == 0 || threads > 1024) return 0;
     uint64_t blocks = (uint64_t)sim_threads_per_sm(rec) / threads;
     if (shared > 0) {
         uint64_t by_shared = (uint64_t)sim_shared_per_sm(rec) / shared;
@@ -193,27 +166,21 @@ static int sim_blocks_per_sm(const gpupool_sim_gpu *rec, uint64_t threads, size_
     return (int)(blocks > 32 ? 32 : blocks);
 }
 
-static CUresult sim_func_checked(CUfunction hfunc, sim_func **out)
-{
+static CUresult sim_func_checked(CUfunction hfunc, sim_func **out) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_func *f = (sim_func *)hfunc;
-    if (f == NULL || f->magic != SIM_MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (f == NULL || f->magic != SIM_MAGIC_FUNC) return CUDA_ERROR_INVALID_HANDLE;
     *out = f;
     return CUDA_SUCCESS;
 }
 
 /* A kernel the simulation never compiled: the attributes of a plain kernel on its GPU. */
-CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
-{
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
     sim_func *f;
     CUresult rc = sim_func_checked(hfunc, &f);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (pi == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (pi == NULL) return CUDA_ERROR_INVALID_VALUE;
     const gpupool_sim_gpu *rec = sim_gpu(f->module->ctx->gpu);
     int arch = (int)(rec->cc_major * 10 + rec->cc_minor);
     switch (attrib) {
@@ -233,28 +200,23 @@ CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfu
 }
 
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
-                                                     size_t dynamicSMemSize)
-{
+                                                     size_t dynamicSMemSize) {
     sim_func *f;
     CUresult rc = sim_func_checked(func, &f);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (numBlocks == NULL || blockSize <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    *numBlocks = sim_blocks_per_sm(sim_gpu(f->module->ctx->gpu), (uint64_t)blockSize,
-                                   dynamicSMemSize);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (numBlocks == NULL || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
+    *numBlocks =
+        sim_blocks_per_sm(sim_gpu(f->module->ctx->gpu), (uint64_t)blockSize, dynamicSMemSize);
     return CUDA_SUCCESS;
 }
 
 /* ---- graphs ---------------------------------------------------------------------------------- */
 
-static CUresult sim_graph_append(sim_graph *g, const sim_node *node)
-{
+static CUresult sim_graph_append(sim_graph *g, const sim_node *node) {
     if (g->count == g->capacity) {
         size_t cap = g->capacity ? g->capacity * 2 : 16;
         sim_node *nodes = realloc(g->nodes, cap * sizeof *nodes);
-        if (nodes == NULL)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (nodes == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         g->nodes = nodes;
         g->capacity = cap;
     }
@@ -262,52 +224,41 @@ static CUresult sim_graph_append(sim_graph *g, const sim_node *node)
     return CUDA_SUCCESS;
 }
 
-static sim_graph *sim_graph_new(uint32_t magic)
-{
+static sim_graph *sim_graph_new(uint32_t magic) {
     sim_graph *g = calloc(1, sizeof *g);
-    if (g != NULL)
-        g->magic = magic;
+    if (g != NULL) g->magic = magic;
     return g;
 }
 
-void sim_graph_free(sim_graph *g)
-{
+void sim_graph_free(sim_graph *g) {
     g->magic = 0;
     free(g->nodes);
     free(g);
 }
 
 CUresult sim_capture_memop(sim_stream *st, int kind, CUdeviceptr dst, const void *src,
-                           uint32_t value, size_t count)
-{
+                           uint32_t value, size_t count) {
     sim_node node = {.kind = kind, .dst = dst, .src = src, .value = value, .count = count};
     return sim_graph_append(st->capture, &node);
 }
 
-CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
-{
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (phGraph == NULL || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (phGraph == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     sim_graph *g = sim_graph_new(SIM_MAGIC_GRAPH);
-    if (g == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (g == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     *phGraph = (CUgraph)g;
     return CUDA_SUCCESS;
 }
 
-static sim_graph *sim_graph_of(void *h, uint32_t magic)
-{
+static sim_graph *sim_graph_of(void *h, uint32_t magic) {
     sim_graph *g = h;
     return g != NULL && g->magic == magic ? g : NULL;
 }
 
-static CUresult sim_launch_check(sim_func *f, const unsigned grid[3], const unsigned block[3])
-{
-    if (f == NULL || f->magic != SIM_MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
+static CUresult sim_launch_check(sim_func *f, const unsigned grid[3], const unsigned block[3]) {
+    if (f == NULL || f->magic != SIM_MAGIC_FUNC) return CUDA_ERROR_INVALID_HANDLE;
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || block[0] == 0 || block[1] == 0 ||
         block[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || grid[0] > 2147483647u ||
         block[0] > 1024 || block[1] > 1024 || block[2] > 64 ||
@@ -319,22 +270,18 @@ static CUresult sim_launch_check(sim_func *f, const unsigned grid[3], const unsi
 /* CUDA_KERNEL_NODE_PARAMS v1 is the prefix of v2, so one reader serves both symbols */
 static CUresult sim_add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph,
                                     const CUgraphNode *dependencies, size_t numDependencies,
-                                    const CUDA_KERNEL_NODE_PARAMS_v1 *p)
-{
+                                    const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_graph *g = sim_graph_of(hGraph, SIM_MAGIC_GRAPH);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
     if (phGraphNode == NULL || p == NULL || (numDependencies > 0 && dependencies == NULL))
         return CUDA_ERROR_INVALID_VALUE;
     sim_node node = {.kind = 0,
                      .grid = {p->gridDimX, p->gridDimY, p->gridDimZ},
                      .block = {p->blockDimX, p->blockDimY, p->blockDimZ}};
     rc = sim_launch_check((sim_func *)p->func, node.grid, node.block);
-    if (rc == CUDA_SUCCESS)
-        rc = sim_graph_append(g, &node);
+    if (rc == CUDA_SUCCESS) rc = sim_graph_append(g, &node);
     if (rc == CUDA_SUCCESS) /* a node is named by its 1-based position in the graph */
         *phGraphNode = (CUgraphNode)(uintptr_t)g->count;
     return rc;
@@ -342,34 +289,27 @@ static CUresult sim_add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph,
 
 CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
                               const CUgraphNode *dependencies, size_t numDependencies,
-                              const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)
-{
+                              const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
     return sim_add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
 }
 
 CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
                                  const CUgraphNode *dependencies, size_t numDependencies,
-                                 const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)
-{
+                                 const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
     return sim_add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies,
                                (const CUDA_KERNEL_NODE_PARAMS_v1 *)nodeParams);
 }
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                     unsigned long long flags)
-{
+                                     unsigned long long flags) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     SIM_UNUSED(flags); /* auto-free-on-launch, upload and priority change nothing here */
     sim_graph *g = sim_graph_of(hGraph, SIM_MAGIC_GRAPH);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (phGraphExec == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (phGraphExec == NULL) return CUDA_ERROR_INVALID_VALUE;
     sim_graph *exec = sim_graph_new(SIM_MAGIC_EXEC);
-    if (exec == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < g->count && rc == CUDA_SUCCESS; i++)
         rc = sim_graph_append(exec, &g->nodes[i]);
     if (rc != CUDA_SUCCESS) {
@@ -381,35 +321,26 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
 }
 
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                               char *logBuffer, size_t bufferSize)
-{
-    if (phErrorNode != NULL)
-        *phErrorNode = NULL;
-    if (logBuffer != NULL && bufferSize > 0)
-        logBuffer[0] = '\0';
+                               char *logBuffer, size_t bufferSize) {
+    if (phErrorNode != NULL) *phErrorNode = NULL;
+    if (logBuffer != NULL && bufferSize > 0) logBuffer[0] = '\0';
     return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
 }
 
-CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
-{
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_graph *g = sim_graph_of(hGraphExec, SIM_MAGIC_EXEC);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
     sim_graph_free(g);
     return CUDA_SUCCESS;
 }
 
-CUresult cuGraphDestroy(CUgraph hGraph)
-{
+CUresult cuGraphDestroy(CUgraph hGraph) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_graph *g = sim_graph_of(hGraph, SIM_MAGIC_GRAPH);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
     sim_graph_free(g);
     return CUDA_SUCCESS;
 }
@@ -418,14 +349,12 @@ CUresult cuGraphDestroy(CUgraph hGraph)
 
 /* Queues one kernel on the stream's GPU; a stream already holding a second of work makes the
  * caller wait first, as a full hardware queue does. */
-static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const unsigned block[3])
-{
+static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const unsigned block[3]) {
     uint64_t threads = (uint64_t)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2];
     uint64_t backlog_end = __atomic_load_n(&st->last_end_ns, __ATOMIC_ACQUIRE);
     if (backlog_end > sim_now_ns() + SIM_QUEUE_LIMIT_NS)
         sim_sleep_until(backlog_end - SIM_QUEUE_LIMIT_NS);
-    if (sim_gpu_lost(st->ctx->gpu))
-        return SIM_LOST_ERROR;
+    if (sim_gpu_lost(st->ctx->gpu)) return SIM_LOST_ERROR;
     uint64_t duration = sim_kernel_duration_ns(threads);
     if (!sim_mps_active()) {
         sim_timeline_queue(st->ctx->gpu, &st->last_end_ns, duration);
@@ -433,26 +362,22 @@ static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const u
     }
     /* an MPS client's kernel runs beside the other clients' kernels on its share of the SMs,
      * instead of taking turns with them (mps.c) */
-    if (sim_mps_server_gone())
-        return CUDA_ERROR_MPS_SERVER_NOT_READY;
+    if (sim_mps_server_gone()) return CUDA_ERROR_MPS_SERVER_NOT_READY;
     sim_mps_queue(st->ctx->gpu, &st->last_end_ns, duration);
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_launch(void *f, const unsigned grid[3], const unsigned block[3],
-                           size_t shared, CUstream hStream, int cooperative)
-{
+static CUresult sim_launch(void *f, const unsigned grid[3], const unsigned block[3], size_t shared,
+                           CUstream hStream, int cooperative) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     rc = sim_launch_check(f, grid, block);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (cooperative) { /* every block must be resident at once */
         const gpupool_sim_gpu *rec = sim_gpu(st->ctx->gpu);
-        uint64_t per_sm = (uint64_t)sim_blocks_per_sm(rec, (uint64_t)block[0] * block[1] * block[2],
-                                                      shared);
+        uint64_t per_sm =
+            (uint64_t)sim_blocks_per_sm(rec, (uint64_t)block[0] * block[1] * block[2], shared);
         if ((uint64_t)grid[0] * grid[1] * grid[2] > per_sm * rec->sm_count)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
@@ -468,8 +393,7 @@ static CUresult sim_launch(void *f, const unsigned grid[3], const unsigned block
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                        void **kernelParams, void **extra)
-{
+                        void **kernelParams, void **extra) {
     SIM_UNUSED(kernelParams);
     SIM_UNUSED(extra);
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
@@ -481,8 +405,7 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
                                    unsigned int gridDimZ, unsigned int blockDimX,
                                    unsigned int blockDimY, unsigned int blockDimZ,
                                    unsigned int sharedMemBytes, CUstream hStream,
-                                   void **kernelParams)
-{
+                                   void **kernelParams) {
     SIM_UNUSED(kernelParams);
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
     const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
@@ -490,8 +413,7 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
-                          void **extra)
-{
+                          void **extra) {
     SIM_UNUSED(kernelParams);
     SIM_UNUSED(extra);
     if (config == NULL || (config->numAttrs > 0 && config->attrs == NULL))
@@ -505,17 +427,13 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **ker
     return sim_launch(f, grid, block, config->sharedMemBytes, config->hStream, cooperative);
 }
 
-CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
-{
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_graph *g = sim_graph_of(hGraphExec, SIM_MAGIC_EXEC);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (st->capture != NULL)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capture != NULL) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     for (size_t i = 0; i < g->count && rc == CUDA_SUCCESS; i++) {
         const sim_node *n = &g->nodes[i];
         if (n->kind == 0)
@@ -528,51 +446,39 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 
 /* ---- stream capture ---------------------------------------------------------------------- */
 
-CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
-{
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (st == &st->ctx->null_stream) /* the legacy stream cannot be captured */
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (st->capture != NULL)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    if (st->capture != NULL) return CUDA_ERROR_ILLEGAL_STATE;
     st->capture = sim_graph_new(SIM_MAGIC_GRAPH);
     return st->capture == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
-CUresult cuStreamBeginCapture(CUstream hStream)
-{
+CUresult cuStreamBeginCapture(CUstream hStream) {
     return cuStreamBeginCapture_v2(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
-CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
-{
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (phGraph == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (st->capture == NULL)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (phGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (st->capture == NULL) return CUDA_ERROR_ILLEGAL_STATE;
     *phGraph = (CUgraph)st->capture;
     st->capture = NULL;
     return CUDA_SUCCESS;
 }
 
-CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
-{
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (captureStatus == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    *captureStatus = st->capture != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                         : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (captureStatus == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *captureStatus =
+        st->capture != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }

@@ -17,8 +17,7 @@ static sim_mem *sim_linear[SIM_HASH_BUCKETS];
 
 static unsigned sim_hash(uintptr_t ptr) { return (unsigned)((ptr >> 12) % SIM_HASH_BUCKETS); }
 
-void sim_unlink_mem_locked(sim_mem *m)
-{
+void sim_unlink_mem_locked(sim_mem *m) {
     if (m->kind == SIM_MEM_LINEAR) {
         for (sim_mem **pp = &sim_linear[sim_hash(m->ptr)]; *pp != NULL; pp = &(*pp)->hnext) {
             if (*pp == m) {
@@ -32,15 +31,14 @@ void sim_unlink_mem_locked(sim_mem *m)
             m->prev->next = m->next;
         else
             m->ctx->mems = m->next;
-        if (m->next != NULL)
-            m->next->prev = m->prev;
+        if (m->next != NULL) m->next->prev = m->prev;
     }
 }
 
 /* Freed mappings kept for reuse by an allocation of the same size: a real cuMemAlloc makes no
  * system call, and without this cache mmap/munmap would dominate the cost of an allocation. */
 #define SIM_CACHE_SLOTS 32
-#define SIM_CACHE_MAX_BYTES (64ull << 20)   /* the largest mapping kept */
+#define SIM_CACHE_MAX_BYTES (64ull << 20)    /* the largest mapping kept */
 #define SIM_CACHE_TOTAL_BYTES (256ull << 20) /* bounds the host memory the cache may hold */
 static struct {
     uintptr_t ptr;
@@ -49,8 +47,7 @@ static struct {
 static int sim_cache_count;
 static size_t sim_cache_bytes;
 
-static void *sim_map_linear(size_t size)
-{
+static void *sim_map_linear(size_t size) {
     pthread_mutex_lock(&g_sim.mu);
     for (int i = 0; i < sim_cache_count; i++) {
         if (sim_cache[i].size == size) {
@@ -62,56 +59,47 @@ static void *sim_map_linear(size_t size)
         }
     }
     pthread_mutex_unlock(&g_sim.mu);
-    return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                -1, 0);
+    return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                0);
 }
 
-static void sim_unmap_linear(uintptr_t ptr, size_t size)
-{
+static void sim_unmap_linear(uintptr_t ptr, size_t size) {
     if (size <= SIM_CACHE_MAX_BYTES) {
         pthread_mutex_lock(&g_sim.mu);
-        int kept = sim_cache_count < SIM_CACHE_SLOTS &&
-                   sim_cache_bytes + size <= SIM_CACHE_TOTAL_BYTES;
+        int kept =
+            sim_cache_count < SIM_CACHE_SLOTS && sim_cache_bytes + size <= SIM_CACHE_TOTAL_BYTES;
         if (kept) {
             sim_cache[sim_cache_count++] = (typeof(sim_cache[0])){ptr, size};
             sim_cache_bytes += size;
         }
         pthread_mutex_unlock(&g_sim.mu);
-        if (kept)
-            return;
+        if (kept) return;
     }
     munmap((void *)ptr, size);
 }
 
 /* Gives the memory back to the GPU and frees the host side; the record is already unlinked. */
-void sim_mem_teardown(sim_mem *m)
-{
+void sim_mem_teardown(sim_mem *m) {
     sim_memory_release(m->gpu, m->size);
-    if (m->kind == SIM_MEM_LINEAR)
-        sim_unmap_linear(m->ptr, m->size);
-    if (m->kind == SIM_MEM_VMM && m->fd >= 0)
-        close(m->fd);
+    if (m->kind == SIM_MEM_LINEAR) sim_unmap_linear(m->ptr, m->size);
+    if (m->kind == SIM_MEM_VMM && m->fd >= 0) close(m->fd);
     m->magic = 0;
     free(m);
 }
 
 /* Counts `size` against GPU `phys` (-1: the current context's) and makes the record. */
 static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **ctx_out,
-                            sim_mem **out)
-{
+                            sim_mem **out) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (phys < 0)
         phys = ctx->gpu;
     else if (sim_gpu_lost(phys))
         return SIM_LOST_ERROR;
     sim_mem *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     rc = sim_memory_reserve(phys, size);
     if (rc != CUDA_SUCCESS) {
         free(m);
@@ -127,15 +115,12 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys)
-{
-    if (dptr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys) {
+    if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
     CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, phys, &ctx, &m);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     void *p = sim_map_linear(size);
     if (p == MAP_FAILED) {
         sim_memory_release(m->gpu, size);
@@ -153,63 +138,55 @@ static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys)
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size)
-{
+static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size) {
     return sim_alloc_linear_on(dptr, size, -1);
 }
 
 /* The linear allocation holding address `p` (a copy of its record), for pointer queries. */
-int sim_linear_find(uintptr_t p, sim_mem *out)
-{
+int sim_linear_find(uintptr_t p, sim_mem *out) {
     const sim_mem *hit = NULL;
     pthread_mutex_lock(&g_sim.mu);
     for (sim_mem *m = sim_linear[sim_hash(p)]; m != NULL && hit == NULL; m = m->hnext)
-        if (m->ptr == p)
-            hit = m;
+        if (m->ptr == p) hit = m;
     /* an interior pointer: look through every allocation (pointer queries are rare) */
     for (unsigned b = 0; b < SIM_HASH_BUCKETS && hit == NULL; b++)
         for (sim_mem *m = sim_linear[b]; m != NULL && hit == NULL; m = m->hnext)
-            if (p >= m->ptr && p - m->ptr < m->size)
-                hit = m;
-    if (hit != NULL)
-        *out = *hit;
+            if (p >= m->ptr && p - m->ptr < m->size) hit = m;
+    if (hit != NULL) *out = *hit;
     pthread_mutex_unlock(&g_sim.mu);
     return hit != NULL;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return sim_alloc_linear(dptr, bytesize); }
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    return sim_alloc_linear(dptr, bytesize);
+}
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
-                            unsigned int ElementSizeBytes)
-{
+                            unsigned int ElementSizeBytes) {
     if (pPitch == NULL || WidthInBytes == 0 || Height == 0 ||
         (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t pitch = (WidthInBytes + 511) & ~(size_t)511; /* the texture pitch alignment */
     CUresult rc = sim_alloc_linear(dptr, pitch * Height);
-    if (rc == CUDA_SUCCESS)
-        *pPitch = pitch;
+    if (rc == CUDA_SUCCESS) *pPitch = pitch;
     return rc;
 }
 
-CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
-{
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_alloc_linear(dptr, bytesize);
     if (rc == CUDA_SUCCESS) {
         pthread_mutex_lock(&g_sim.mu);
         for (sim_mem *m = sim_linear[sim_hash((uintptr_t)*dptr)]; m != NULL; m = m->hnext)
-            if (m->ptr == (uintptr_t)*dptr)
-                m->managed = 1;
+            if (m->ptr == (uintptr_t)*dptr) m->managed = 1;
         pthread_mutex_unlock(&g_sim.mu);
     }
     return rc;
 }
 
 /* Stream-ordered allocation: the memory is ready at once, which is a legal schedule. */
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
     return rc != CUDA_SUCCESS ? rc : sim_alloc_linear(dptr, bytesize);
@@ -224,15 +201,11 @@ typedef struct sim_pool {
 
 static sim_pool sim_default_pools[GPUPOOL_SIM_MAX_DEVICES];
 
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
-{
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (pool_out == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_sim.count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (pool_out == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_sim.count) return CUDA_ERROR_INVALID_DEVICE;
     sim_pool *pool = &sim_default_pools[dev];
     pool->gpu = g_sim.phys[dev];
     pool->is_default = 1;
@@ -241,91 +214,72 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemPoolCreate(CUmemoryPool *pool_out, const CUmemPoolProps *props)
-{
+CUresult cuMemPoolCreate(CUmemoryPool *pool_out, const CUmemPoolProps *props) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (pool_out == NULL || props == NULL || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
         props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (props->location.id < 0 || props->location.id >= g_sim.count)
         return CUDA_ERROR_INVALID_DEVICE;
     sim_pool *pool = calloc(1, sizeof *pool);
-    if (pool == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     pool->magic = SIM_MAGIC_POOL;
     pool->gpu = g_sim.phys[props->location.id];
     *pool_out = (CUmemoryPool)pool;
     return CUDA_SUCCESS;
 }
 
-static sim_pool *sim_pool_of(CUmemoryPool h)
-{
+static sim_pool *sim_pool_of(CUmemoryPool h) {
     sim_pool *pool = (sim_pool *)h;
     return pool != NULL && pool->magic == SIM_MAGIC_POOL ? pool : NULL;
 }
 
-CUresult cuMemPoolDestroy(CUmemoryPool h)
-{
+CUresult cuMemPoolDestroy(CUmemoryPool h) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_pool *pool = sim_pool_of(h);
-    if (pool == NULL || pool->is_default)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (pool == NULL || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
     pool->magic = 0;
     free(pool);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool h,
-                                 CUstream hStream)
-{
+                                 CUstream hStream) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_pool *pool = sim_pool_of(h);
-    if (pool == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
     return sim_alloc_linear_on(dptr, bytesize, pool->gpu);
 }
 
-CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS || dptr == 0)
-        return rc;
+    if (rc != CUDA_SUCCESS || dptr == 0) return rc;
     pthread_mutex_lock(&g_sim.mu);
     sim_mem *m = sim_linear[sim_hash((uintptr_t)dptr)];
-    while (m != NULL && m->ptr != (uintptr_t)dptr)
-        m = m->hnext;
-    if (m != NULL)
-        sim_unlink_mem_locked(m);
+    while (m != NULL && m->ptr != (uintptr_t)dptr) m = m->hnext;
+    if (m != NULL) sim_unlink_mem_locked(m);
     pthread_mutex_unlock(&g_sim.mu);
-    if (m == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
     int lost = sim_gpu_lost(m->gpu);
     sim_mem_teardown(m);
     return lost ? SIM_LOST_ERROR : CUDA_SUCCESS;
 }
 
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
     return rc != CUDA_SUCCESS ? rc : cuMemFree_v2(dptr);
 }
 
-CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
-{
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (free_bytes == NULL || total == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
     sim_driver_lock();
     sim_reclaim_dead_locked();
     gpupool_sim_gpu *rec = sim_gpu(ctx->gpu);
@@ -337,8 +291,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 /* ---- arrays: counted, no storage ---------------------------------------------------------- */
 
-static size_t sim_format_bytes(CUarray_format format)
-{
+static size_t sim_format_bytes(CUarray_format format) {
     switch (format) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
     case CU_AD_FORMAT_SIGNED_INT8: return 1;
@@ -352,33 +305,26 @@ static size_t sim_format_bytes(CUarray_format format)
     }
 }
 
-static size_t sim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned ch)
-{
+static size_t sim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned ch) {
     size_t elem = sim_format_bytes(format);
-    if (w == 0 || elem == 0 || (ch != 1 && ch != 2 && ch != 4))
-        return 0;
+    if (w == 0 || elem == 0 || (ch != 1 && ch != 2 && ch != 4)) return 0;
     return w * (h ? h : 1) * (d ? d : 1) * elem * ch;
 }
 
-static CUresult sim_array_new(size_t bytes, void **handle)
-{
-    if (handle == NULL || bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult sim_array_new(size_t bytes, void **handle) {
+    if (handle == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
     CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, -1, &ctx, &m);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_ctx_link_mem(ctx, m);
     *handle = m;
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_array_destroy(void *handle)
-{
+static CUresult sim_array_destroy(void *handle) {
     CUresult rc = sim_require_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_mem *m = handle;
     if (m == NULL || m->magic != SIM_MAGIC_MEM || m->kind != SIM_MEM_ARRAY)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -389,18 +335,14 @@ static CUresult sim_array_destroy(void *handle)
     return CUDA_SUCCESS;
 }
 
-CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    if (d == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (d == NULL) return CUDA_ERROR_INVALID_VALUE;
     size_t bytes = sim_array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels);
     return sim_array_new(bytes, (void **)pHandle);
 }
 
-CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    if (d == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (d == NULL) return CUDA_ERROR_INVALID_VALUE;
     size_t bytes = sim_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
     return sim_array_new(bytes, (void **)pHandle);
 }
@@ -408,15 +350,12 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
 CUresult cuArrayDestroy(CUarray hArray) { return sim_array_destroy(hArray); }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
-                                unsigned int numMipmapLevels)
-{
-    if (d == NULL || numMipmapLevels == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+                                unsigned int numMipmapLevels) {
+    if (d == NULL || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
     size_t bytes = 0, w = d->Width, h = d->Height, z = d->Depth;
     for (unsigned level = 0; level < numMipmapLevels; level++) {
         size_t b = sim_array_bytes(w, h, z, d->Format, d->NumChannels);
-        if (b == 0)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (b == 0) return CUDA_ERROR_INVALID_VALUE;
         bytes += b;
         w = w > 1 ? w / 2 : 1;
         h = h > 1 ? h / 2 : h;
@@ -425,8 +364,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
     return sim_array_new(bytes, (void **)pHandle);
 }
 
-CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
-{
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
     return sim_array_destroy(hMipmappedArray);
 }
 
@@ -434,41 +372,33 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 enum { SIM_OP_COPY = 1, SIM_OP_SET8 = 2, SIM_OP_SET32 = 3 };
 
-static CUresult sim_memop(int kind, void *dst, const void *src, uint32_t value, size_t count)
-{
-    if (count == 0)
-        return CUDA_SUCCESS;
-    if (dst == NULL || (kind == SIM_OP_COPY && src == NULL))
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult sim_memop(int kind, void *dst, const void *src, uint32_t value, size_t count) {
+    if (count == 0) return CUDA_SUCCESS;
+    if (dst == NULL || (kind == SIM_OP_COPY && src == NULL)) return CUDA_ERROR_INVALID_VALUE;
     if (kind == SIM_OP_COPY) {
         memmove(dst, src, count);
     } else if (kind == SIM_OP_SET8) {
         memset(dst, (int)(value & 0xffu), count);
     } else {
         uint32_t *p = dst;
-        for (size_t i = 0; i < count; i++)
-            p[i] = value;
+        for (size_t i = 0; i < count; i++) p[i] = value;
     }
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_memop_sync(int kind, void *dst, const void *src, uint32_t value, size_t count)
-{
+static CUresult sim_memop_sync(int kind, void *dst, const void *src, uint32_t value, size_t count) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_ctx_wait_blocking(ctx);
     return sim_memop(kind, dst, src, value, count);
 }
 
 static CUresult sim_memop_async(int kind, void *dst, const void *src, uint32_t value, size_t count,
-                                CUstream hStream)
-{
+                                CUstream hStream) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (st->capture != NULL)
         return sim_capture_memop(st, kind, (CUdeviceptr)(uintptr_t)dst, src, value, count);
     return sim_memop(kind, dst, src, value, count);
@@ -476,57 +406,45 @@ static CUresult sim_memop_async(int kind, void *dst, const void *src, uint32_t v
 
 #define DEV(p) ((void *)(uintptr_t)(p))
 
-CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
 }
-CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
-{
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     return sim_memop_sync(SIM_OP_COPY, DEV(dst), src, 0, n);
 }
-CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
-{
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     return sim_memop_sync(SIM_OP_COPY, dst, DEV(src), 0, n);
 }
-CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
 }
-CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
-{
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
 }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
-{
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_COPY, DEV(dst), src, 0, n, s);
 }
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
-{
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_COPY, dst, DEV(src), 0, n, s);
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
-{
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
 }
-CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
-{
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
     return sim_memop_sync(SIM_OP_SET8, DEV(dst), NULL, uc, n);
 }
-CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n)
-{
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n) {
     return sim_memop_sync(SIM_OP_SET32, DEV(dst), NULL, ui, n);
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s)
-{
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_SET8, DEV(dst), NULL, uc, n, s);
 }
-CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s)
-{
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s) {
     return sim_memop_async(SIM_OP_SET32, DEV(dst), NULL, ui, n, s);
 }
 
 /* replays a copy or fill recorded in a graph */
-CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value, size_t count)
-{
+CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
+                          size_t count) {
     return sim_memop(kind, DEV(dst), src, value, count);
 }

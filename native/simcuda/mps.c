@@ -4,10 +4,11 @@
  * runs as a plain time-sliced context. gpupool's twin of the control daemon (gpupool.devices.
  * mps_twin) listens on the Unix socket "control" in that directory; the client says who it is,
  * the daemon starts or names the server of the client's user, its active thread percentage and
- * its default client priority. An MPS client then runs on min(its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
- * the server's) of the SMs at its CUDA_MPS_CLIENT_PRIORITY (else the daemon's default), beside the
- * other clients (sim_mps_queue), its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT caps its memory per device,
- * and once its server is gone every launch fails, as every client of a real server that died does.
+ * its default client priority. An MPS client then runs on min(its
+ * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the server's) of the SMs at its CUDA_MPS_CLIENT_PRIORITY (else
+ * the daemon's default), beside the other clients (sim_mps_queue), its
+ * CUDA_MPS_PINNED_DEVICE_MEM_LIMIT caps its memory per device, and once its server is gone every
+ * launch fails, as every client of a real server that died does.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,31 +30,28 @@
 static struct {
     int active;
     int server_pid;
-    unsigned percent;                        /* 1..100 */
-    unsigned priority;                       /* SIM_MPS_PRIORITY_* */
-    uint64_t pinned[GPUPOOL_SIM_MAX_GPUS];   /* bytes per physical GPU, 0: no limit */
+    unsigned percent;                      /* 1..100 */
+    unsigned priority;                     /* SIM_MPS_PRIORITY_* */
+    uint64_t pinned[GPUPOOL_SIM_MAX_GPUS]; /* bytes per physical GPU, 0: no limit */
 } g_mps;
 
 int sim_mps_active(void) { return g_mps.active; }
 
 int sim_mps_server_gone(void) { return kill(g_mps.server_pid, 0) != 0 && errno == ESRCH; }
 
-int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size)
-{
+int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size) {
     uint64_t limit = g_mps.active ? g_mps.pinned[phys] : 0;
     return limit == 0 || (used <= limit && size <= limit - used);
 }
 
 /* One request line, one answer line; -1: no control daemon listens there. */
-static int sim_mps_ask(const char *pipe_dir, const char *request, char *answer, size_t size)
-{
+static int sim_mps_ask(const char *pipe_dir, const char *request, char *answer, size_t size) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (snprintf(addr.sun_path, sizeof addr.sun_path, "%s/control", pipe_dir) >=
         (int)sizeof addr.sun_path)
         return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
+    if (fd < 0) return -1;
     struct timeval timeout = {.tv_sec = 10};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
@@ -63,17 +61,14 @@ static int sim_mps_ask(const char *pipe_dir, const char *request, char *answer, 
     size_t sent = 0, len = strlen(request), got = 0;
     while (sent < len) {
         ssize_t n = send(fd, request + sent, len - sent, MSG_NOSIGNAL);
-        if (n <= 0)
-            break;
+        if (n <= 0) break;
         sent += (size_t)n;
     }
     while (sent == len && got + 1 < size) {
         ssize_t n = recv(fd, answer + got, size - 1 - got, 0);
-        if (n <= 0)
-            break;
+        if (n <= 0) break;
         got += (size_t)n;
-        if (memchr(answer, '\n', got) != NULL)
-            break;
+        if (memchr(answer, '\n', got) != NULL) break;
     }
     close(fd);
     answer[got] = '\0';
@@ -82,16 +77,14 @@ static int sim_mps_ask(const char *pipe_dir, const char *request, char *answer, 
 }
 
 /* "30", "30.5": a percentage in (0, 100]; 0 when it is not one */
-static double sim_mps_parse_percent(const char *text)
-{
+static double sim_mps_parse_percent(const char *text) {
     char *end = NULL;
     double value = strtod(text, &end);
     return end != text && *end == '\0' && value > 0 && value <= 100 ? value : 0;
 }
 
 /* "0=1G,1=512M": a limit per visible device ordinal, K/M/G/T binary units or bytes */
-static CUresult sim_mps_parse_pinned(const char *text)
-{
+static CUresult sim_mps_parse_pinned(const char *text) {
     const char *p = text;
     while (*p != '\0') {
         char *end = NULL;
@@ -100,27 +93,23 @@ static CUresult sim_mps_parse_pinned(const char *text)
             return CUDA_ERROR_INVALID_VALUE;
         p = end + 1;
         unsigned long long bytes = strtoull(p, &end, 10);
-        if (end == p)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (end == p) return CUDA_ERROR_INVALID_VALUE;
         const char *units = "KMGT";
         const char *unit = *end != '\0' ? strchr(units, *end) : NULL;
         if (unit != NULL) {
             bytes <<= 10 * (unit - units + 1);
             end++;
         }
-        if (*end != '\0' && *end != ',')
-            return CUDA_ERROR_INVALID_VALUE;
+        if (*end != '\0' && *end != ',') return CUDA_ERROR_INVALID_VALUE;
         g_mps.pinned[g_sim.phys[ordinal]] = bytes;
         p = *end == ',' ? end + 1 : end;
     }
     return CUDA_SUCCESS;
 }
 
-CUresult sim_mps_connect(void)
-{
+CUresult sim_mps_connect(void) {
     const char *pipe_dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
-    if (pipe_dir == NULL || pipe_dir[0] == '\0')
-        pipe_dir = SIM_MPS_DEFAULT_PIPE_DIR;
+    if (pipe_dir == NULL || pipe_dir[0] == '\0') pipe_dir = SIM_MPS_DEFAULT_PIPE_DIR;
     char request[96], answer[512];
     snprintf(request, sizeof request, "gpupool_sim_client %d %u\n", (int)getpid(),
              (unsigned)getuid());
@@ -134,8 +123,7 @@ CUresult sim_mps_connect(void)
         return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     double percent = sim_mps_parse_percent(server_percent);
-    if (percent == 0)
-        percent = 100;
+    if (percent == 0) percent = 100;
     const char *own = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     if (own != NULL && own[0] != '\0') {
         double asked = sim_mps_parse_percent(own);
@@ -144,8 +132,7 @@ CUresult sim_mps_connect(void)
                          own);
             return CUDA_ERROR_INVALID_VALUE;
         }
-        if (asked < percent)
-            percent = asked;
+        if (asked < percent) percent = asked;
     }
     const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
     if (pinned != NULL && pinned[0] != '\0' && sim_mps_parse_pinned(pinned) != CUDA_SUCCESS) {
@@ -154,8 +141,7 @@ CUresult sim_mps_connect(void)
     }
     /* the client's own variable wins over the control daemon's default, as with the real one */
     const char *priority = getenv("CUDA_MPS_CLIENT_PRIORITY");
-    if (priority == NULL || priority[0] == '\0')
-        priority = server_priority;
+    if (priority == NULL || priority[0] == '\0') priority = server_priority;
     if (strcmp(priority, "1") == 0) {
         g_mps.priority = SIM_MPS_PRIORITY_BELOW_NORMAL;
     } else if (priority[0] == '\0' || strcmp(priority, "0") == 0) {
@@ -196,8 +182,7 @@ typedef struct {
 
 /* When `work` (percent x ns) is done at up to `percent`, on the SMs that `busy` leaves free. */
 static uint64_t sim_mps_finish(const sim_mps_busy *busy, int count, uint64_t start, uint64_t work,
-                               unsigned percent)
-{
+                               unsigned percent) {
     uint64_t t = start;
     for (;;) {
         unsigned occupied = 0;
@@ -220,20 +205,16 @@ static uint64_t sim_mps_finish(const sim_mps_busy *busy, int count, uint64_t sta
 /* A normal kernel at `rate` percent from `start` to `end`: what it takes beyond the free SMs
  * comes from the busy below-normal clients, whose next launch is delayed by it. */
 static void sim_mps_delay_below_normal(int phys, const gpupool_sim_proc *self, uint64_t start,
-                                       uint64_t end, uint64_t rate)
-{
+                                       uint64_t end, uint64_t rate) {
     uint64_t occupied = 0, below = 0;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         const gpupool_sim_proc *p = sim_proc((int)s);
-        if (p == self || p->pid == 0 || p->gpu != phys || p->mps_end_ns <= start)
-            continue;
+        if (p == self || p->pid == 0 || p->gpu != phys || p->mps_end_ns <= start) continue;
         occupied += p->mps_percent;
-        if (p->mps_priority == SIM_MPS_PRIORITY_BELOW_NORMAL)
-            below += p->mps_percent;
+        if (p->mps_priority == SIM_MPS_PRIORITY_BELOW_NORMAL) below += p->mps_percent;
     }
     uint64_t free_sms = occupied >= 100 ? 0 : 100 - occupied;
-    if (below == 0 || rate <= free_sms)
-        return;
+    if (below == 0 || rate <= free_sms) return;
     uint64_t taken = rate - free_sms < below ? rate - free_sms : below;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         gpupool_sim_proc *p = sim_proc((int)s);
@@ -247,8 +228,7 @@ static void sim_mps_delay_below_normal(int phys, const gpupool_sim_proc *self, u
 
 /* Queues one kernel of this client (`duration_ns` on the whole GPU) after its earlier work, on
  * the SMs the model above gives it. Returns its end time. */
-uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
-{
+uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns) {
     sim_driver_lock();
     gpupool_sim_proc *self = sim_slot_locked(phys);
     uint64_t now = sim_now_ns();

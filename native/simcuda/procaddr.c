@@ -12,25 +12,22 @@
 #include "gpupool_procs.h"
 #include "sim.h"
 
-CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
-{
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
     return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
 }
 
 /* the runtimes' private tables of driver functions: the simulated driver has none (a runtime
  * would fall back to, or fail without, them; gpupool's tests use only the public entry points) */
-CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
-{
-    if (ppExportTable == NULL || pExportTableId == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+    if (ppExportTable == NULL || pExportTableId == NULL) return CUDA_ERROR_INVALID_VALUE;
     *ppExportTable = NULL;
     return CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- _ptsz / _ptds exports ------------------------------------------------------------------ */
 
-#define PT(name, ret_args, call_args)                                                            \
-    CUresult name ret_args;                                                                      \
+#define PT(name, ret_args, call_args)                                                              \
+    CUresult name ret_args;                                                                        \
     CUresult name ret_args { return call_args; }
 
 PT(cuLaunchKernel_ptsz,
@@ -52,8 +49,8 @@ PT(cuStreamBeginCapture_ptsz, (CUstream s), cuStreamBeginCapture(s))
 PT(cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g), cuStreamEndCapture(s, g))
 PT(cuStreamIsCapturing_ptsz, (CUstream s, CUstreamCaptureStatus *c), cuStreamIsCapturing(s, c))
 PT(cuEventRecord_ptsz, (CUevent e, CUstream s), cuEventRecord(e, s))
-PT(cuMemAllocAsync_ptsz, (CUdeviceptr *p, size_t n, CUstream s), cuMemAllocAsync(p, n, s))
-PT(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s),
+PT(cuMemAllocAsync_ptsz, (CUdeviceptr * p, size_t n, CUstream s), cuMemAllocAsync(p, n, s))
+PT(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * p, size_t n, CUmemoryPool pool, CUstream s),
    cuMemAllocFromPoolAsync(p, n, pool, s))
 PT(cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s), cuMemFreeAsync(p, s))
 PT(cuMemcpyAsync_ptsz, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st),
@@ -81,7 +78,7 @@ typedef struct {
     const char *name; /* base name, as the runtime asks for it */
     int since;        /* first CUDA version (1000*major + 10*minor) this variant answers */
     void *fn;
-    int per_thread;   /* the _ptsz/_ptds flavour */
+    int per_thread; /* the _ptsz/_ptds flavour */
 } sim_entry;
 
 #define E(name, since, fn, per_thread) {name, since, (void *)(fn), per_thread},
@@ -89,13 +86,11 @@ typedef struct {
 static const sim_entry sim_table[] = {GP_PROCS_WRAPPED(E) GP_PROCS_OTHER(E)};
 
 /* the newest variant of `symbol` of the given flavour not newer than `version` */
-static const sim_entry *newest(const char *symbol, int version, int per_thread, int *known)
-{
+static const sim_entry *newest(const char *symbol, int version, int per_thread, int *known) {
     const sim_entry *best = NULL;
     for (size_t i = 0; i < sizeof sim_table / sizeof sim_table[0]; i++) {
         const sim_entry *e = &sim_table[i];
-        if (strcmp(e->name, symbol) != 0)
-            continue;
+        if (strcmp(e->name, symbol) != 0) continue;
         *known = 1;
         if (e->per_thread == per_thread && e->since <= version &&
             (best == NULL || e->since > best->since))
@@ -105,8 +100,7 @@ static const sim_entry *newest(const char *symbol, int version, int per_thread, 
 }
 
 static CUresult sim_lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                           CUdriverProcAddressQueryResult *status)
-{
+                           CUdriverProcAddressQueryResult *status) {
     if (symbol == NULL || pfn == NULL || cudaVersion <= 0 ||
         (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
                                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) != 0)
@@ -117,8 +111,7 @@ static CUresult sim_lookup(const char *symbol, void **pfn, int cudaVersion, cuui
     const sim_entry *best = NULL;
     if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         best = newest(symbol, cudaVersion, 1, &known);
-    if (best == NULL)
-        best = newest(symbol, cudaVersion, 0, &known);
+    if (best == NULL) best = newest(symbol, cudaVersion, 0, &known);
     *pfn = NULL;
     if (best == NULL) {
         if (status != NULL)
@@ -127,18 +120,15 @@ static CUresult sim_lookup(const char *symbol, void **pfn, int cudaVersion, cuui
         return CUDA_ERROR_NOT_FOUND;
     }
     *pfn = best->fn;
-    if (status != NULL)
-        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    if (status != NULL) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
 }
 
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
-{
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     return sim_lookup(symbol, pfn, cudaVersion, flags, NULL);
 }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult *symbolStatus)
-{
+                             CUdriverProcAddressQueryResult *symbolStatus) {
     return sim_lookup(symbol, pfn, cudaVersion, flags, symbolStatus);
 }

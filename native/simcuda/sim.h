@@ -40,7 +40,7 @@ typedef struct sim_stream {
     struct sim_ctx *ctx;
     unsigned int flags;
     int priority;
-    uint64_t last_end_ns; /* end of the last work queued here (guarded by the driver lock) */
+    uint64_t last_end_ns;      /* end of the last work queued here (guarded by the driver lock) */
     struct sim_graph *capture; /* the graph being captured, or NULL */
     struct sim_stream *next;
 } sim_stream;
@@ -51,28 +51,31 @@ typedef enum { SIM_MEM_LINEAR, SIM_MEM_ARRAY, SIM_MEM_VMM } sim_mem_kind;
 typedef struct sim_mem {
     uint32_t magic;
     sim_mem_kind kind;
-    uintptr_t ptr;   /* LINEAR: the host mapping */
-    size_t size;     /* bytes counted against the GPU */
-    int gpu;         /* physical index in state.bin */
-    int fd;          /* VMM: the memfd backing it */
-    int maps;        /* VMM: live cuMemMap mappings */
-    int released;    /* VMM: cuMemRelease called */
-    int managed;     /* LINEAR: from cuMemAllocManaged */
+    uintptr_t ptr; /* LINEAR: the host mapping */
+    size_t size;   /* bytes counted against the GPU */
+    int gpu;       /* physical index in state.bin */
+    int fd;        /* VMM: the memfd backing it */
+    int maps;      /* VMM: live cuMemMap mappings */
+    int released;  /* VMM: cuMemRelease called */
+    int managed;   /* LINEAR: from cuMemAllocManaged */
     struct sim_ctx *ctx;
     struct sim_mem *hnext;       /* LINEAR: hash chain */
     struct sim_mem *prev, *next; /* the owning context's list */
 } sim_mem;
 
+struct sim_event;
+
 typedef struct sim_ctx {
     uint32_t magic;
-    int ordinal;   /* visible device ordinal (the CUdevice) */
-    int gpu;       /* physical index in state.bin */
+    int ordinal; /* visible device ordinal (the CUdevice) */
+    int gpu;     /* physical index in state.bin */
     int primary;
-    int refcount;  /* primary: retain count */
-    int active;    /* primary: retained at least once and not released to zero */
+    int refcount; /* primary: retain count */
+    int active;   /* primary: retained at least once and not released to zero */
     unsigned int flags;
     sim_stream null_stream;
     sim_stream *streams;
+    struct sim_event *events;
     sim_mem *mems;
 } sim_ctx;
 
@@ -83,6 +86,7 @@ typedef struct sim_event {
     int recorded;
     int captured;
     uint64_t time_ns;
+    struct sim_event *next; /* the owning context's list */
 } sim_event;
 
 /* the process-wide driver state */
@@ -91,9 +95,9 @@ typedef struct sim_globals {
     int initialized;
     CUresult init_result;
     uint8_t *map;
-    int count;                       /* visible devices */
+    int count;                         /* visible devices */
     int phys[GPUPOOL_SIM_MAX_DEVICES]; /* ordinal -> device number in state.bin */
-    uint64_t dur_num, dur_den;       /* kernel ns = threads * dur_num / dur_den */
+    uint64_t dur_num, dur_den;         /* kernel ns = threads * dur_num / dur_den */
     int slot[GPUPOOL_SIM_MAX_DEVICES]; /* this process's slot per device number, -1 none */
     int pid;
     uint64_t start_time;
@@ -138,8 +142,7 @@ void sim_ctx_link_mem(sim_ctx *ctx, sim_mem *m);
 void sim_mem_teardown(sim_mem *m);
 void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
 int sim_linear_find(uintptr_t p, sim_mem *out);
-CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value,
-                          size_t count);
+CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value, size_t count);
 
 /* host.c */
 void sim_host_release_ctx(sim_ctx *ctx);

@@ -32,22 +32,26 @@ _Static_assert(sizeof(gpupool_sim_header) <= GPUPOOL_SIM_HEADER_SIZE, "header si
 _Static_assert(sizeof(gpupool_sim_gpu) == GPUPOOL_SIM_GPU_RECORD_SIZE, "gpu record size");
 _Static_assert(sizeof(gpupool_sim_proc) == GPUPOOL_SIM_PROC_RECORD_SIZE, "proc record size");
 
-void sim_complain(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "gpupool simulated driver: ");
-    fprintf(stderr, fmt, arg);
-    fputc('\n', stderr);
+void sim_complain(const char *fmt, const char *arg) {
+    /* the interception library's prefix, so that one pattern finds every line gpupool's libraries
+     * write, and one write(2), so that concurrent processes' lines never interleave */
+    char line[1024];
+    int n = snprintf(line, sizeof line, "gpupool[%d]: simulated driver: ", (int)getpid());
+    int m = snprintf(line + n, sizeof line - (size_t)n - 1, fmt, arg);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2) len = sizeof line - 2;
+    line[len++] = '\n';
+    ssize_t rc = write(STDERR_FILENO, line, len);
+    (void)rc;
 }
 
-uint64_t sim_now_ns(void)
-{
+uint64_t sim_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void sim_sleep_until(uint64_t deadline_ns)
-{
+void sim_sleep_until(uint64_t deadline_ns) {
     /* a real GPU's synchronize returns within microseconds of the work's end; Linux's default
      * timer slack (50 us) would add a wake-up delay after every simulated kernel the caller
      * waits for */
@@ -64,8 +68,7 @@ void sim_sleep_until(uint64_t deadline_ns)
 
 gpupool_sim_header *sim_header(void) { return (gpupool_sim_header *)g_sim.map; }
 
-gpupool_sim_gpu *sim_gpu(int phys)
-{
+gpupool_sim_gpu *sim_gpu(int phys) {
     if (phys >= (int)GPUPOOL_SIM_MAX_GPUS) /* a MIG instance's record */
         return (gpupool_sim_gpu *)(g_sim.map + GPUPOOL_SIM_MIG_OFFSET +
                                    (size_t)(phys - (int)GPUPOOL_SIM_MAX_GPUS) *
@@ -75,72 +78,60 @@ gpupool_sim_gpu *sim_gpu(int phys)
 }
 
 /* the GPU a device number is on: itself, or a MIG instance's parent */
-static int sim_parent_of(int phys)
-{
+static int sim_parent_of(int phys) {
     return phys < (int)GPUPOOL_SIM_MAX_GPUS ? phys : (int)sim_gpu(phys)->mig_parent - 1;
 }
 
 /* a device number that names a GPU of the node or one of its live MIG instances */
-static int sim_device_exists(int phys)
-{
-    if (phys < 0 || phys >= (int)GPUPOOL_SIM_MAX_DEVICES)
-        return 0;
-    if (phys < (int)GPUPOOL_SIM_MAX_GPUS)
-        return (uint32_t)phys < sim_header()->gpu_count;
+static int sim_device_exists(int phys) {
+    if (phys < 0 || phys >= (int)GPUPOOL_SIM_MAX_DEVICES) return 0;
+    if (phys < (int)GPUPOOL_SIM_MAX_GPUS) return (uint32_t)phys < sim_header()->gpu_count;
     return sim_gpu(phys)->mig_parent != 0;
 }
 
-gpupool_sim_proc *sim_proc(int slot)
-{
+gpupool_sim_proc *sim_proc(int slot) {
     return (gpupool_sim_proc *)(g_sim.map + GPUPOOL_SIM_PROCS_OFFSET +
                                 (size_t)slot * GPUPOOL_SIM_PROC_RECORD_SIZE);
 }
 
-int sim_gpu_lost(int phys)
-{
+int sim_gpu_lost(int phys) {
     /* an instance falls off the bus with its GPU; a destroyed instance is gone as well */
-    if (!sim_device_exists(phys))
-        return 1;
+    if (!sim_device_exists(phys)) return 1;
     int gpu = sim_parent_of(phys);
     return (__atomic_load_n(&sim_gpu(gpu)->flags, __ATOMIC_RELAXED) & GPUPOOL_SIM_GPU_LOST) != 0;
 }
 
-CUresult sim_require_init(void) { return g_sim.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
+CUresult sim_require_init(void) {
+    return g_sim.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
 
 /* field 22 of /proc/PID/stat, 0 when the process is gone */
-static uint64_t sim_start_time_of(int pid)
-{
+static uint64_t sim_start_time_of(int pid) {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
+    if (fd < 0) return 0;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0)
-        return 0;
+    if (n <= 0) return 0;
     buf[n] = '\0';
     char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (p == NULL)
-        return 0;
+    if (p == NULL) return 0;
     p += 2;
     for (int field = 3; field < 22 && p != NULL; field++) {
         p = strchr(p, ' ');
-        if (p != NULL)
-            p++;
+        if (p != NULL) p++;
     }
     return p == NULL ? 0 : strtoull(p, NULL, 10);
 }
 
 /* ---- the driver lock ------------------------------------------------------------------- */
 
-static sim_driver_lock_area *sim_lock_area(void)
-{
+static sim_driver_lock_area *sim_lock_area(void) {
     return (sim_driver_lock_area *)sim_header()->driver_lock;
 }
 
-static void sim_lock_initialise(sim_driver_lock_area *area)
-{
+static void sim_lock_initialise(sim_driver_lock_area *area) {
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -152,8 +143,7 @@ static void sim_lock_initialise(sim_driver_lock_area *area)
 
 /* The first process to map a fresh file initialises the lock; the others wait for it. A process
  * that died half-way through initialising (the word stays INITIALISING for long) is replaced. */
-static void sim_lock_prepare(void)
-{
+static void sim_lock_prepare(void) {
     sim_driver_lock_area *area = sim_lock_area();
     uint32_t expected = LOCK_UNINIT;
     if (atomic_compare_exchange_strong(&area->state, &expected, LOCK_INITIALISING)) {
@@ -174,8 +164,7 @@ static void sim_lock_prepare(void)
 
 /* After a process died holding the lock, counters may be half-updated: recompute each GPU's
  * memory in use from the live slots. */
-static void sim_repair_locked(void)
-{
+static void sim_repair_locked(void) {
     sim_reclaim_dead_locked();
     uint64_t used[GPUPOOL_SIM_MAX_DEVICES] = {0};
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
@@ -184,12 +173,10 @@ static void sim_repair_locked(void)
             used[p->gpu] += p->memory_used;
     }
     for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++)
-        if (sim_device_exists((int)i))
-            sim_gpu((int)i)->memory_used = used[i];
+        if (sim_device_exists((int)i)) sim_gpu((int)i)->memory_used = used[i];
 }
 
-void sim_driver_lock(void)
-{
+void sim_driver_lock(void) {
     int rc = pthread_mutex_lock(&sim_lock_area()->mutex);
     if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(&sim_lock_area()->mutex);
@@ -201,18 +188,17 @@ void sim_driver_unlock(void) { pthread_mutex_unlock(&sim_lock_area()->mutex); }
 
 /* ---- process slots (driver lock held) ---------------------------------------------------- */
 
-static void sim_free_slot_locked(gpupool_sim_proc *p)
-{
+static void sim_free_slot_locked(gpupool_sim_proc *p) {
     if (sim_device_exists(p->gpu)) {
         gpupool_sim_gpu *rec = sim_gpu(p->gpu);
-        rec->memory_used = rec->memory_used > p->memory_used ? rec->memory_used - p->memory_used : 0;
+        rec->memory_used =
+            rec->memory_used > p->memory_used ? rec->memory_used - p->memory_used : 0;
     }
     memset(p, 0, sizeof *p);
 }
 
 /* Gives back the memory of processes that are gone (or whose pid now names another process). */
-int sim_reclaim_dead_locked(void)
-{
+int sim_reclaim_dead_locked(void) {
     int reclaimed = 0;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         gpupool_sim_proc *p = sim_proc((int)s);
@@ -226,11 +212,9 @@ int sim_reclaim_dead_locked(void)
     return reclaimed;
 }
 
-gpupool_sim_proc *sim_slot_locked(int phys)
-{
+gpupool_sim_proc *sim_slot_locked(int phys) {
     int cached = g_sim.slot[phys];
-    if (cached >= 0)
-        return sim_proc(cached);
+    if (cached >= 0) return sim_proc(cached);
     sim_reclaim_dead_locked();
     int free_slot = -1;
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
@@ -239,13 +223,11 @@ gpupool_sim_proc *sim_slot_locked(int phys)
             g_sim.slot[phys] = (int)s;
             return p;
         }
-        if (p->pid == 0 && free_slot < 0)
-            free_slot = (int)s;
+        if (p->pid == 0 && free_slot < 0) free_slot = (int)s;
     }
     if (free_slot < 0) {
         static int warned;
-        if (!warned++)
-            sim_complain("all %s process slots of the simulated node are taken", "256");
+        if (!warned++) sim_complain("all %s process slots of the simulated node are taken", "256");
         return NULL;
     }
     gpupool_sim_proc *p = sim_proc(free_slot);
@@ -257,13 +239,11 @@ gpupool_sim_proc *sim_slot_locked(int phys)
     return p;
 }
 
-static int sim_fits(const gpupool_sim_gpu *rec, uint64_t size)
-{
+static int sim_fits(const gpupool_sim_gpu *rec, uint64_t size) {
     return rec->memory_used <= rec->memory_total && size <= rec->memory_total - rec->memory_used;
 }
 
-CUresult sim_memory_reserve(int phys, size_t size)
-{
+CUresult sim_memory_reserve(int phys, size_t size) {
     CUresult rc = CUDA_SUCCESS;
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
@@ -280,37 +260,31 @@ CUresult sim_memory_reserve(int phys, size_t size)
     return rc;
 }
 
-void sim_memory_release(int phys, size_t size)
-{
+void sim_memory_release(int phys, size_t size) {
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
     gpupool_sim_proc *slot = sim_slot_locked(phys);
     rec->memory_used = rec->memory_used > size ? rec->memory_used - size : 0;
-    if (slot != NULL)
-        slot->memory_used = slot->memory_used > size ? slot->memory_used - size : 0;
+    if (slot != NULL) slot->memory_used = slot->memory_used > size ? slot->memory_used - size : 0;
     sim_driver_unlock();
 }
 
 /* ---- the kernel timeline ------------------------------------------------------------------- */
 
-uint64_t sim_kernel_duration_ns(uint64_t threads)
-{
+uint64_t sim_kernel_duration_ns(uint64_t threads) {
     return (uint64_t)((unsigned __int128)threads * g_sim.dur_num / g_sim.dur_den);
 }
 
 /* The same grid takes longer on a MIG instance, which has a slice of its GPU's SMs. */
-uint64_t sim_on_device_ns(int phys, uint64_t duration_ns)
-{
+uint64_t sim_on_device_ns(int phys, uint64_t duration_ns) {
     const gpupool_sim_gpu *rec = sim_gpu(phys);
-    if (phys < (int)GPUPOOL_SIM_MAX_GPUS || rec->sm_count == 0)
-        return duration_ns;
+    if (phys < (int)GPUPOOL_SIM_MAX_GPUS || rec->sm_count == 0) return duration_ns;
     uint32_t gpu_sms = sim_gpu(sim_parent_of(phys))->sm_count;
     return (uint64_t)((unsigned __int128)duration_ns * gpu_sms / rec->sm_count);
 }
 
 /* Charges `busy_ns` of SM time to the GPU and to this process's slot (taken under the lock). */
-void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now)
-{
+void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now) {
     sim_gpu(phys)->busy_ns_total += busy_ns;
     if (slot != NULL) {
         slot->busy_ns += busy_ns;
@@ -321,17 +295,14 @@ void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint6
 /* Queues `duration_ns` of work after the stream's last work and the GPU's last work: one kernel
  * at a time per GPU across all processes, as a time-sliced GPU runs them (MPS clients: mps.c).
  * Returns the work's end time. */
-uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns)
-{
+uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns) {
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
     uint64_t now = sim_now_ns();
     uint64_t start = now;
-    if (rec->busy_until_ns > start)
-        start = rec->busy_until_ns;
+    if (rec->busy_until_ns > start) start = rec->busy_until_ns;
     uint64_t stream_last = __atomic_load_n(stream_end, __ATOMIC_ACQUIRE);
-    if (stream_last > start)
-        start = stream_last;
+    if (stream_last > start) start = stream_last;
     uint64_t end = start + sim_on_device_ns(phys, duration_ns);
     rec->busy_until_ns = end;
     __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);
@@ -342,8 +313,7 @@ uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns
 
 /* ---- cuInit's work ------------------------------------------------------------------------- */
 
-static CUresult sim_map_node(void)
-{
+static CUresult sim_map_node(void) {
     const char *node = getenv(GP_ENV_SIM_NODE);
     if (node == NULL || node[0] == '\0') {
         sim_complain("%s", "GPUPOOL_SIM_NODE is not set: set it to a simulated node directory "
@@ -381,15 +351,12 @@ static CUresult sim_map_node(void)
 }
 
 /* the device whose uuid starts with `prefix` ("GPU-..." or "MIG-..."), -1 if none or several */
-static int sim_find_uuid(const char *prefix, size_t len)
-{
+static int sim_find_uuid(const char *prefix, size_t len) {
     int found = -1;
     for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) {
-        if (!sim_device_exists((int)i))
-            continue;
+        if (!sim_device_exists((int)i)) continue;
         if (strncmp(sim_gpu((int)i)->uuid, prefix, len) == 0) {
-            if (found >= 0)
-                return -1; /* ambiguous prefix */
+            if (found >= 0) return -1; /* ambiguous prefix */
             found = (int)i;
         }
     }
@@ -398,24 +365,20 @@ static int sim_find_uuid(const char *prefix, size_t len)
 
 /* CUDA_VISIBLE_DEVICES as the real driver reads it: indices, GPU-UUID or MIG-UUID (prefixes),
  * comma separated; the list ends at the first entry that is invalid, unknown or repeated. */
-static void sim_apply_visible_devices(void)
-{
+static void sim_apply_visible_devices(void) {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     int total = (int)sim_header()->gpu_count;
     g_sim.count = 0;
     if (env == NULL) {
-        for (int i = 0; i < total; i++)
-            g_sim.phys[g_sim.count++] = i;
+        for (int i = 0; i < total; i++) g_sim.phys[g_sim.count++] = i;
         return;
     }
     const char *p = env;
     while (*p != '\0' && g_sim.count < (int)GPUPOOL_SIM_MAX_DEVICES) {
-        while (*p == ' ')
-            p++;
+        while (*p == ' ') p++;
         size_t len = strcspn(p, ",");
         size_t trimmed = len;
-        while (trimmed > 0 && p[trimmed - 1] == ' ')
-            trimmed--;
+        while (trimmed > 0 && p[trimmed - 1] == ' ') trimmed--;
         int index = -1;
         if (trimmed > 4 && (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0)) {
             index = sim_find_uuid(p, trimmed);
@@ -423,20 +386,16 @@ static void sim_apply_visible_devices(void)
             long v = strtol(p, NULL, 10);
             index = v < total ? (int)v : -1;
         }
-        if (index < 0)
-            break;
+        if (index < 0) break;
         for (int k = 0; k < g_sim.count; k++)
-            if (g_sim.phys[k] == index)
-                return;
+            if (g_sim.phys[k] == index) return;
         g_sim.phys[g_sim.count++] = index;
         p += len;
-        if (*p == ',')
-            p++;
+        if (*p == ',') p++;
     }
 }
 
-static CUresult sim_read_kernel_time(void)
-{
+static CUresult sim_read_kernel_time(void) {
     const char *env = getenv(GP_ENV_SIM_KERNEL_NS);
     if (env == NULL || env[0] == '\0') {
         g_sim.dur_num = sim_header()->kernel_ps_per_thread;
@@ -455,19 +414,16 @@ static CUresult sim_read_kernel_time(void)
     return CUDA_SUCCESS;
 }
 
-static void sim_identify_process(void)
-{
+static void sim_identify_process(void) {
     g_sim.pid = (int)getpid();
     g_sim.start_time = sim_start_time_of(g_sim.pid);
-    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++)
-        g_sim.slot[i] = -1;
+    for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) g_sim.slot[i] = -1;
 }
 
 /* As with the real driver, a child forked after cuInit cannot use CUDA: its copies of the
  * parent's contexts and allocations are not its own, and they must not touch the parent's
  * accounting. */
-static void sim_after_fork_child(void)
-{
+static void sim_after_fork_child(void) {
     sim_identify_process();
     g_sim.initialized = 0;
     g_sim.init_result = CUDA_ERROR_NOT_INITIALIZED;
@@ -477,55 +433,44 @@ static void sim_after_fork_child(void)
  * the old image's allocations went with the old image and its exit handler never ran. On the
  * first cuInit of an image, before it claims a slot, whatever this pid holds is the old image's:
  * give it back. */
-static void sim_release_previous_image(void)
-{
+static void sim_release_previous_image(void) {
     sim_driver_lock();
     for (uint32_t s = 0; s < GPUPOOL_SIM_MAX_PROCS; s++) {
         gpupool_sim_proc *p = sim_proc((int)s);
-        if (p->pid == g_sim.pid && p->start_time == g_sim.start_time)
-            sim_free_slot_locked(p);
+        if (p->pid == g_sim.pid && p->start_time == g_sim.start_time) sim_free_slot_locked(p);
     }
     sim_driver_unlock();
 }
 
-static CUresult sim_initialise(void)
-{
+static CUresult sim_initialise(void) {
     CUresult rc = sim_map_node();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     rc = sim_read_kernel_time();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     sim_lock_prepare();
     sim_identify_process();
     sim_release_previous_image();
     pthread_atfork(NULL, NULL, sim_after_fork_child);
     sim_apply_visible_devices();
-    if (g_sim.count == 0)
-        return CUDA_ERROR_NO_DEVICE;
+    if (g_sim.count == 0) return CUDA_ERROR_NO_DEVICE;
     return sim_mps_connect();
 }
 
 static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
-static void sim_initialise_once(void)
-{
+static void sim_initialise_once(void) {
     g_sim.init_result = sim_initialise();
     g_sim.initialized = g_sim.init_result == CUDA_SUCCESS;
 }
 
-CUresult cuInit(unsigned int flags)
-{
-    if (flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_once(&sim_once, sim_initialise_once);
     return g_sim.init_result;
 }
 
 /* At exit the process's memory goes back, as it does when a real process's contexts die. */
-__attribute__((destructor)) static void sim_release_slots_at_exit(void)
-{
-    if (!g_sim.initialized || g_sim.pid != (int)getpid())
-        return;
+__attribute__((destructor)) static void sim_release_slots_at_exit(void) {
+    if (!g_sim.initialized || g_sim.pid != (int)getpid()) return;
     sim_driver_lock();
     for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) {
         if (g_sim.slot[i] >= 0) {

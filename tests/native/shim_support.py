@@ -85,10 +85,16 @@ def shim_env(node: Path, **gpupool: str) -> dict[str, str]:
     return env
 
 
+def log_prefix(pid: int) -> str:
+    """How the libraries begin each line they write to stderr."""
+    return f"gpupool[{pid}]: "
+
+
 @dataclass
 class Result:
-    """A finished client run: exit status, output lines by step, stderr lines."""
+    """A finished client run: its pid, exit status, output lines by step, stderr lines."""
 
+    pid: int
     returncode: int
     lines: list[list[str]]
     stderr: list[str]
@@ -96,24 +102,36 @@ class Result:
     def step(self, name: str) -> list[list[str]]:
         return [line[1:] for line in self.lines if line and line[0] == name]
 
+    @property
+    def prefix(self) -> str:
+        """The client's own log prefix (`exec` steps keep the pid)."""
+        return log_prefix(self.pid)
+
     def gpupool_lines(self) -> list[str]:
-        return [line for line in self.stderr if line.startswith("gpupool: ")]
+        """The libraries' lines, whichever process wrote them."""
+        return [line for line in self.stderr if line.startswith("gpupool[")]
 
 
 def run_client(
     client: Path, env: Mapping[str, str], *steps: str | int, timeout: float = 60
 ) -> Result:
-    proc = subprocess.run(
+    with subprocess.Popen(
         [str(client), *map(str, steps)],
         env=dict(env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
     return Result(
+        proc.pid,
         proc.returncode,
-        [line.split() for line in proc.stdout.splitlines()],
-        proc.stderr.splitlines(),
+        [line.split() for line in stdout.splitlines()],
+        stderr.splitlines(),
     )
 
 

@@ -124,8 +124,8 @@ def test_a_corrupt_arbiter_stops_the_workload_with_one_line(client: Path, tmp_pa
     assert result.returncode == 2
     assert result.step("run") == []  # it never ran unarbitrated
     assert result.stderr == [
-        f"gpupool: {arbiter} is not a compute arbiter of this gpupool version: remove it when "
-        "no workload runs on this GPU"
+        f"{result.prefix}{arbiter} is not a compute arbiter of this gpupool version: remove it "
+        "when no workload runs on this GPU"
     ]
 
 

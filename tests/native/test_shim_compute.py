@@ -121,7 +121,7 @@ def test_the_library_counts_launches_per_entry_point(client: Path, node: Path) -
     result = run_client(client, env, "run", 0.2, "kernel", "run", 0.2, "procgraph")
     ((kernels, _), (graphs, _)) = result.step("run")
     assert result.gpupool_lines()[-1] == (
-        f"gpupool: launches seen: cuLaunchKernel {kernels} ({kernels} held), "
+        f"{result.prefix}launches seen: cuLaunchKernel {kernels} ({kernels} held), "
         f"cuGraphLaunch_ptsz {graphs} ({graphs} held)"
     )
 
@@ -130,7 +130,7 @@ def test_launches_with_no_share_are_counted_as_not_held(client: Path, node: Path
     result = run_client(client, shim_env(node, LOG_LEVEL="info"), "run", 0.1, "nocurrent")
     ((launches, _),) = result.step("run")
     assert result.gpupool_lines()[-1] == (
-        f"gpupool: launches seen: cuLaunchKernel {launches} (0 held)"
+        f"{result.prefix}launches seen: cuLaunchKernel {launches} (0 held)"
     )
 
 
@@ -139,6 +139,6 @@ def test_export_table_lookups_are_named_at_info_level(client: Path, node: Path) 
     assert quiet.step("exporttable") == [["1"]]  # the simulated driver has no private tables
     assert quiet.gpupool_lines() == []
     result = run_client(client, shim_env(node, LOG_LEVEL="info"), "exporttable")
-    assert "gpupool: cuGetExportTable(0102030405060708090a0b0c0d0e0f10): 1" in (
+    assert f"{result.prefix}cuGetExportTable(0102030405060708090a0b0c0d0e0f10): 1" in (
         result.gpupool_lines()
     )

@@ -6,7 +6,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from shim_support import PROGS, codes, compile_prog, make_node, run_client, shim_env
+from shim_support import (
+    PROGS,
+    codes,
+    compile_prog,
+    log_prefix,
+    make_node,
+    run_client,
+    shim_env,
+)
 
 from gpupool.core.units import GiB, MiB
 
@@ -52,7 +60,8 @@ def test_a_share_larger_than_the_gpu_is_clamped_with_a_warning(client: Path, nod
     assert codes(result, "alloc") == [2]
     warnings = [line for line in result.gpupool_lines() if "more than the GPU has" in line]
     assert warnings == [
-        "gpupool: memory limit 100 GiB on device 0 is more than the GPU has (80 GiB); using 80 GiB"
+        f"{result.prefix}memory limit 100 GiB on device 0 is more than the GPU has (80 GiB); "
+        "using 80 GiB"
     ]
 
 
@@ -95,15 +104,16 @@ def test_a_malformed_value_stops_the_workload_with_one_line(
     assert result.returncode == 2
     assert result.lines == []  # it never ran
     assert len(result.stderr) == 1
-    assert result.stderr[0].startswith(f"gpupool: {says}")
+    assert result.stderr[0].startswith(f"{result.prefix}{says}")
 
 
 def test_any_program_stops_not_only_cuda_ones(node: Path) -> None:
     env = shim_env(node, COMPUTE_LIMIT="101")
-    proc = subprocess.run(["true"], env=env, capture_output=True, text=True)
+    with subprocess.Popen(["true"], env=env, stderr=subprocess.PIPE, text=True) as proc:
+        _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 2
-    assert (
-        proc.stderr == "gpupool: invalid GPUPOOL_COMPUTE_LIMIT=101: expected a whole percent "
+    assert stderr == (
+        f"{log_prefix(proc.pid)}invalid GPUPOOL_COMPUTE_LIMIT=101: expected a whole percent "
         "from 1 to 100\n"
     )
 
@@ -119,7 +129,7 @@ def test_an_unwritable_region_is_a_clear_error(client: Path, node: Path, tmp_pat
     result = run_client(client, shim_env(node, SHARED_REGION=str(missing)), "alloc", 1)
     assert result.returncode == 2
     assert result.stderr == [
-        f"gpupool: cannot open the shared region GPUPOOL_SHARED_REGION={missing}: "
+        f"{result.prefix}cannot open the shared region GPUPOOL_SHARED_REGION={missing}: "
         "No such file or directory"
     ]
 
@@ -131,7 +141,8 @@ def test_a_region_path_that_cannot_be_written_is_a_clear_error(
     result = run_client(client, shim_env(node, SHARED_REGION=str(tmp_path)), "alloc", 1)
     assert result.returncode == 2
     assert result.stderr == [
-        f"gpupool: cannot open the shared region GPUPOOL_SHARED_REGION={tmp_path}: Is a directory"
+        f"{result.prefix}cannot open the shared region GPUPOOL_SHARED_REGION={tmp_path}: "
+        "Is a directory"
     ]
 
 
@@ -163,4 +174,6 @@ def test_a_malformed_configuration_file_stops_the_workload(
     conf.write_text("GPUPOOL_MEMORY_LIMIT=1GiB\nmemory: 4GiB\n")
     result = run_client(client, shim_env(node, CONFIG_FILE=str(conf)), "alloc", 1)
     assert result.returncode == 2
-    assert result.stderr == [f"gpupool: invalid line 2 of {conf}: expected GPUPOOL_NAME=VALUE"]
+    assert result.stderr == [
+        f"{result.prefix}invalid line 2 of {conf}: expected GPUPOOL_NAME=VALUE"
+    ]

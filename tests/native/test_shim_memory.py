@@ -43,7 +43,7 @@ def test_limit_is_hit_exactly(client: Path, node: Path) -> None:
     result = run_client(client, env, "alloc", GiB - 4096, "alloc", 4096, "alloc", 1)
     assert codes(result, "alloc") == [0, 0, OOM]
     assert result.gpupool_lines() == [
-        "gpupool: out of memory on device 0: 1 GiB used + 1 B asked > limit 1 GiB"
+        f"{result.prefix}out of memory on device 0: 1 GiB used + 1 B asked > limit 1 GiB"
     ]
 
 
@@ -271,8 +271,8 @@ def test_refusals_are_logged_a_few_times_then_counted(client: Path, node: Path) 
     result = run_client(client, shim_env(node, MEMORY_LIMIT="1Gi"), *steps)
     assert codes(result, "alloc") == [OOM] * 20
     lines = result.gpupool_lines()
-    refused = [line for line in lines if line.startswith("gpupool: out of memory on device 0")]
+    refused = [x for x in lines if x.startswith(f"{result.prefix}out of memory on device 0")]
     assert len(refused) == 5
     assert refused[-1].endswith("(further refusals are counted, not logged)")
-    assert lines[-1] == "gpupool: 20 allocations refused in all, over the memory limit"
+    assert lines[-1] == f"{result.prefix}20 allocations refused in all, over the memory limit"
     assert len(lines) == 6

@@ -143,10 +143,21 @@ def test_cuda_visible_devices(
 
 
 def test_without_a_node_cuinit_says_what_to_set(probe: Path, sim_dir: Path) -> None:
-    result = run_probe(probe, sim_dir, None, "enum")
+    # started by hand, not by run_probe: the line carries the probe's pid
+    with subprocess.Popen(
+        [str(probe), "enum"],
+        env=sim_env(sim_dir, None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        stdout, stderr = proc.communicate(timeout=60)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert records(result, "init") == [{"kind": "init", "rc": "100"}]
-    assert result.stderr.count("\n") == 1
-    assert "GPUPOOL_SIM_NODE is not set" in result.stderr
+    assert stderr.count("\n") == 1
+    assert stderr.startswith(
+        f"gpupool[{proc.pid}]: simulated driver: GPUPOOL_SIM_NODE is not set: set it to "
+    )
 
 
 def test_a_file_that_is_not_a_node_state_is_refused(

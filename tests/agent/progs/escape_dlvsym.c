@@ -14,8 +14,7 @@
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
-static dlsym_fn real_dlsym(void)
-{
+static dlsym_fn real_dlsym(void) {
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
     for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
         dlsym_fn fn = (dlsym_fn)dlvsym(RTLD_DEFAULT, "dlsym", versions[i]);
@@ -24,8 +23,7 @@ static dlsym_fn real_dlsym(void)
     return NULL;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: escape_dlvsym MIB SECONDS\n");
         return 2;
@@ -37,12 +35,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "no dlsym or no driver: %s\n", dlerror());
         return 3;
     }
-    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))find(driver, "cuInit");
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))find(driver, "cuInit");
     CUresult (*retain)(CUcontext *, CUdevice) =
-        (CUresult(*)(CUcontext *, CUdevice))find(driver, "cuDevicePrimaryCtxRetain");
-    CUresult (*set_current)(CUcontext) = (CUresult(*)(CUcontext))find(driver, "cuCtxSetCurrent");
+        (CUresult (*)(CUcontext *, CUdevice))find(driver, "cuDevicePrimaryCtxRetain");
+    CUresult (*set_current)(CUcontext) = (CUresult (*)(CUcontext))find(driver, "cuCtxSetCurrent");
     CUresult (*alloc)(CUdeviceptr *, size_t) =
-        (CUresult(*)(CUdeviceptr *, size_t))find(driver, "cuMemAlloc_v2");
+        (CUresult (*)(CUdeviceptr *, size_t))find(driver, "cuMemAlloc_v2");
     CUcontext ctx;
     CUdeviceptr ptr;
     CUresult rc = init(0);

@@ -16,38 +16,35 @@
 
 #define MAX_REQUESTS 200000
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        CUresult rc_ = (call);                                                                  \
-        if (rc_ != CUDA_SUCCESS) {                                                              \
-            fprintf(stderr, "request_loop: %s failed with %d\n", #call, (int)rc_);              \
-            exit(4);                                                                            \
-        }                                                                                       \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            fprintf(stderr, "request_loop: %s failed with %d\n", #call, (int)rc_);                 \
+            exit(4);                                                                               \
+        }                                                                                          \
     } while (0)
 
-static uint64_t now_ns(void)
-{
+static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+                          .tv_nsec = (long)(ns % 1000000000ull)};
     nanosleep(&ts, NULL);
 }
 
-static int by_value(const void *a, const void *b)
-{
+static int by_value(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
 
 static uint64_t latencies[MAX_REQUESTS];
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: request_loop SECONDS KERNELS BLOCKS GAP_US\n");
         return 2;
@@ -78,8 +75,8 @@ int main(int argc, char **argv)
     uint64_t elapsed = now_ns() - start;
     qsort(latencies, count, sizeof latencies[0], by_value);
     size_t p99 = count * 99 / 100;
-    printf("requests %zu %llu %llu %llu %llu\n", count,
-           (unsigned long long)latencies[count / 2], (unsigned long long)latencies[p99],
-           (unsigned long long)latencies[count - 1], (unsigned long long)elapsed);
+    printf("requests %zu %llu %llu %llu %llu\n", count, (unsigned long long)latencies[count / 2],
+           (unsigned long long)latencies[p99], (unsigned long long)latencies[count - 1],
+           (unsigned long long)elapsed);
     return 0;
 }

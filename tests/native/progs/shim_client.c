@@ -87,6 +87,8 @@ FN(cuGraphCreate);
 FN(cuGraphAddKernelNode);
 FN(cuGraphInstantiateWithFlags);
 FN(cuGraphLaunch);
+FN(cuGraphDestroy);
+FN(cuGraphExecDestroy);
 
 static void *load(void *lib, const char *name) {
     void *fn = dlsym(lib, name);
@@ -144,6 +146,8 @@ static void load_driver(void) {
     LOAD(cuGraphAddKernelNode);
     LOAD(cuGraphInstantiateWithFlags);
     LOAD(cuGraphLaunch);
+    LOAD(cuGraphDestroy);
+    LOAD(cuGraphExecDestroy);
 }
 
 static void check(CUresult rc, const char *what) {
@@ -192,14 +196,19 @@ static CUgraphExec graph(void) {
     CUgraphNode prev = NULL;
     for (int i = 0; i < 4; i++) {
         CUDA_KERNEL_NODE_PARAMS_v1 params = {.func = kernel(),
-                                             .gridDimX = 64, .gridDimY = 1, .gridDimZ = 1,
-                                             .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+                                             .gridDimX = 64,
+                                             .gridDimY = 1,
+                                             .gridDimZ = 1,
+                                             .blockDimX = 128,
+                                             .blockDimY = 1,
+                                             .blockDimZ = 1};
         CUgraphNode node;
         check(p_cuGraphAddKernelNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &params),
               "cuGraphAddKernelNode");
         prev = node;
     }
     check(p_cuGraphInstantiateWithFlags(&exec, g, 0), "cuGraphInstantiateWithFlags");
+    check(p_cuGraphDestroy(g), "cuGraphDestroy");
     return exec;
 }
 
@@ -212,8 +221,12 @@ static CUresult launch_once(const char *kind, CUgraphExec exec,
     if (strcmp(kind, "coop") == 0)
         return p_cuLaunchCooperativeKernel(kernel(), 256, 1, 1, 128, 1, 1, 0, NULL, NULL);
     if (strcmp(kind, "ex") == 0) {
-        CUlaunchConfig config = {.gridDimX = 256, .gridDimY = 1, .gridDimZ = 1,
-                                 .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+        CUlaunchConfig config = {.gridDimX = 256,
+                                 .gridDimY = 1,
+                                 .gridDimZ = 1,
+                                 .blockDimX = 128,
+                                 .blockDimY = 1,
+                                 .blockDimZ = 1};
         return p_cuLaunchKernelEx(&config, kernel(), NULL, NULL);
     }
     return graph_launch(exec, NULL);
@@ -228,7 +241,7 @@ static void run(double seconds, const char *kind) {
         check(p_cuGetProcAddress_v2("cuGraphLaunch", &fn, 12040,
                                     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL),
               "cuGetProcAddress_v2");
-        graph_launch = (CUresult(*)(CUgraphExec, CUstream))fn;
+        graph_launch = (CUresult (*)(CUgraphExec, CUstream))fn;
     }
     kernel();
     CUstream stream = NULL;
@@ -246,6 +259,7 @@ static void run(double seconds, const char *kind) {
     }
     if (ctx != NULL) check(p_cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     check(p_cuCtxSynchronize(), "cuCtxSynchronize");
+    if (exec != NULL) check(p_cuGraphExecDestroy(exec), "cuGraphExecDestroy");
     printf("run %llu %llu\n", launches, (unsigned long long)(now_ns() - start));
 }
 
@@ -376,16 +390,20 @@ int main(int argc, char **argv) {
             printf("vmm %d\n", (int)rc);
             i++;
         } else if (strcmp(step, "array") == 0) {
-            CUDA_ARRAY_DESCRIPTOR desc = {.Width = n, .Height = strtoull(argv[i + 2], NULL, 0),
-                                          .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+            CUDA_ARRAY_DESCRIPTOR desc = {.Width = n,
+                                          .Height = strtoull(argv[i + 2], NULL, 0),
+                                          .Format = CU_AD_FORMAT_FLOAT,
+                                          .NumChannels = 4};
             CUarray array = NULL;
             rc = p_cuArrayCreate_v2(&array, &desc);
             if (rc == CUDA_SUCCESS) remember(K_ARRAY, (uintptr_t)array);
             printf("array %d\n", (int)rc);
             i += 2;
         } else if (strcmp(step, "array3d") == 0 || strcmp(step, "mipmap") == 0) {
-            CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = n, .Height = strtoull(argv[i + 2], NULL, 0),
-                                            .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+            CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = n,
+                                            .Height = strtoull(argv[i + 2], NULL, 0),
+                                            .Format = CU_AD_FORMAT_FLOAT,
+                                            .NumChannels = 4};
             unsigned int third = (unsigned int)strtoul(argv[i + 3], NULL, 0);
             if (strcmp(step, "array3d") == 0) {
                 desc.Depth = third;

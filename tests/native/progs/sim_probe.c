@@ -8,30 +8,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpupool_cuda.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        CUresult rc_ = (call);                                                                  \
-        if (rc_ != CUDA_SUCCESS) {                                                              \
-            printf("error call=%s rc=%d\n", #call, (int)rc_);                                   \
-            exit(10);                                                                           \
-        }                                                                                       \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            printf("error call=%s rc=%d\n", #call, (int)rc_);                                      \
+            exit(10);                                                                              \
+        }                                                                                          \
     } while (0)
 
-static double now_ms(void)
-{
+static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static CUfunction kernel(void)
-{
+static CUfunction kernel(void) {
     static const char image[] = "not a real cubin: the simulation runs no device code";
     CUmodule mod;
     CUfunction fn;
@@ -40,37 +38,31 @@ static CUfunction kernel(void)
     return fn;
 }
 
-static void use_device(int ordinal)
-{
+static void use_device(int ordinal) {
     CUcontext ctx;
     CK(cuInit(0));
     CK(cuDevicePrimaryCtxRetain(&ctx, ordinal));
     CK(cuCtxSetCurrent(ctx));
 }
 
-static void print_meminfo(const char *tag)
-{
+static void print_meminfo(const char *tag) {
     size_t free_b, total;
     CK(cuMemGetInfo_v2(&free_b, &total));
     printf("meminfo tag=%s free=%zu total=%zu\n", tag, free_b, total);
 }
 
-static void wait_for_stdin(void)
-{
+static void wait_for_stdin(void) {
     printf("ready pid=%d\n", (int)getpid());
     fflush(stdout);
     char line[16];
-    if (fgets(line, sizeof line, stdin) == NULL)
-        return;
+    if (fgets(line, sizeof line, stdin) == NULL) return;
 }
 
-static int cmd_enum(void)
-{
+static int cmd_enum(void) {
     int count, v;
     CUresult rc = cuInit(0);
     printf("init rc=%d\n", (int)rc);
-    if (rc != CUDA_SUCCESS)
-        return 0;
+    if (rc != CUDA_SUCCESS) return 0;
     CK(cuDeviceGetCount(&count));
     printf("count n=%d\n", count);
     for (int i = 0; i < count; i++) {
@@ -84,8 +76,7 @@ static int cmd_enum(void)
         CK(cuDeviceGetUuid_v2(&uuid, dev));
         CK(cuDeviceGetPCIBusId(pci, sizeof pci, dev));
         printf("dev i=%d total=%zu pci=%s uuid=", i, total, pci);
-        for (int b = 0; b < 16; b++)
-            printf("%02x", (unsigned char)uuid.bytes[b]);
+        for (int b = 0; b < 16; b++) printf("%02x", (unsigned char)uuid.bytes[b]);
         static const struct {
             const char *key;
             CUdevice_attribute attr;
@@ -104,8 +95,7 @@ static int cmd_enum(void)
 }
 
 /* alloc SIZE...: allocate, report, hold until a line arrives on stdin, free, report */
-static int cmd_alloc(int argc, char **argv)
-{
+static int cmd_alloc(int argc, char **argv) {
     use_device(0);
     CUdeviceptr ptrs[32] = {0};
     int n = argc < 32 ? argc : 32;
@@ -118,15 +108,13 @@ static int cmd_alloc(int argc, char **argv)
     print_meminfo("held");
     wait_for_stdin();
     for (int i = 0; i < n; i++)
-        if (ptrs[i] != 0)
-            CK(cuMemFree_v2(ptrs[i]));
+        if (ptrs[i] != 0) CK(cuMemFree_v2(ptrs[i]));
     print_meminfo("freed");
     return 0;
 }
 
 /* the virtual-memory path and arrays, with the memory counted at each step */
-static int cmd_vmm(void)
-{
+static int cmd_vmm(void) {
     use_device(0);
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
@@ -140,7 +128,8 @@ static int cmd_vmm(void)
     print_meminfo("created");
     CK(cuMemAddressReserve(&va, size, 0, 0, 0));
     CK(cuMemMap(va, size, 0, handle, 0));
-    CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUmemAccessDesc access = {.location = prop.location,
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CK(cuMemSetAccess(va, size, &access, 1));
     unsigned int local = 0; /* mapping outside a reservation must not clobber this process */
     printf("vmmerr outside=%d twice=%d free_mapped=%d\n",
@@ -155,10 +144,13 @@ static int cmd_vmm(void)
     CK(cuMemUnmap(va, size));
     print_meminfo("unmapped");
     CK(cuMemAddressFree(va, size));
-    CUDA_ARRAY_DESCRIPTOR d2 = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
-                                .NumChannels = 4};
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 64, .Height = 64, .Depth = 64,
-                                  .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+    CUDA_ARRAY_DESCRIPTOR d2 = {
+        .Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 64,
+                                  .Height = 64,
+                                  .Depth = 64,
+                                  .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                                  .NumChannels = 1};
     CUarray a2, a3;
     CUmipmappedArray mip;
     CK(cuArrayCreate_v2(&a2, &d2));
@@ -192,10 +184,8 @@ static int cmd_vmm(void)
 }
 
 /* kernels N GRID BLOCK: time N launches with events and the wall clock */
-static int cmd_kernels(int argc, char **argv)
-{
-    if (argc < 3)
-        return 2;
+static int cmd_kernels(int argc, char **argv) {
+    if (argc < 3) return 2;
     int n = atoi(argv[0]);
     unsigned grid = (unsigned)atoi(argv[1]), block = (unsigned)atoi(argv[2]);
     use_device(0);
@@ -224,8 +214,7 @@ static int cmd_kernels(int argc, char **argv)
 }
 
 /* a graph built by hand (3 kernels) and one captured from a stream (2 kernels and a fill) */
-static int cmd_graph(void)
-{
+static int cmd_graph(void) {
     use_device(0);
     CUfunction fn = kernel();
     CUstream stream;
@@ -238,8 +227,13 @@ static int cmd_graph(void)
     CUgraph graph;
     CUgraphNode node, prev = NULL;
     CK(cuGraphCreate(&graph, 0));
-    CUDA_KERNEL_NODE_PARAMS params = {.func = fn, .gridDimX = 256, .gridDimY = 1, .gridDimZ = 1,
-                                      .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+    CUDA_KERNEL_NODE_PARAMS params = {.func = fn,
+                                      .gridDimX = 256,
+                                      .gridDimY = 1,
+                                      .gridDimZ = 1,
+                                      .blockDimX = 128,
+                                      .blockDimY = 1,
+                                      .blockDimZ = 1};
     for (int i = 0; i < 3; i++) {
         CK(cuGraphAddKernelNode_v2(&node, graph, prev ? &prev : NULL, prev ? 1 : 0, &params));
         prev = node;
@@ -300,14 +294,13 @@ static int cmd_graph(void)
 }
 
 /* cuGetProcAddress answers by base name and version, like the real driver */
-static int cmd_procaddr(void)
-{
+static int cmd_procaddr(void) {
     void *fn, *self = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     CUdriverProcAddressQueryResult status;
     CK(cuInit(0));
     CK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12040, 0, &status));
-    printf("lookup sym=cuMemAlloc v=12040 same=%d status=%d\n",
-           fn == dlsym(self, "cuMemAlloc_v2"), (int)status);
+    printf("lookup sym=cuMemAlloc v=12040 same=%d status=%d\n", fn == dlsym(self, "cuMemAlloc_v2"),
+           (int)status);
     CUresult rc = cuGetProcAddress_v2("cuMemAlloc", &fn, 3000, 0, &status);
     printf("lookup sym=cuMemAlloc v=3000 rc=%d status=%d\n", (int)rc, (int)status);
     rc = cuGetProcAddress_v2("cuNoSuchFunction", &fn, 12040, 0, &status);
@@ -316,14 +309,14 @@ static int cmd_procaddr(void)
     CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12040,
                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
     printf("lookup sym=cuLaunchKernel ptsz=%d\n", fn == dlsym(self, "cuLaunchKernel_ptsz"));
-    /* the per-thread flavour exists from CUDA 7.0 on (cudaTypedefs.h: PFN_cuLaunchKernel_v7000_ptsz) */
+    /* the per-thread flavour exists from CUDA 7.0 on (cudaTypedefs.h:
+     * PFN_cuLaunchKernel_v7000_ptsz) */
     CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 6050,
                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
     printf("lookup sym=cuLaunchKernel v=6050 legacy=%d\n", fn == dlsym(self, "cuLaunchKernel"));
     CK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 7000,
                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
-    printf("lookup sym=cuLaunchKernel v=7000 ptsz=%d\n",
-           fn == dlsym(self, "cuLaunchKernel_ptsz"));
+    printf("lookup sym=cuLaunchKernel v=7000 ptsz=%d\n", fn == dlsym(self, "cuLaunchKernel_ptsz"));
     CK(cuGetProcAddress("cuGetProcAddress", &fn, 12000, 0));
     printf("lookup sym=cuGetProcAddress v2=%d\n", fn == dlsym(self, "cuGetProcAddress_v2"));
     CK(cuGetProcAddress("cuGraphInstantiate", &fn, 12040, 0));
@@ -346,8 +339,7 @@ static int cmd_procaddr(void)
 }
 
 /* contexts: created ones push, pop and destroy; destroying gives their memory back */
-static int cmd_contexts(void)
-{
+static int cmd_contexts(void) {
     CUcontext primary, created, current, popped;
     CUdevice dev;
     CK(cuInit(0));
@@ -378,8 +370,7 @@ static int cmd_contexts(void)
 }
 
 /* stream order across streams: a wait on an event recorded after a kernel elsewhere */
-static int cmd_streams(void)
-{
+static int cmd_streams(void) {
     use_device(0);
     CUfunction fn = kernel();
     CUstream s1, s2;
@@ -406,8 +397,7 @@ static int cmd_streams(void)
 }
 
 /* hold SIZE: allocate, then wait to be killed */
-static int cmd_hold(int argc, char **argv)
-{
+static int cmd_hold(int argc, char **argv) {
     use_device(0);
     CUdeviceptr p;
     CK(cuMemAlloc_v2(&p, argc > 0 ? strtoull(argv[0], NULL, 10) : (1u << 30)));
@@ -421,10 +411,8 @@ static int cmd_hold(int argc, char **argv)
 
 /* exec SIZE1 SIZE2: allocate SIZE1 and launch, then exec this program as `exec-image SIZE2`,
  * which keeps the pid (and its start time) but none of the old image's allocations */
-static int cmd_exec(int argc, char **argv)
-{
-    if (argc < 2)
-        return 2;
+static int cmd_exec(int argc, char **argv) {
+    if (argc < 2) return 2;
     use_device(0);
     CUdeviceptr p;
     CK(cuMemAlloc_v2(&p, strtoull(argv[0], NULL, 10)));
@@ -436,8 +424,7 @@ static int cmd_exec(int argc, char **argv)
     return 3;
 }
 
-static int cmd_exec_image(int argc, char **argv)
-{
+static int cmd_exec_image(int argc, char **argv) {
     use_device(0);
     print_meminfo("new-image");
     CUdeviceptr p;
@@ -448,12 +435,10 @@ static int cmd_exec_image(int argc, char **argv)
 }
 
 /* rc: the results of a few calls, for scenarios (lost GPU, no node) */
-static int cmd_rc(void)
-{
+static int cmd_rc(void) {
     CUresult rc = cuInit(0);
     printf("init rc=%d\n", (int)rc);
-    if (rc != CUDA_SUCCESS)
-        return 0;
+    if (rc != CUDA_SUCCESS) return 0;
     CUcontext ctx;
     CUdeviceptr p;
     int count = -1;
@@ -466,8 +451,7 @@ static int cmd_rc(void)
 }
 
 /* fork: a child forked after cuInit cannot use CUDA, and leaves the parent's accounting alone */
-static int cmd_fork(void)
-{
+static int cmd_fork(void) {
     use_device(0);
     CUdeviceptr p;
     CK(cuMemAlloc_v2(&p, 1 << 30));
@@ -487,8 +471,7 @@ static int cmd_fork(void)
 }
 
 /* extras: pinned host memory, pointer queries, priorities, peers, kernel attributes */
-static int cmd_extras(void)
-{
+static int cmd_extras(void) {
     use_device(0);
     CUfunction fn = kernel();
     CUdeviceptr dev;
@@ -514,7 +497,8 @@ static int cmd_extras(void)
     int local = 0;
     printf("pointers dev=%u host=%u registered=%u ordinal=%d owner_is_current=%d range_ok=%d "
            "unknown_rc=%d\n",
-           type_dev, type_host, type_reg, ordinal, owner == current, start == dev && size == 1 << 20,
+           type_dev, type_host, type_reg, ordinal, owner == current,
+           start == dev && size == 1 << 20,
            (int)cuPointerGetAttribute(&type_dev, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                       (CUdeviceptr)(uintptr_t)&local));
     CK(cuMemHostUnregister(registered));
@@ -536,39 +520,23 @@ static int cmd_extras(void)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2)
-        return 2;
+    if (argc < 2) return 2;
     const char *verb = argv[1];
-    if (strcmp(verb, "enum") == 0)
-        return cmd_enum();
-    if (strcmp(verb, "alloc") == 0)
-        return cmd_alloc(argc - 2, argv + 2);
-    if (strcmp(verb, "vmm") == 0)
-        return cmd_vmm();
-    if (strcmp(verb, "kernels") == 0)
-        return cmd_kernels(argc - 2, argv + 2);
-    if (strcmp(verb, "graph") == 0)
-        return cmd_graph();
-    if (strcmp(verb, "procaddr") == 0)
-        return cmd_procaddr();
-    if (strcmp(verb, "contexts") == 0)
-        return cmd_contexts();
-    if (strcmp(verb, "streams") == 0)
-        return cmd_streams();
-    if (strcmp(verb, "hold") == 0)
-        return cmd_hold(argc - 2, argv + 2);
-    if (strcmp(verb, "rc") == 0)
-        return cmd_rc();
-    if (strcmp(verb, "fork") == 0)
-        return cmd_fork();
-    if (strcmp(verb, "extras") == 0)
-        return cmd_extras();
-    if (strcmp(verb, "exec") == 0)
-        return cmd_exec(argc - 2, argv + 2);
-    if (strcmp(verb, "exec-image") == 0)
-        return cmd_exec_image(argc - 2, argv + 2);
+    if (strcmp(verb, "enum") == 0) return cmd_enum();
+    if (strcmp(verb, "alloc") == 0) return cmd_alloc(argc - 2, argv + 2);
+    if (strcmp(verb, "vmm") == 0) return cmd_vmm();
+    if (strcmp(verb, "kernels") == 0) return cmd_kernels(argc - 2, argv + 2);
+    if (strcmp(verb, "graph") == 0) return cmd_graph();
+    if (strcmp(verb, "procaddr") == 0) return cmd_procaddr();
+    if (strcmp(verb, "contexts") == 0) return cmd_contexts();
+    if (strcmp(verb, "streams") == 0) return cmd_streams();
+    if (strcmp(verb, "hold") == 0) return cmd_hold(argc - 2, argv + 2);
+    if (strcmp(verb, "rc") == 0) return cmd_rc();
+    if (strcmp(verb, "fork") == 0) return cmd_fork();
+    if (strcmp(verb, "extras") == 0) return cmd_extras();
+    if (strcmp(verb, "exec") == 0) return cmd_exec(argc - 2, argv + 2);
+    if (strcmp(verb, "exec-image") == 0) return cmd_exec_image(argc - 2, argv + 2);
     return 2;
 }

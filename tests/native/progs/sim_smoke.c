@@ -17,8 +17,7 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
 
 static void *driver;
 
-static void *sym(const char *name)
-{
+static void *sym(const char *name) {
     void *p = dlsym(driver, name);
     if (p == NULL) {
         fprintf(stderr, "sim_smoke: the driver has no %s\n", name);
@@ -27,17 +26,16 @@ static void *sym(const char *name)
     return p;
 }
 
-#define CHECK(call)                                                                             \
-    do {                                                                                        \
-        CUresult rc_ = (call);                                                                  \
-        if (rc_ != 0) {                                                                         \
-            fprintf(stderr, "sim_smoke: %s failed: CUDA error %d\n", #call, rc_);               \
-            return 1;                                                                           \
-        }                                                                                       \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != 0) {                                                                            \
+            fprintf(stderr, "sim_smoke: %s failed: CUDA error %d\n", #call, rc_);                  \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
-int main(void)
-{
+int main(void) {
     driver = dlopen("libcuda.so.1", RTLD_NOW);
     if (driver == NULL) {
         fprintf(stderr, "sim_smoke: cannot load libcuda.so.1: %s\n", dlerror());

@@ -11,25 +11,23 @@
 
 #include "gpupool_cuda.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        CUresult rc_ = (call);                                                                  \
-        if (rc_ != CUDA_SUCCESS) {                                                              \
-            printf("error call=%s rc=%d\n", #call, (int)rc_);                                   \
-            exit(10);                                                                           \
-        }                                                                                       \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            printf("error call=%s rc=%d\n", #call, (int)rc_);                                      \
+            exit(10);                                                                              \
+        }                                                                                          \
     } while (0)
 
 static volatile sig_atomic_t stop_launching;
 
-static void on_usr1(int sig)
-{
+static void on_usr1(int sig) {
     (void)sig;
     stop_launching = 1;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     unsigned long long past = argc > 1 ? strtoull(argv[1], NULL, 10) : 4ull << 30;
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGUSR1, on_usr1);
@@ -52,6 +50,5 @@ int main(int argc, char **argv)
         CK(cuCtxSynchronize());
     }
     printf("sleeping\n");
-    for (;;)
-        pause();
+    for (;;) pause();
 }
