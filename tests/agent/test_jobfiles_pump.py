@@ -13,13 +13,16 @@ from tests.users import User, users
 
 from gpupool.agent import supervisor
 from gpupool.agent.jobdir import ExitStatus, JobDir
-from gpupool.agent.supervisor import CHUNK, OOM_MARKER, Log, MarkerScan
+from gpupool.agent.supervisor import CHUNK, OOM_LINE, OOM_LINE_LONGEST, Log, MarkerScan
+
+#: the interception library's line, as a process of pid 4242 writes it
+OOM_MARKER = b"gpupool[4242]: out of memory on device "
 
 
 @pytest.mark.parametrize("cut", range(1, len(OOM_MARKER)))
 def test_the_marker_is_seen_when_it_straddles_two_reads(cut: int) -> None:
-    scan = MarkerScan(OOM_MARKER)
-    line = b"x" * 100 + OOM_MARKER + b" on device 0\n"
+    scan = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
+    line = b"x" * 100 + OOM_MARKER + b"0: 1 GiB used\n"
     at = 100 + cut
     scan.feed(line[:at])
     assert not scan.seen
@@ -28,13 +31,19 @@ def test_the_marker_is_seen_when_it_straddles_two_reads(cut: int) -> None:
 
 
 def test_the_marker_is_seen_across_many_tiny_reads_and_never_made_up() -> None:
-    scan = MarkerScan(OOM_MARKER)
-    for byte in b"gpupool: out of mem" + b"\n" + b"gpupool: out of memory":
+    scan = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
+    for byte in b"gpupool[12]: out of mem" + b"\n" + OOM_MARKER:
         assert not scan.seen
         scan.feed(bytes([byte]))
     assert scan.seen
-    near = MarkerScan(OOM_MARKER)
-    for chunk in (b"gpupool: out of", b" me", b"ory", b"gpupool: out of memor"):
+    near = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
+    for chunk in (
+        b"gpupool[1",
+        b"]: out of",
+        b" me",
+        b"mory on device",
+        b"gpupool: out of memory on device ",
+    ):
         near.feed(chunk)
     assert not near.seen
 
@@ -99,7 +108,7 @@ def test_the_pump_reads_in_chunks_and_records_the_exit_at_the_jobs_own_exit(
     os.close(out_write)
     os.close(err_write)
     logs = [_log(tmp_path / name, 0) for name in ("stdout", "stderr")]
-    scan = MarkerScan(OOM_MARKER)
+    scan = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
     ends: list[tuple[int, bool, bytes]] = []
 
     def ended(code: int) -> None:

@@ -28,9 +28,9 @@ import pytest
 from shim_support import PROGS, Result, codes, compile_prog, make_node, shim_env
 
 from gpupool.core.units import GiB, MiB
-from gpupool.devices import mps_twin
-from gpupool.devices.simnode import SimNode
-from gpupool.devices.simspec import parse_spec
+from gpupool.devices.sim import mps_twin
+from gpupool.devices.sim.node import SimNode
+from gpupool.devices.sim.spec import parse_spec
 from gpupool.isolation.libraries import NativeLibraries
 
 REPO = Path(__file__).resolve().parents[2]

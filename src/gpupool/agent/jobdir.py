@@ -35,8 +35,6 @@ from gpupool.core.errors import InvalidRequest
 from gpupool.devices.procfs import process_start_time
 from gpupool.isolation.launch import SHARE_DIR_PREFIX
 
-#: the line the interception library writes when it refuses an allocation past the share
-OOM_MARKER = supervisor.OOM_MARKER
 DEFAULT_MAX_LOG_SIZE = supervisor.DEFAULT_MAX_LOG_SIZE
 #: the smallest cap: room for the line that says what was dropped, and more
 MIN_LOG_SIZE = 4096

@@ -30,6 +30,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -39,8 +40,11 @@ from collections.abc import Callable
 
 _NOT_EXECUTABLE = 126
 _NOT_FOUND = 127
-#: the line the interception library writes on stderr when it refuses an allocation past the share
-OOM_MARKER = b"gpupool: out of memory"
+#: the line the interception library writes on stderr when it refuses an allocation past the
+#: share, `gpupool[PID]: out of memory on device N: ...`
+OOM_LINE = re.compile(rb"gpupool\[\d{1,10}\]: out of memory on device ")
+#: the longest text OOM_LINE matches (a pid of ten digits)
+OOM_LINE_LONGEST = len(b"gpupool[]: out of memory on device ") + 10
 DEFAULT_MAX_LOG_SIZE = 1 << 30
 #: one read from a job's pipe (the most of its output this process holds at once)
 CHUNK = 64 * 1024
@@ -52,10 +56,12 @@ _NEW = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class MarkerScan:
-    """Whether `marker` went by in a stream read in chunks (it may straddle two of them)."""
+    """Whether text matching `marker` (at most `longest` bytes) went by in a stream read in
+    chunks: it may straddle two of them."""
 
-    def __init__(self, marker: bytes) -> None:
+    def __init__(self, marker: re.Pattern[bytes], longest: int) -> None:
         self.marker = marker
+        self.longest = longest
         self.seen = False
         self._tail = b""
 
@@ -63,9 +69,9 @@ class MarkerScan:
         if self.seen:
             return
         window = self._tail + chunk
-        self.seen = self.marker in window
-        # what may be the marker's start: its length less one byte, no more
-        self._tail = window[max(0, len(window) - len(self.marker) + 1) :]
+        self.seen = self.marker.search(window) is not None
+        # what may be the marker's start: its longest match less one byte, no more
+        self._tail = window[max(0, len(window) - self.longest + 1) :]
 
 
 class Log:
@@ -290,7 +296,7 @@ def supervise(jobdir: str) -> int:
         "pids.json",
         {"supervisor": me, "supervisor_start": _start_time(me), "job": pid, "job_start": job_start},
     )
-    scan = MarkerScan(OOM_MARKER)
+    scan = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
 
     def ended(code: int) -> None:
         _write_atomic(here, "exit.json", {"exit_code": code, "at": time.time(), "oom": scan.seen})
