@@ -103,7 +103,10 @@ static gp_arb_file *map_file(const char *path) {
     if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0)
         gp_fatal("cannot lock the compute arbiter %s: %s", path, strerror(errno));
     int fresh = st.st_size == 0;
-    if (fresh && (fchmod(fd, 0666) != 0 || ftruncate(fd, sizeof(gp_arb_file)) != 0))
+    /* a file the daemon made for every user is 0666 already, and only its owner may chmod it */
+    int open_to_all = (st.st_mode & 0666) == 0666;
+    if (fresh &&
+        ((!open_to_all && fchmod(fd, 0666) != 0) || ftruncate(fd, sizeof(gp_arb_file)) != 0))
         gp_fatal("cannot size the compute arbiter %s: %s", path, strerror(errno));
     if (!fresh && st.st_size != (off_t)sizeof(gp_arb_file))
         gp_fatal("%s is not a compute arbiter of this gpupool version: remove it when no "

@@ -35,7 +35,8 @@ from gpupool.core.errors import GpupoolError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
-from gpupool.isolation.launch import memory_bytes
+from gpupool.isolation.arbiter import prepare_arbiters
+from gpupool.isolation.launch import arbiter_dir, memory_bytes
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
@@ -133,6 +134,8 @@ class Agent:
     def start(self) -> None:
         """Recover what the last daemon left, then run the loop and the sampler."""
         self.recover()
+        uuids = [gpu.uuid for gpu in self._snapshot().gpus]
+        prepare_arbiters(arbiter_dir(self.launch_node.sim_node), uuids)
         for target, name in ((self._loop, "gpupool-queue"), (self._sampler, "gpupool-sampler")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()

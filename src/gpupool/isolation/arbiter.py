@@ -64,6 +64,27 @@ def arbiter_file(directory: Path, gpu_uuid: str) -> Path:
     return directory / f"{FILE_PREFIX}{digits}"
 
 
+def prepare_arbiters(directory: Path, gpu_uuids: Sequence[str]) -> None:
+    """Create each GPU's arbiter file, empty, as this process's (the daemon's) with mode 0666,
+    where none exists: the first share of any user then initialises it in place. Made by a
+    share itself, the file would be that share's user's, and on a host with
+    fs.protected_regular=1 no other user could open it in a sticky directory such as
+    /dev/shm (the kernel refuses O_CREAT on another user's file there), so a second user's
+    share would die at start. (The file stays writable by every share: see the threat model.)"""
+    for uuid in gpu_uuids:
+        path = arbiter_file(directory, uuid)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise ConfigError(f"cannot create the compute arbiter {path}: {err.strerror}") from err
+        try:
+            os.fchmod(fd, 0o666)  # past the umask
+        finally:
+            os.close(fd)
+
+
 def read_shares(path: Path) -> list[ArbitratedShare]:
     """Every share with a slot in the arbiter at `path`; none if the GPU has no arbiter yet."""
     try:

@@ -196,6 +196,9 @@ class SimState:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(bytes(buf))
+        # every user's processes on the simulated driver write it, as every user opens a real
+        # node's /dev/nvidia* devices (0666)
+        tmp.chmod(0o666)
         os.replace(tmp, path)  # readers never see a half-written file
         return cls.open(path)
 
