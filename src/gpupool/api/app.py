@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from gpupool import __version__
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
-from gpupool.api import watchdog_routes
+from gpupool.api import admin_routes, watchdog_routes
 from gpupool.api.dashboard import dashboard_router
 from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import (
@@ -30,6 +30,7 @@ from gpupool.core.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    StoreBusy,
     Unschedulable,
 )
 from gpupool.core.resources import Mode, Priority
@@ -129,7 +130,10 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
     @app.exception_handler(GpupoolError)
     async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
         status = next((code for kind, code in _STATUS if isinstance(err, kind)), 500)
-        return JSONResponse({"error": type(err).__name__, "message": str(err)}, status_code=status)
+        # a locked store is let go within a second or so: say when to come back
+        retry = {"Retry-After": "1"} if isinstance(err, StoreBusy) else None
+        body = {"error": type(err).__name__, "message": str(err)}
+        return JSONResponse(body, status_code=status, headers=retry)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: Exception) -> JSONResponse:
@@ -206,6 +210,7 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         return agent.node_json()
 
     watchdog_routes.register(app, agent, caller)
+    admin_routes.register(app, agent, caller)
     app.include_router(metrics_router(agent, caller))
     app.include_router(dashboard_router(agent, token, caller))
     return app

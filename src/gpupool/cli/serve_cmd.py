@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
-        from gpupool.agent import statedir
+        from gpupool.agent import logs, statedir
         from gpupool.agent.agent import Agent, AgentConfig
         from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
         from gpupool.agent.watchdog import Action
@@ -104,6 +104,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.api.app import create_app
         from gpupool.devices.factory import open_backend
 
+        logs.configure()
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
         if policy not in GPU_POLICIES:

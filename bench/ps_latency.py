@@ -1,0 +1,122 @@
+"""`gpupool ps --all` with 10,000 finished jobs: GET /v1/jobs?all=true in the daemon (target:
+p99 <= 100 ms).
+
+    python bench/ps_latency.py [--jobs 10000] [--calls 100]
+
+In-process: an Agent on a simulated 2x A100-40GB node whose store holds `--jobs` finished jobs
+(each with its own name, a five-word command, three environment variables and four events, as
+`gpupool submit` makes them) and a few running ones; then times, `--calls` times each, the
+agent's listing alone (`Agent.jobs(everything=True)`: the store's read and the parse of each
+spec) and the whole route through the ASGI app (the listing, each job's JSON, the response's
+encoding), and prints a markdown table of milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from gpupool.agent.agent import Agent, AgentConfig
+from gpupool.agent.jobs import PRIORITY_RANK, JobSpec, State
+from gpupool.api.app import create_app
+from gpupool.devices.factory import open_backend
+
+TARGET_P99_MS = 100.0
+
+
+def fill(agent: Agent, count: int) -> None:
+    """`count` finished jobs, written in one transaction (as many submissions would)."""
+    now = time.time()
+    jobs, events = [], []
+    for n in range(count):
+        spec = JobSpec(
+            argv=("python", "train.py", "--epochs", str(n % 50), f"--out=/data/run{n}"),
+            name=f"train-{n}",
+            env={"HOME": "/home/alice", "LANG": "C.UTF-8", "SEED": str(n)},
+            workdir="/home/alice/project",
+            memory="4Gi",
+            compute=250,
+        )
+        at = now - 3600 + n * 0.1
+        state = State.SUCCEEDED if n % 7 else State.FAILED
+        jobs.append(
+            (
+                n + 1,
+                json.dumps(spec.to_json()),
+                1000,
+                "alice",
+                state.value,
+                PRIORITY_RANK[spec.priority],
+                at,
+                json.dumps([n % 2]),
+                json.dumps([4 << 30]),
+                at + 1,
+                at + 60,
+                0 if state is State.SUCCEEDED else 1,
+            )
+        )
+        events += [
+            (n + 1, at, "submitted", "by alice (uid 1000)"),
+            (n + 1, at + 1, "placed", f"GPUs {n % 2}"),
+            (n + 1, at + 1.1, "started", "pid 4242"),
+            (n + 1, at + 60, state.value, "exit code 0"),
+        ]
+    with agent.store.transaction() as db:
+        db.executemany(
+            "INSERT INTO jobs (id, spec, uid, user, state, rank, submitted_at, gpus, memory, "
+            "started_at, finished_at, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            jobs,
+        )
+        db.executemany("INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)", events)
+
+
+def timed(call: Callable[[], object], calls: int) -> np.ndarray:
+    call()  # the first call warms caches; a daemon answers many
+    spent = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        call()
+        spent.append((time.perf_counter() - began) * 1000)
+    return np.array(spent)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "state").mkdir()
+        with open_backend("2xA100-40GB", Path(tmp) / "node") as backend:
+            agent = Agent(AgentConfig(Path(tmp) / "state"), backend)
+            fill(agent, args.jobs)
+            client = TestClient(create_app(agent))
+
+            def route() -> bytes:
+                response = client.get("/v1/jobs", params={"all": "true"})
+                assert response.status_code == 200
+                return response.content
+
+            assert len(json.loads(route())["jobs"]) == args.jobs
+            rows = (
+                ("Agent.jobs(everything=True)", timed(lambda: agent.jobs(True), args.calls)),
+                ("GET /v1/jobs?all=true", timed(route, args.calls)),
+            )
+            agent.store.close()
+    print(f"{args.jobs} finished jobs; milliseconds per call (target: route p99 <= 100)\n")
+    print("| what | calls | p50 | p99 | max |")
+    print("|---|---:|---:|---:|---:|")
+    for what, spent in rows:
+        p50, p99 = np.percentile(spent, [50, 99])
+        print(f"| {what} | {len(spent)} | {p50:.1f} | {p99:.1f} | {spent.max():.1f} |")
+
+
+if __name__ == "__main__":
+    main()
