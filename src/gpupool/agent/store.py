@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -99,6 +99,9 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+_OPEN_STATES = (State.QUEUED.value, State.RUNNING.value)
+#: ids in one `IN (...)`: well under SQLite's limit on a statement's parameters
+_IDS_PER_QUERY = 500
 _COLUMNS = (
     "id, spec, uid, user, state, submitted_at, gpus, memory, started_at, finished_at, exit_code, "
     "oom, peak_memory, supervisor_pid, supervisor_start, job_pid, cancel_requested"
@@ -170,8 +173,9 @@ class Store:
                 raise
             found = [str(err)]
         if found != ["ok"]:
+            said = " ".join("; ".join(found).replace("*** in database main ***", "").split())
             raise ConfigError(
-                f"the state database {path} is corrupt (quick_check: {'; '.join(found)}): move "
+                f"the state database {path} is corrupt (quick_check: {said}): move "
                 "it aside (with its -wal and -shm files) and start again; the jobs it knew are "
                 "lost, their directories under jobs/ stay"
             )
@@ -245,6 +249,26 @@ class Store:
         with self._using("read") as db:
             rows = db.execute(query + " ORDER BY rank, id", args).fetchall()
         return [_job(row) for row in rows]
+
+    def listing(self, known: Container[int]) -> tuple[list[tuple[int, bool]], dict[int, Job]]:
+        """Every job's id and whether it has finished, by id; and, read at the same moment,
+        the jobs that have not finished or are not in `known` (whose listing the caller
+        keeps: a finished job never changes)."""
+        with self._using("read") as db:
+            cursor = db.cursor()
+            cursor.row_factory = None  # plain tuples: 10,000 rows of sqlite3.Row cost 20 ms
+            ids: list[tuple[int, bool]] = cursor.execute(
+                "SELECT id, state NOT IN (?, ?) FROM jobs ORDER BY id", _OPEN_STATES
+            ).fetchall()
+            wanted = [job_id for job_id, finished in ids if not finished or job_id not in known]
+            rows = []
+            for at in range(0, len(wanted), _IDS_PER_QUERY):
+                chunk = wanted[at : at + _IDS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                rows += db.execute(
+                    f"SELECT {_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk
+                ).fetchall()
+        return ids, {job.id: job for job in map(_job, rows)}
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         with self._using("read") as db:

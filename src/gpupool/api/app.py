@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from gpupool import __version__
@@ -157,8 +157,9 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
         return {"ok": True, "version": __version__}
 
     @app.get("/v1/jobs")
-    def list_jobs(all: bool = False, _: int = Depends(caller)) -> dict[str, Any]:
-        return {"jobs": [with_live(job) for job in agent.jobs(everything=all)]}
+    def list_jobs(all: bool = False, _: int = Depends(caller)) -> Response:
+        # encoded by the agent, which keeps each finished job's entry: `ps --all` stays fast
+        return Response(agent.jobs_json(all, with_live), media_type="application/json")
 
     # async: a submit is a few hundred microseconds of work, less than a hop to the thread pool
     @app.post("/v1/jobs", status_code=201)
