@@ -233,19 +233,20 @@ class Agent:
         A finished job never changes, so its entry (`render` must depend on the job alone) is
         encoded once and kept until the job is pruned: `ps --all` on a node with 10,000
         finished jobs then costs the open jobs, not the 10,000 (bench/ps_latency.py)."""
-        ids, jobs = self.store.listing(self._listed if everything else _EVERYTHING)
-        uses = self.store.mig_uses(released=True) if jobs else {}
+        if everything:
+            ids, read = self.store.listing(self._listed)
+            unlisted = {job.id: job for job in self._with_mig(list(read.values()))}
+        else:
+            open_jobs = self.jobs()
+            ids = [(job.id, False) for job in open_jobs]
+            unlisted = {job.id: job for job in open_jobs}
         parts = []
         for job_id, finished in ids:
-            if finished and not everything:
-                continue
             part = self._listed.get(job_id) if finished else None
             if part is None:
-                job = jobs.get(job_id)
+                job = unlisted.get(job_id)
                 if job is None:  # pruned since it was listed
                     continue
-                if job_id in uses:
-                    job = replace(job, mig=uses[job_id])
                 # ASCII (escaped) JSON: no stored string can make the answer unencodable
                 part = json.dumps(render(job)).encode()
                 if finished and len(part) <= MAX_LISTED_BYTES:
@@ -609,16 +610,6 @@ class Agent:
             self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
         servers = {self.mps_jobs.server_pid(job) for job in running}
         self.watchdog.check(snapshot, running, {pid for pid in servers if pid is not None})
-
-
-class _Everything:
-    """Contains every job id: the open listing reads no finished job."""
-
-    def __contains__(self, _: object) -> bool:
-        return True
-
-
-_EVERYTHING = _Everything()
 
 
 def _removal_failed(function: Any, path: str, info: Any) -> None:
