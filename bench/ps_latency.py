@@ -8,7 +8,9 @@ In-process: an Agent on a simulated 2x A100-40GB node whose store holds `--jobs`
 `gpupool submit` makes them); then times the whole route through the ASGI app (the store's
 read, each job's JSON, the response's encoding): its first call after the daemon's start, then
 `--calls` more, in wall-clock and CPU milliseconds (the CPU time is the one to compare on a
-busy machine), and prints a markdown table.
+busy machine), and prints a markdown table. Then, with `--prune`, gives each job a directory
+with its two logs and times `gpupool prune --older-than 0s` in the agent (the rows, their
+events, the directories).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--prune", action="store_true", help="Also time pruning them all.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "state").mkdir()
@@ -110,6 +113,7 @@ def main() -> None:
                 ("next calls", timed(route, args.calls)),
             )
             assert len(json.loads(route())["jobs"]) == args.jobs
+            pruned = timed_prune(agent, args.jobs) if args.prune else None
             agent.store.close()
     print(f"GET /v1/jobs?all=true, {args.jobs} finished jobs (target: p99 <= {TARGET_P99_MS:g} ms)")
     print()
@@ -122,6 +126,22 @@ def main() -> None:
             f"| {what} | {len(wall)} | {p50:.1f} | {p99:.1f} | {wall.max():.1f} | "
             f"{c50:.1f} | {c99:.1f} |"
         )
+    if pruned is not None:
+        print(f"\nprune of {args.jobs} finished jobs with their directories: {pruned:.0f} ms")
+
+
+def timed_prune(agent: Agent, count: int) -> float:
+    """Milliseconds to prune `count` finished jobs, each with a directory and two logs."""
+    for job_id in range(1, count + 1):
+        jobdir = agent.jobdir(job_id).path
+        jobdir.mkdir()
+        for log in ("stdout", "stderr"):
+            (jobdir / log).write_text("a line of output\n")
+    began = time.perf_counter()
+    assert agent.prune(0) == count
+    spent = (time.perf_counter() - began) * 1000
+    assert not any(agent.jobs_dir.iterdir())
+    return spent
 
 
 if __name__ == "__main__":
