@@ -175,9 +175,9 @@ class Store:
         if found != ["ok"]:
             said = " ".join("; ".join(found).replace("*** in database main ***", "").split())
             raise ConfigError(
-                f"the state database {path} is corrupt (quick_check: {said}): move "
-                "it aside (with its -wal and -shm files) and start again; the jobs it knew are "
-                "lost, their directories under jobs/ stay"
+                f"the state database {path} is corrupt (quick_check: {said}): move it aside "
+                "with its -wal and -shm files and the jobs directory beside it (new jobs reuse "
+                "their numbers) and start again; the jobs it knew are lost"
             )
 
     def _migrate(self, path: Path) -> None:
