@@ -55,11 +55,11 @@ def test_a_store_that_cannot_be_written_is_one_error_and_unchanged(tmp_path: Pat
     store._db.execute("PRAGMA max_page_count = 1")
     with pytest.raises(DaemonError, match="cannot write its state"):
         for _ in range(200):
-            store.add(JobSpec(("true",), name="x" * 1000), 0, "root")
+            store.add(JobSpec(("true", "x" * 1000)), 0, "root")
     assert len(store.jobs()) >= 1
     before = len(store.jobs())
     with pytest.raises(DaemonError):
-        store.add(JobSpec(("true",), name="y" * 5000), 0, "root")
+        store.add(JobSpec(("true", "y" * 5000)), 0, "root")
     assert len(store.jobs()) == before
 
 

@@ -12,9 +12,10 @@ from gpupool.core.resources import Mode, Priority
 from gpupool.isolation import region
 from gpupool.isolation.launch import new_shared_region
 
-#: a name and a user with every character the text format escapes, and some it does not
-ODD_NAME = 'say "hi" \\ to\nthe ünïcode job'
-ODD_USER = 'o"brien\\'
+#: a name and a user with every character the text format escapes, and some it does not (a
+#: job's name is printable: the newline is in the user's)
+ODD_NAME = 'say "hi" \\ to the ünïcode job'
+ODD_USER = 'o"brien\\\nx'
 
 
 def write_region(path: Path, counters: list[tuple[int, int, int]]) -> None:

@@ -35,8 +35,8 @@ def test_render_writes_what_prometheus_client_writes(
     assert ours == theirs
     text = ours.decode()
     # what the comparison covers: escaped labels, counters, histograms, exponents, no value
-    assert r'job_name="say \"hi\" \\ to\nthe ünïcode job"' in text
-    assert r'user="o\"brien\\"' in text
+    assert r'job_name="say \"hi\" \\ to the ünïcode job"' in text
+    assert r'user="o\"brien\\\nx"' in text
     assert 'gpupool_job_throttled_seconds_total{UUID="GPU-' in text
     assert "vGPU_device_memory_limit_in_bytes{" in text and "e+09\n" in text
     assert 'gpupool_scheduling_latency_seconds_bucket{le="+Inf"} 4.0' in text

@@ -139,4 +139,4 @@ def test_a_scrape_of_a_closed_store_says_down_and_raises_nothing(
             (up,) = list(collector.collect())
             assert up.name == "gpupool_up" and up.samples[0].value == 0
     err = capsys.readouterr().err
-    assert err.count("/metrics: ProgrammingError") == 1  # logged once, not once per scrape
+    assert err.count("/metrics: DaemonError") == 1  # logged once, not once per scrape

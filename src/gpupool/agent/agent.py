@@ -2,20 +2,24 @@
 
 One loop thread reconciles (job ends from the supervisors' exit files, cancel deadlines) and
 starts what the queue allows; a sampler thread reads the GPUs for live usage and health. API
-calls and the loop share the store, which serialises every change as one transaction.
+calls and the loop share the store, which serialises every change as one transaction. A job
+whose bookkeeping fails is failed alone; a failing pass is logged once and retried with backoff;
+finished jobs are pruned after `keep_finished_s`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +28,15 @@ from gpupool.agent.access import Access
 from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
 from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE, JobDir, alive, jobs_dir
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.logs import Failures, log
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import Observations
-from gpupool.agent.queue import plan
+from gpupool.agent.queue import Start, plan
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage, job_usage
 from gpupool.agent.watchdog import Action, Watchdog
-from gpupool.core.errors import GpupoolError, InvalidRequest, Unschedulable
+from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -42,6 +47,10 @@ from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
 
 #: the longest a queued MIG job waits for a new look at the GPUs' MIG layouts
 MIG_REPLAN_S = 1.0
+#: how often the queue loop prunes finished jobs and trims the node events
+PRUNE_EVERY_S = 60.0
+#: a finished job's listing entry is kept encoded up to this size (most are under 1 KiB)
+MAX_LISTED_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ class AgentConfig:
     max_log_size: int = DEFAULT_MAX_LOG_SIZE
     #: who may act on whose jobs and drain the node (default: this process's user is the admin)
     access: Access = field(default_factory=lambda: Access(os.geteuid()))
+    #: finished jobs, their events and directories are deleted this long after they finished
+    keep_finished_s: float = 14 * 86400
 
     def __post_init__(self) -> None:
         if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:
@@ -128,6 +139,13 @@ class Agent:
         self._mig_changed = True
         self._mig_planned_at = 0.0
         self._mig_waiting: dict[int, tuple[str, ...]] = {}
+        self._pruned_at = -PRUNE_EVERY_S
+        #: the encoded listing entry of each finished job (see jobs_json)
+        #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
+        #: see it, as others see it: no command)
+        self._listed: dict[int, tuple[int, bytes, bytes]] = {}
+        #: one prune at a time (the loop's and an admin's); rmtree of one dir twice would race
+        self._prune_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -189,6 +207,7 @@ class Agent:
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
+        spec.check_bounds()  # again: a caller may have changed `env`, a dict, since it was made
         if spec.mode is Mode.MIG:
             job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
             self._mig_changed = True
@@ -215,6 +234,38 @@ class Agent:
         """Jobs by id (queued and running ones, or all)."""
         states = None if everything else [State.QUEUED, State.RUNNING]
         return self._with_mig(sorted(self.store.jobs(states), key=lambda job: job.id))
+
+    def jobs_json(
+        self,
+        everything: bool,
+        render: Callable[[Job], dict[str, Any]],
+        may_see: Callable[[int], bool],
+    ) -> bytes:
+        """`{"jobs": [render(job), ...]}` by id (queued and running jobs, or all), as JSON; a
+        job whose owner's uid `may_see` refuses is listed without its command. A finished job
+        never changes, so its entries (`render` must depend on the job alone) are encoded once
+        and kept until the job is pruned: `ps --all` on a node with 10,000 finished jobs then
+        costs the open jobs, not the 10,000 (bench/ps_latency.py)."""
+        if everything:
+            ids, read = self.store.listing(self._listed)
+            unlisted = {job.id: job for job in self._with_mig(list(read.values()))}
+        else:
+            open_jobs = self.jobs()
+            ids = [(job.id, False) for job in open_jobs]
+            unlisted = {job.id: job for job in open_jobs}
+        parts = []
+        for job_id, finished in ids:
+            entry = self._listed.get(job_id) if finished else None
+            if entry is None:
+                job = unlisted.get(job_id)
+                if job is None:  # pruned since it was listed
+                    continue
+                entry = _listing_entry(job.uid, render(job))
+                if finished and len(entry[1]) <= MAX_LISTED_BYTES:
+                    self._listed[job_id] = entry
+            owner, full, hidden = entry
+            parts.append(full if may_see(owner) else hidden)
+        return b'{"jobs":[' + b",".join(parts) + b"]}"
 
     def _with_mig(self, jobs: list[Job]) -> list[Job]:
         """`jobs` with the MIG instance each MIG job holds."""
@@ -302,35 +353,55 @@ class Agent:
     # -- the loop -----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        failures = Failures("the queue loop", self.config.tick_s)
         while not self._stop.is_set():
+            wait = self.config.tick_s
             try:
                 self.reconcile()
                 self.schedule()
-            except Exception as err:  # one bad job or a full disk must not stop the node
-                print(f"gpupool serve: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-            self._wake.wait(self.config.tick_s)
+                self._prune_now_and_then()
+                failures.succeeded()
+            except Exception as err:  # a full disk, a locked store, a bug: the node goes on
+                wait = failures.failed(err)
+            self._wake.wait(wait)
             self._wake.clear()
 
     def reconcile(self) -> None:
         """Record ended jobs, adopt launched ones, enforce cancel deadlines."""
         for job in self.store.jobs([State.RUNNING]):
-            jobdir = self.jobdir(job.id)
-            ended = jobdir.exit_status()
-            if ended is not None:
-                self._finish(job, jobdir, ended.exit_code, ended.at)
-                continue
-            pids = jobdir.pids()
-            if pids is None:
-                continue
-            if job.job_pid is None:
-                self.store.launched(job.id, (pids.supervisor, pids.supervisor_start), pids.job)
-            elif not alive(pids.supervisor, pids.supervisor_start) and jobdir.exit_status() is None:
-                self._finish(job, jobdir, None, time.time(), "its supervisor was killed")
-                continue
-            started = self._cancel_at.get(job.id)
-            if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
-                self._signal(job, signal.SIGKILL)
+            self._each_job(job, "bookkeeping", partial(self._reconcile_one, job))
         self._watch_mps()
+
+    def _reconcile_one(self, job: Job) -> None:
+        jobdir = self.jobdir(job.id)
+        ended = jobdir.exit_status()
+        if ended is not None:
+            self._finish(job, jobdir, ended.exit_code, ended.at)
+            return
+        pids = jobdir.pids()
+        if pids is None:
+            return
+        if job.job_pid is None:
+            self.store.launched(job.id, (pids.supervisor, pids.supervisor_start), pids.job)
+        elif not alive(pids.supervisor, pids.supervisor_start) and jobdir.exit_status() is None:
+            self._finish(job, jobdir, None, time.time(), "its supervisor was killed")
+            return
+        started = self._cancel_at.get(job.id)
+        if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
+            self._signal(job, signal.SIGKILL)
+
+    def _each_job(self, job: Job, doing: str, step: Callable[[], object]) -> None:
+        """`step()` for `job`; when it fails, the job fails with the reason and the others go
+        on. A busy store is no fault of the job: the whole pass is retried."""
+        try:
+            step()
+        except StoreBusy:
+            raise
+        except Exception as err:
+            log.exception("job %d: %s failed", job.id, doing)
+            with contextlib.suppress(Exception):  # its processes must not outlive its record
+                self._signal(job, signal.SIGKILL)
+            self._fail_start(job, f"{doing} failed: {type(err).__name__}: {err}")
 
     def _watch_mps(self) -> None:
         for job, reason in self.mps_jobs.lost_servers(self.store.jobs([State.RUNNING])):
@@ -392,7 +463,12 @@ class Agent:
         if self.draining:  # `describe` says so; nothing else to work out
             self._waiting = {}
             return
-        queued = self.store.jobs([State.QUEUED])
+        queued = []
+        for job in self.store.jobs([State.QUEUED]):
+            if job.unreadable is None:
+                queued.append(job)
+            else:  # nothing to run: the command is unknown
+                self._fail_start(job, job.unreadable)
         if not queued:
             self._waiting = {}
             return
@@ -430,19 +506,16 @@ class Agent:
                     )
                     continue
             self.observed.started(start.job.submitted_at)
-            where = ", ".join(str(g) for g in start.gpus)
-            detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
-            job = self.store.start(start.job, start.gpus, start.memory, detail)
-            try:
-                launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
-            except (GpupoolError, OSError) as err:
-                self.store.finish(
-                    job.id,
-                    State.FAILED,
-                    None,
-                    finished_at=time.time(),
-                    detail=f"launch failed: {err}",
-                )
+            self._each_job(start.job, "launch", partial(self._start, start))
+
+    def _start(self, start: Start) -> None:
+        where = ", ".join(str(g) for g in start.gpus)
+        detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
+        job = self.store.start(start.job, start.gpus, start.memory, detail)
+        try:
+            launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
+        except (GpupoolError, OSError) as err:  # the expected ways: one line, no traceback
+            self._fail_start(job, f"launch failed: {err}")
 
     def _schedule_mig(self, queued: list[Job]) -> None:
         now = time.monotonic()
@@ -469,12 +542,54 @@ class Agent:
                 launcher.launch(
                     replace(job, mig=use), self.launch_node, self.jobdir(job.id), self.mps
                 )
-            except (GpupoolError, OSError) as err:
+            except Exception as err:  # any failure fails this job alone
+                if not isinstance(err, GpupoolError | OSError):  # not an expected way: a bug
+                    log.exception("job %d: launch failed", job.id)
                 self._fail_start(job, f"launch failed: {err}")
                 self._release_mig(job.id)
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
+
+    # -- pruning ------------------------------------------------------------------------------
+
+    def _prune_now_and_then(self) -> None:
+        now = time.monotonic()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        self.prune(self.config.keep_finished_s)
+        self.store.trim_node_events()
+
+    def prune(self, older_than_s: float) -> int:
+        """Delete the jobs that finished more than `older_than_s` ago, their events and their
+        directories; how many jobs went."""
+        if not older_than_s >= 0:  # NaN too
+            raise InvalidRequest(f"invalid age {older_than_s:g}: must not be negative")
+        with self._prune_lock:
+            pruned = self.store.prune(time.time() - older_than_s)
+            for job_id in pruned:
+                self._listed.pop(job_id, None)
+            self._remove_job_dirs()
+        if pruned:
+            log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)
+        return len(pruned)
+
+    def _remove_job_dirs(self) -> None:
+        """Remove every job directory whose job the store no longer holds (pruned now, or by
+        a prune cut short), relative to the jobs dir's fd and without following a link: a
+        job's owner writes in its directory and may leave links there."""
+        fd = os.open(self.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            # listed before the ids are read: a job's row is written before its directory,
+            # so a directory listed here whose id is not in the store has been pruned
+            names = [name for name in os.listdir(fd) if name.isdigit()]
+            known = self.store.job_ids()
+            for name in names:
+                if int(name) not in known:
+                    shutil.rmtree(name, dir_fd=fd, onerror=_removal_failed)
+        finally:
+            os.close(fd)
 
     # -- the sampler --------------------------------------------------------------------------
 
@@ -483,11 +598,15 @@ class Agent:
             return self.backend.snapshot()
 
     def _sampler(self) -> None:
-        while not self._stop.wait(self.config.sample_s):
+        failures = Failures("reading the GPUs", self.config.sample_s)
+        wait = self.config.sample_s
+        while not self._stop.wait(wait):
+            wait = self.config.sample_s
             try:
                 self.sample()
-            except GpupoolError as err:
-                print(f"gpupool serve: cannot read the GPUs: {err}", file=sys.stderr, flush=True)
+                failures.succeeded()
+            except Exception as err:  # a lost GPU, a driver error, a bug: the node goes on
+                wait = max(wait, failures.failed(err))
 
     def sample(self) -> None:
         snapshot = self._snapshot()
@@ -505,6 +624,21 @@ class Agent:
             self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
         servers = {self.mps_jobs.server_pid(job) for job in running}
         self.watchdog.check(snapshot, running, {pid for pid in servers if pid is not None})
+
+
+def _removal_failed(function: Any, path: str, info: Any) -> None:
+    """A job directory that cannot be removed in full: told, and tried again at the next prune."""
+    error = info[1] if isinstance(info, tuple) else info
+    if not isinstance(error, FileNotFoundError):
+        log.warning("cannot remove jobs/%s: %s", path, error)
+
+
+def _listing_entry(owner: int, data: dict[str, Any]) -> tuple[int, bytes, bytes]:
+    """A job's listing entry as its owner sees it and as others do (no command). ASCII
+    (escaped) JSON: no stored string can make the answer unencodable."""
+    full = json.dumps(data).encode()
+    hidden = json.dumps({**data, "command": None}).encode()
+    return owner, full, hidden
 
 
 def _mig_mode(snapshot: Any) -> frozenset[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -15,6 +16,21 @@ from gpupool.scheduler.gpus import GpuRequest
 #: the modes this daemon launches
 LAUNCHABLE_MODES = (Mode.SHIM, Mode.EXCLUSIVE, Mode.MPS, Mode.MIG)
 PRIORITY_RANK = {Priority.HIGH: 0, Priority.LOW: 1}
+
+# The bounds of a submission (docs/limits.md): a job's name, command and environment are its
+# owner's to choose, so none of them may be large enough to slow or bloat the daemon, whose every
+# listing carries them. Sizes are UTF-8 bytes as execve(2) counts them (each string + its NUL).
+MAX_NAME_CHARS = 128
+MAX_ARGS = 1024
+MAX_ARGV_BYTES = 128 * 1024
+MAX_ENV_VARS = 256
+MAX_ENV_BYTES = 128 * 1024
+MAX_WORKDIR_BYTES = 4096  # PATH_MAX
+MAX_GPU_MODELS = 16
+#: a GPU model name, a memory quantity, a MIG profile
+MAX_WORD_CHARS = 64
+#: what a shell and execve(2) take as a variable name
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class State(StrEnum):
@@ -62,12 +78,44 @@ class JobSpec:
             raise InvalidRequest("mode mig and --mig-profile go together: give the profile")
         if self.mode is Mode.MIG and self.gpus != 1:
             raise InvalidRequest("a MIG job runs on one MIG instance: drop --gpus")
-        for key in self.env:
-            if not key or "=" in key or "\0" in key:
-                raise InvalidRequest(f"invalid environment variable name {key!r}")
-        if not self.workdir.startswith("/"):
-            raise InvalidRequest(f"invalid working directory {self.workdir!r}: must be absolute")
+        self.check_bounds()
         self.request()  # the share itself must be valid
+
+    def check_bounds(self) -> None:
+        """InvalidRequest, naming the field, for text that is not valid UTF-8 or is too big."""
+        _check_words(self)
+        if len(self.name) > MAX_NAME_CHARS or not self.name.isprintable():
+            _text("name", self.name)  # a lone surrogate is not printable: say that first
+            raise InvalidRequest(
+                f"invalid name {_shown(self.name)}: at most {MAX_NAME_CHARS} printable characters"
+            )
+        if len(self.argv) > MAX_ARGS:
+            raise InvalidRequest(f"too many arguments ({len(self.argv)}): at most {MAX_ARGS}")
+        size = sum(_c_string(f"argv[{i}]", arg) for i, arg in enumerate(self.argv))
+        if size > MAX_ARGV_BYTES:
+            raise InvalidRequest(f"the command is {size} bytes: at most {MAX_ARGV_BYTES}")
+        if len(self.env) > MAX_ENV_VARS:
+            raise InvalidRequest(
+                f"too many environment variables ({len(self.env)}): at most {MAX_ENV_VARS}"
+            )
+        size = 0
+        for key, value in self.env.items():
+            _text("an environment variable name", key)
+            if not ENV_NAME.fullmatch(key):
+                raise InvalidRequest(
+                    f"invalid environment variable name {_shown(key)}: letters, digits and _, "
+                    "not starting with a digit"
+                )
+            size += len(key) + 1 + _c_string(f"env[{key}]", value)
+        if size > MAX_ENV_BYTES:
+            raise InvalidRequest(f"the environment is {size} bytes: at most {MAX_ENV_BYTES}")
+        if _c_string("workdir", self.workdir) > MAX_WORKDIR_BYTES or not self.workdir.startswith(
+            "/"
+        ):
+            raise InvalidRequest(
+                f"invalid working directory {_shown(self.workdir)}: an absolute path of at most "
+                f"{MAX_WORKDIR_BYTES} bytes"
+            )
 
     def memory_share(self) -> MemoryShare | None:
         return parse_memory_share(self.memory) if self.memory else None
@@ -110,6 +158,46 @@ class JobSpec:
         )
 
 
+def _shown(text: str, chars: int = 40) -> str:
+    """`text` for an error line: quoted, escaped, and cut short (it may be megabytes)."""
+    return repr(text[:chars]) + ("..." if len(text) > chars else "")
+
+
+def _text(what: str, text: str) -> int:
+    """The UTF-8 size of `text`, or InvalidRequest naming `field` for a lone surrogate (JSON's
+    `\\ud800` escape decodes to one; no UTF-8 byte sequence encodes it)."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as err:
+        raise InvalidRequest(
+            f"{what} is not valid UTF-8 text (a lone surrogate at character {err.start})"
+        ) from None
+
+
+def _c_string(what: str, text: str) -> int:
+    """The bytes execve(2) takes for `text`: valid UTF-8 with no NUL, plus its NUL."""
+    size = _text(what, text)
+    if "\0" in text:
+        raise InvalidRequest(f"{what} holds a NUL character, which no command can receive")
+    return size + 1
+
+
+def _check_words(spec: JobSpec) -> None:
+    """The short fields: GPU models, the memory quantity, the MIG profile."""
+    if len(spec.gpu_models) > MAX_GPU_MODELS:
+        raise InvalidRequest(
+            f"too many GPU models ({len(spec.gpu_models)}): at most {MAX_GPU_MODELS}"
+        )
+    words = [(f"gpu_models[{i}]", model) for i, model in enumerate(spec.gpu_models)]
+    words += [("memory", spec.memory or ""), ("mig_profile", spec.mig_profile or "")]
+    for what, word in words:
+        _text(what, word)
+        if len(word) > MAX_WORD_CHARS or not word.isprintable():
+            raise InvalidRequest(
+                f"invalid {what} {_shown(word)}: at most {MAX_WORD_CHARS} printable characters"
+            )
+
+
 @dataclass(frozen=True)
 class MigUse:
     """The MIG instance a job runs on; `created`: the daemon made it for the job."""
@@ -150,6 +238,9 @@ class Job:
     cancel_requested: bool = False
     #: mode mig, once placed: its instance (from the store's MIG table)
     mig: MigUse | None = None
+    #: why the stored spec cannot be read (a row an older gpupool let in): `spec` is then
+    #: UNREADABLE_SPEC, so that listing it still works; the queue loop fails such a job
+    unreadable: str | None = None
 
     @property
     def name(self) -> str:
@@ -188,7 +279,13 @@ class Job:
             "mig_profile": self.spec.mig_profile,
             "mig": self.mig.label if self.mig is not None else None,
             "mig_uuid": self.mig.uuid if self.mig is not None else None,
+            "unreadable": self.unreadable,
         }
+
+
+#: the stand-in for a stored spec that cannot be read: one whole GPU, the most a job can hold
+#: unnoticed, so a running one is not taken to leave room
+UNREADABLE_SPEC = JobSpec(argv=("(unreadable)",), name="(unreadable)")
 
 
 def queue_order(job: Job) -> tuple[int, int]:

@@ -1,7 +1,10 @@
 """The daemon's state in SQLite (WAL): jobs and their events; every state change one transaction.
 
 The schema version is SQLite's `user_version`; `MIGRATIONS[i]` takes a store from version i to
-i + 1, so an older store is brought forward at open and a newer one is refused.
+i + 1, so an older store is brought forward at open and a newer one is refused. A corrupt store
+is refused at open (`PRAGMA quick_check`). Another process holding the database's write lock (a
+backup, an admin's sqlite3) makes a change fail within about a second with `StoreBusy`, never
+block the daemon for long: the API answers 503 and the queue loop retries.
 """
 
 from __future__ import annotations
@@ -13,14 +16,21 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent.jobs import PRIORITY_RANK, Job, JobSpec, MigUse, State
-from gpupool.core.errors import ConfigError, DaemonError, NotFound
+from gpupool.agent.jobs import PRIORITY_RANK, UNREADABLE_SPEC, Job, JobSpec, MigUse, State
+from gpupool.core.errors import ConfigError, DaemonError, GpupoolError, NotFound, StoreBusy
+
+#: how long one statement waits for another process's lock on the database, and a caller for
+#: another thread's use of the connection: an API request answers within about a second
+BUSY_TIMEOUT_S = 0.5
+LOCK_TIMEOUT_S = 1.0
+#: the node events (the watchdog's) kept: the newest ones
+MAX_NODE_EVENTS = 10_000
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -84,9 +94,16 @@ MIGRATIONS: tuple[str, ...] = (
         released INTEGER NOT NULL DEFAULT 0
     );
     """,
+    # pruning finished jobs by age
+    """
+    CREATE INDEX jobs_finished ON jobs (finished_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+_OPEN_STATES = (State.QUEUED.value, State.RUNNING.value)
+#: ids in one `IN (...)`: well under SQLite's limit on a statement's parameters
+_IDS_PER_QUERY = 500
 _COLUMNS = (
     "id, spec, uid, user, state, submitted_at, gpus, memory, started_at, finished_at, exit_code, "
     "oom, peak_memory, supervisor_pid, supervisor_start, job_pid, cancel_requested"
@@ -94,17 +111,24 @@ _COLUMNS = (
 
 
 @functools.lru_cache(maxsize=1024)  # more than the live jobs of any node
-def _spec(text: str) -> JobSpec:
+def _spec(text: str) -> JobSpec | str:
     """A stored spec, parsed and checked once: a spec never changes after its submission, and
     the daemon reads its live jobs several times a second (the queue loop, each /metrics
-    scrape). Callers share the frozen JobSpec; its env they copy before changing anything."""
-    return JobSpec.from_json(json.loads(text))
+    scrape). Callers share the frozen JobSpec; its env they copy before changing anything.
+    A spec that no longer passes (stored by an older, laxer gpupool) is the one line why, so
+    that one bad row cannot make every listing fail."""
+    try:
+        return JobSpec.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, GpupoolError) as err:
+        return f"its stored spec cannot be read ({type(err).__name__}: {err})"
 
 
 def _job(row: sqlite3.Row) -> Job:
+    spec = _spec(row["spec"])
     return Job(
         id=row["id"],
-        spec=_spec(row["spec"]),
+        spec=UNREADABLE_SPEC if isinstance(spec, str) else spec,
+        unreadable=spec if isinstance(spec, str) else None,
         uid=row["uid"],
         user=row["user"],
         state=State(row["state"]),
@@ -175,11 +199,29 @@ class Store:
             # WAL with NORMAL: a killed process loses nothing (the WAL is in the OS already);
             # only a power cut may lose the last transactions
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            self._check(path)
             self._migrate(path)
         except sqlite3.Error as err:
             raise ConfigError(f"cannot open the state database {path}: {err}") from err
         self._lock = threading.RLock()
+
+    def _check(self, path: Path) -> None:
+        """ConfigError, with what to do, for a corrupt database: a daemon that went on would
+        fail on the first bad page it reads, and a restart would fail the same way again."""
+        try:
+            found = [str(row[0]) for row in self._db.execute("PRAGMA quick_check(3)")]
+        except sqlite3.DatabaseError as err:
+            if err.sqlite_errorname not in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+                raise
+            found = [str(err)]
+        if found != ["ok"]:
+            said = " ".join("; ".join(found).replace("*** in database main ***", "").split())
+            raise ConfigError(
+                f"the state database {path} is corrupt (quick_check: {said}): move it aside "
+                "with its -wal and -shm files and the jobs directory beside it (new jobs reuse "
+                "their numbers) and start again; the jobs it knew are lost"
+            )
 
     def _migrate(self, path: Path) -> None:
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
@@ -201,28 +243,41 @@ class Store:
             self._db.close()
 
     @contextmanager
+    def _using(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection for this thread alone, within LOCK_TIMEOUT_S (else StoreBusy); its
+        errors as one line: StoreBusy for a lock held elsewhere, else DaemonError."""
+        if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise StoreBusy("the daemon's state is busy: try again in a moment")
+        try:
+            yield self._db
+        except sqlite3.Error as err:  # a full disk, a read-only file, a lock: one line
+            if getattr(err, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                raise StoreBusy(
+                    f"the daemon's state database is locked by another process ({err}): try "
+                    "again in a moment"
+                ) from err
+            raise DaemonError(f"the daemon cannot {doing} its state: {err}") from err
+        finally:
+            self._lock.release()
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One transaction: all of it or nothing."""
-        with self._lock:
+        with self._using("write") as db:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as err:  # a full disk, a read-only file: one line, no change
-                raise DaemonError(f"the daemon cannot write its state: {err}") from err
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     # -- reads ------------------------------------------------------------------------------
 
     def job(self, job_id: int) -> Job:
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)
-            ).fetchone()
+        with self._using("read") as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id}")
         return _job(row)
@@ -234,21 +289,41 @@ class Store:
         if states is not None:
             query += f" WHERE state IN ({','.join('?' * len(states))})"
             args = tuple(s.value for s in states)
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY rank, id", args).fetchall()
+        with self._using("read") as db:
+            rows = db.execute(query + " ORDER BY rank, id", args).fetchall()
         return [_job(row) for row in rows]
 
+    def listing(self, known: Container[int]) -> tuple[list[tuple[int, bool]], dict[int, Job]]:
+        """Every job's id and whether it has finished, by id; and, read at the same moment,
+        the jobs that have not finished or are not in `known` (whose listing the caller
+        keeps: a finished job never changes)."""
+        with self._using("read") as db:
+            cursor = db.cursor()
+            cursor.row_factory = None  # plain tuples: 10,000 rows of sqlite3.Row cost 20 ms
+            ids: list[tuple[int, bool]] = cursor.execute(
+                "SELECT id, state NOT IN (?, ?) FROM jobs ORDER BY id", _OPEN_STATES
+            ).fetchall()
+            wanted = [job_id for job_id, finished in ids if not finished or job_id not in known]
+            rows = []
+            for at in range(0, len(wanted), _IDS_PER_QUERY):
+                chunk = wanted[at : at + _IDS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                rows += db.execute(
+                    f"SELECT {_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk
+                ).fetchall()
+        return ids, {job.id: job for job in map(_job, rows)}
+
     def events(self, job_id: int) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._using("read") as db:
+            rows = db.execute(
                 "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
             ).fetchall()
         return [{"at": r["at"], "kind": r["kind"], "detail": r["detail"]} for r in rows]
 
     def job_ids_with(self, kind: str) -> set[int]:
         """The jobs that have at least one event of `kind`."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._using("read") as db:
+            rows = db.execute(
                 "SELECT DISTINCT job_id FROM events WHERE kind = ?", (kind,)
             ).fetchall()
         return {int(row["job_id"]) for row in rows}
@@ -264,14 +339,14 @@ class Store:
             "UNION ALL SELECT at, kind, job_id, NULL, NULL, detail FROM events "
             f"WHERE kind IN ({marks}) AND at >= ? ORDER BY at DESC LIMIT ?"
         )
-        with self._lock:
-            rows = self._db.execute(query, (since, *job_kinds, since, limit)).fetchall()
+        with self._using("read") as db:
+            rows = db.execute(query, (since, *job_kinds, since, limit)).fetchall()
         return [dict(row) for row in reversed(rows)]
 
     def recent_events(self, limit: int = 50) -> list[dict[str, Any]]:
         """The last `limit` events of all jobs, newest first."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._using("read") as db:
+            rows = db.execute(
                 "SELECT at, job_id, kind, detail FROM events ORDER BY id DESC LIMIT ?", (limit,)
             ).fetchall()
         return [
@@ -279,9 +354,14 @@ class Store:
             for r in rows
         ]
 
+    def job_ids(self) -> set[int]:
+        """The id of every job the store holds."""
+        with self._using("read") as db:
+            return {int(row[0]) for row in db.execute("SELECT id FROM jobs")}
+
     def setting(self, key: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        with self._using("read") as db:
+            row = db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row["value"])
 
     # -- changes (each one transaction) -----------------------------------------------------
@@ -399,6 +479,34 @@ class Store:
                 (time.time(), kind, pid, gpu, detail),
             )
 
+    def prune(self, finished_before: float) -> list[int]:
+        """Delete the jobs that finished before `finished_before` (Unix time), with their
+        events and MIG rows; their ids. A job still holding a MIG instance stays."""
+        kept = (
+            "finished_at < ? AND state NOT IN (?, ?) "
+            "AND id NOT IN (SELECT job_id FROM mig_instances WHERE released = 0)"
+        )
+        args = (finished_before, State.QUEUED.value, State.RUNNING.value)
+        with self.transaction() as db:
+            ids = [int(row[0]) for row in db.execute(f"SELECT id FROM jobs WHERE {kept}", args)]
+            if ids:
+                for table, column in (("events", "job_id"), ("mig_instances", "job_id")):
+                    db.execute(
+                        f"DELETE FROM {table} WHERE {column} IN (SELECT id FROM jobs WHERE {kept})",
+                        args,
+                    )
+                db.execute(f"DELETE FROM jobs WHERE {kept}", args)
+        return ids
+
+    def trim_node_events(self, keep: int = MAX_NODE_EVENTS) -> int:
+        """Delete all but the newest `keep` node events; how many went."""
+        with self.transaction() as db:
+            return db.execute(
+                "DELETE FROM node_events WHERE id <= "
+                "(SELECT id FROM node_events ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (keep,),
+            ).rowcount
+
     def record_peak(self, peaks: dict[int, int]) -> None:
         with self.transaction() as db:
             for job_id, peak in peaks.items():
@@ -442,8 +550,8 @@ class Store:
     ) -> list[tuple[int, MigUse | None, tuple[int, str, int]]]:
         """The instances jobs hold (with `released`, also those they held): job id, its
         instance (None while only intended), (gpu, profile, start)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._using("read") as db:
+            rows = db.execute(
                 "SELECT job_id, gpu, profile, start, gi_id, uuid, memory, created "
                 "FROM mig_instances WHERE released = 0 OR ? ORDER BY job_id",
                 (int(released),),

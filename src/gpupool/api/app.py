@@ -12,19 +12,20 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool import __version__
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
-from gpupool.api import watchdog_routes
+from gpupool.api import admin_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
@@ -35,6 +36,7 @@ from gpupool.core.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    StoreBusy,
     Unschedulable,
 )
 from gpupool.core.resources import Mode, Priority
@@ -149,7 +151,10 @@ def create_app(
     @app.exception_handler(GpupoolError)
     async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
         status = next((code for kind, code in _STATUS if isinstance(err, kind)), 500)
-        return JSONResponse({"error": type(err).__name__, "message": str(err)}, status_code=status)
+        # a locked store is let go within a second or so: say when to come back
+        retry = {"Retry-After": "1"} if isinstance(err, StoreBusy) else None
+        body = {"error": type(err).__name__, "message": str(err)}
+        return JSONResponse(body, status_code=status, headers=retry)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: Exception) -> JSONResponse:
@@ -177,20 +182,15 @@ def create_app(
     def docs() -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
 
-    def private(job: Job, uid: int, data: dict[str, Any]) -> dict[str, Any]:
-        """`data` of `job`, its command hidden (None) from a caller who may not see it."""
-        if not access.may_see(uid, job.uid):
-            data["command"] = None
-        return data
-
     @app.get("/v1/health")
     def health(_: int = Depends(caller)) -> dict[str, Any]:
         return {"ok": True, "version": __version__}
 
     @app.get("/v1/jobs")
-    def list_jobs(all: bool = False, uid: int = Depends(caller)) -> dict[str, Any]:
-        jobs = agent.jobs(everything=all)
-        return {"jobs": [private(job, uid, with_live(job)) for job in jobs]}
+    def list_jobs(all: bool = False, uid: int = Depends(caller)) -> Response:
+        # encoded by the agent, which keeps each finished job's entry: `ps --all` stays fast
+        body = agent.jobs_json(all, with_live, partial(access.may_see, uid))
+        return Response(body, media_type="application/json")
 
     # a plain def, run in the thread pool: the store's lock and SQLite's writes must never hold
     # the event loop, which serves every other client
@@ -243,6 +243,7 @@ def create_app(
         return agent.node_json()
 
     watchdog_routes.register(app, agent, caller)
+    admin_routes.register(app, agent, caller)
     app.include_router(metrics_router(agent, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(agent, secret, sessions, caller))

@@ -14,6 +14,7 @@ def all_commands(app: typer.Typer) -> None:
         jobs_cmd,
         k8s_cmd,
         mig_cmd,
+        prune_cmd,
         serve_cmd,
         sim_cmd,
         top_cmd,
@@ -30,3 +31,4 @@ def all_commands(app: typer.Typer) -> None:
     k8s_cmd.register(app)
     events_cmd.register(app)
     top_cmd.register(app)
+    prune_cmd.register(app)

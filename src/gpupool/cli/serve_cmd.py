@@ -12,7 +12,7 @@ import typer
 
 from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
-from gpupool.core.units import format_bytes, parse_bytes
+from gpupool.core.units import format_bytes, parse_bytes, parse_duration
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
 
 #: the socket group a root daemon uses when --socket-group is not given and the group exists
@@ -101,6 +101,13 @@ def _size(text: str | None, option: str) -> int | None:
         return None
     try:
         return parse_bytes(text)
+    except InvalidRequest as err:
+        raise InvalidRequest(f"{option}: {err}") from None
+
+
+def _duration(text: str, option: str) -> float:
+    try:
+        return parse_duration(text)
     except InvalidRequest as err:
         raise InvalidRequest(f"{option}: {err}") from None
 
@@ -194,6 +201,13 @@ def register(app: typer.Typer) -> None:
             help="Keep at most SIZE of each job's stdout and stderr (0: no limit): past it the "
             "oldest half is dropped and the log starts with a line saying how many bytes were.",
         ),
+        keep_finished: str = typer.Option(
+            "14d",
+            "--keep-finished",
+            metavar="DURATION",
+            help="Delete finished jobs, their events, logs and directories this long after they "
+            "finished (e.g. 14d, 12h, 30m; gpupool prune does it at once).",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -203,7 +217,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
-        from gpupool.agent import statedir
+        from gpupool.agent import logs, statedir
         from gpupool.agent.access import Access
         from gpupool.agent.agent import Agent, AgentConfig
         from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
@@ -212,6 +226,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.api.app import create_app
         from gpupool.devices.factory import open_backend
 
+        logs.configure()
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
         if policy not in GPU_POLICIES:
@@ -238,6 +253,7 @@ def register(app: typer.Typer) -> None:
             watchdog_exempt=exemptions,
             mig_keep_instances=mig_keep_instances,
             max_log_size=log_cap or 0,
+            keep_finished_s=_duration(keep_finished, "--keep-finished"),
             access=access,
         )
         lock = statedir.hold(root)

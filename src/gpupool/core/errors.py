@@ -13,7 +13,11 @@ Each class carries the exit code the `gpupool` command uses when it reaches the 
     │   ├── DriverNotFound     4  no NVIDIA driver or NVML library on this machine
     │   ├── NotAvailable       4  the device does not support the asked function
     │   └── GpuLost            4  a GPU fell off the bus; the node's other GPUs still answer
-    └── NativeLibraryError     5  a native library of gpupool is missing or cannot be loaded
+    ├── NativeLibraryError     5  a native library of gpupool is missing or cannot be loaded
+    ├── PermissionDenied       6  the caller may not do this
+    ├── DaemonError            7  the node daemon cannot be reached, refused, or failed
+    │   └── StoreBusy          7  the daemon's state is locked by another process: retry soon
+    └── KubeApiError           8  the Kubernetes API server failed or timed out
 
 Outside the tree: a usage error (unknown option) exits 2, and a bug exits 70 ("internal error").
 `gpupool exec` exits 125 for any failure of its own, as env(1) and timeout(1) do, so that it is
@@ -109,6 +113,12 @@ class DaemonError(GpupoolError):
     """The node daemon cannot be reached, refused to start, or answered with a failure."""
 
     exit_code = 7
+
+
+class StoreBusy(DaemonError):
+    """The daemon's state database is locked by another process (a backup, an admin's sqlite3):
+    the request changed nothing and may be retried in a moment (the API answers 503 with
+    Retry-After)."""
 
 
 class KubeApiError(GpupoolError):

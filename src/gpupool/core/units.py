@@ -156,3 +156,17 @@ def parse_int_range(text: str, what: str = "range") -> list[int]:
             raise InvalidRequest(f"invalid {what} {text!r}: too many values")
         values.extend(v for v in range(low, high + 1) if v not in values)
     return values
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`7d`, `12h`, `30m`, `45s`, `1.5h`, `0s` -> seconds (a unit is required: `30` could be
+    seconds or minutes)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhdw])\s*", text)
+    if match is None:
+        raise InvalidRequest(
+            f"invalid duration {text!r}: use a number and a unit, s, m, h, d or w (e.g. 7d, 12h)"
+        )
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
