@@ -65,7 +65,7 @@ def main() -> None:
             agent = Agent(AgentConfig(root / "state"), backend)
             agent.observed.sampled(backend.snapshot(), {})
             add_running_jobs(agent, args.jobs, args.gpus)
-            collector = AgentCollector(agent)
+            collector = AgentCollector(agent.view)
             registry = CollectorRegistry(auto_describe=False)
             registry.register(collector)
             body = render(collector.families())

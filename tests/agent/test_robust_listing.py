@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gpupool.agent.agent import Agent, AgentConfig
-from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.jobs import JobSpec, State
 from gpupool.devices.factory import open_backend
 
 
@@ -21,13 +21,13 @@ def test_the_listing_follows_each_job_and_forgets_the_pruned(tmp_path: Path) -> 
         store.finish(ids[0], State.SUCCEEDED, 0, finished_at=time.time())
 
         def listed(everything: bool, mine: bool = True) -> list[dict[str, object]]:
-            body = agent.jobs_json(everything, Job.to_json, lambda owner: mine)
+            body = agent.view.jobs_json(everything, lambda owner: mine)
             jobs = json.loads(body)["jobs"]
             assert isinstance(jobs, list)
             return jobs
 
         def expected(everything: bool) -> list[dict[str, object]]:
-            return [job.to_json() for job in agent.jobs(everything)]
+            return [agent.view.job_json(job) for job in agent.view.jobs(everything)]
 
         for _ in range(2):  # the second time from the kept entries
             assert listed(True) == expected(True)
@@ -40,5 +40,5 @@ def test_the_listing_follows_each_job_and_forgets_the_pruned(tmp_path: Path) -> 
         assert [job["state"] for job in listed(True)] == ["succeeded", "failed", "queued"]
         assert listed(False) == expected(False)
         assert agent.prune(0) == 2
-        assert listed(True) == expected(True) == [store.job(ids[2]).to_json()]
+        assert listed(True) == expected(True) == [agent.view.job_json(store.job(ids[2]))]
         store.close()

@@ -94,11 +94,12 @@ def test_a_job_whose_end_cannot_be_recorded_fails_alone(
     assert [r.getMessage() for r in errors(caplog)] == [f"job {ids[1]}: bookkeeping failed"]
 
 
-@pytest.mark.parametrize("method", ["schedule", "sample"])
+@pytest.mark.parametrize("part, method", [("agent", "schedule"), ("sampler", "sample")])
 def test_a_persistent_failure_is_told_once_then_rate_limited_with_backoff(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    part: str,
     method: str,
 ) -> None:
     calls: list[float] = []
@@ -113,7 +114,7 @@ def test_a_persistent_failure_is_told_once_then_rate_limited_with_backoff(
     with open_backend("2xA100-40GB", tmp_path / "node") as backend:
         # the loop and the sampler at the same pace: a try every 0.1 s without backoff
         agent = Agent(AgentConfig(tmp_path / "state", tick_s=0.1, sample_s=0.1), backend)
-        monkeypatch.setattr(agent, method, broken)
+        monkeypatch.setattr(agent if part == "agent" else agent.sampler, method, broken)
         agent.start()
         try:
             assert until(lambda: calls and time.monotonic() - calls[0] > 3.0, timeout=15)

@@ -25,7 +25,7 @@ def test_render_writes_what_prometheus_client_writes(
         busy_agent(agent)
         now = time.time()
         monkeypatch.setattr(time, "time", lambda: now)  # the oldest wait, the same for both
-        collector = AgentCollector(agent)
+        collector = AgentCollector(agent.view)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         ours = render(collector.families())

@@ -27,7 +27,7 @@ def exported_names(tmp_path: Path) -> set[str]:
     with open_backend("1xA30", tmp_path / "node") as backend:
         agent = Agent(AgentConfig(tmp_path / "state"), backend)
         names = set()
-        for family in AgentCollector(agent).collect():
+        for family in AgentCollector(agent.view).collect():
             if isinstance(family, HistogramMetricFamily):
                 names |= {f"{family.name}{end}" for end in ("_bucket", "_sum", "_count")}
             elif isinstance(family, CounterMetricFamily):

@@ -131,7 +131,7 @@ def test_a_scrape_of_a_closed_store_says_down_and_raises_nothing(
     (tmp_path / "state").mkdir()
     with open_backend("1xA30", tmp_path / "node") as backend:
         agent = Agent(AgentConfig(tmp_path / "state"), backend)
-        collector = AgentCollector(agent)
+        collector = AgentCollector(agent.view)
         names = {family.name for family in collector.collect()}
         assert {"DCGM_FI_DEV_FB_USED", "gpupool_jobs", "gpupool_up"} <= names
         agent.store.close()  # what a stopping daemon's last scrape may meet

@@ -70,7 +70,7 @@ def test_regions_stay_open_while_their_jobs_run_and_no_value_is_stale(
     before = len(os.listdir("/proc/self/fd"))
     first = start_shared_job(agent, SPEC, "alice", [0], [(1, 0, 0)])
     second = start_shared_job(agent, SPEC, "bob", [1], [(2, 0, 0)])
-    collector = AgentCollector(agent)
+    collector = AgentCollector(agent.view)
     assert refused(collector) == {str(first.id): 1, str(second.id): 2}
     assert len(open_regions(tmp_path)) == 2
     assert refused(collector) == {str(first.id): 1, str(second.id): 2}

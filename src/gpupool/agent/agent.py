@@ -1,16 +1,17 @@
 """The daemon's core: admission at submit, the queue loop, job ends, cancel, drain, recovery.
 
 One loop thread reconciles (job ends from the supervisors' exit files, cancel deadlines) and
-starts what the queue allows; a sampler thread reads the GPUs for live usage and health. API
-calls and the loop share the store, which serialises every change as one transaction. A job
-whose bookkeeping fails is failed alone; a failing pass is logged once and retried with backoff;
-finished jobs are pruned after `keep_finished_s`.
+starts what the queue allows (MIG jobs through migschedule.py); a sampler thread (sampler.py)
+reads the GPUs for live usage and health. API calls and the loop share the store, which
+serialises every change as one transaction. A job whose bookkeeping fails is failed alone; a
+failing pass is logged once and retried with backoff; finished jobs are pruned after
+`keep_finished_s`. What the API reads goes through `view` (view.py), the commands through the
+methods here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -18,75 +19,36 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
-from typing import Any
 
 from gpupool.agent import launcher, mps, node
-from gpupool.agent.access import Access
-from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
-from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE, JobDir, alive, jobs_dir
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures, log
 from gpupool.agent.migjobs import MigJobs
+from gpupool.agent.migschedule import MigScheduler
 from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
+from gpupool.agent.sampler import Sampler
 from gpupool.agent.store import Store
-from gpupool.agent.usage import Usage, job_usage
-from gpupool.agent.watchdog import Action, Watchdog
+from gpupool.agent.view import NodeView
+from gpupool.agent.watchdog import Watchdog
 from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
+from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter import prepare_arbiters
-from gpupool.isolation.launch import arbiter_dir, memory_bytes
+from gpupool.isolation.launch import arbiter_dir
 from gpupool.isolation.node import launch_node
-from gpupool.scheduler.gpu_placement import GPU_POLICIES, Target, check_possible
+from gpupool.scheduler.gpu_placement import Target, check_possible
 
-#: the longest a queued MIG job waits for a new look at the GPUs' MIG layouts
-MIG_REPLAN_S = 1.0
+__all__ = ["Agent", "AgentConfig"]
+
 #: how often the queue loop prunes finished jobs and trims the node events
 PRUNE_EVERY_S = 60.0
-#: a finished job's listing entry is kept encoded up to this size (most are under 1 KiB)
-MAX_LISTED_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    state_dir: Path
-    policy: str = "binpack"
-    cancel_grace_s: float = 10.0
-    tick_s: float = 0.1
-    sample_s: float = 1.0
-    #: bytes set aside per job and GPU for what the share does not count (its CUDA context);
-    #: None: node.DEFAULT_CONTEXT_RESERVE on real GPUs, nothing on a simulated node, whose
-    #: driver charges a context nothing
-    context_reserve: int | None = None
-    #: what the watchdog does with a GPU process of no job or a job over its share
-    watchdog: Action = Action.REPORT
-    #: GPU processes of no job the watchdog reports as exempt and never kills
-    watchdog_exempt: Exemptions = NO_EXEMPTIONS
-    #: leave the MIG instances created for jobs in place after them
-    mig_keep_instances: bool = False
-    #: each job's stdout and stderr keep at most this many bytes, the newest (0: no limit)
-    max_log_size: int = DEFAULT_MAX_LOG_SIZE
-    #: who may act on whose jobs and drain the node (default: this process's user is the admin)
-    access: Access = field(default_factory=lambda: Access(os.geteuid()))
-    #: finished jobs, their events and directories are deleted this long after they finished
-    keep_finished_s: float = 14 * 86400
-
-    def __post_init__(self) -> None:
-        if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:
-            raise InvalidRequest(
-                f"invalid maximum log size {self.max_log_size} bytes (--max-log-size): "
-                f"0 for no limit, or at least {MIN_LOG_SIZE // 1024}Ki"
-            )
-        if self.policy not in GPU_POLICIES:
-            raise InvalidRequest(
-                f"unknown policy {self.policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
-            )
 
 
 class Agent:
@@ -104,7 +66,6 @@ class Agent:
         self.context_reserve: int = (
             default_reserve if config.context_reserve is None else config.context_reserve
         )
-        self.capacity = node.capacity(snapshot, self.context_reserve)
         self.watchdog = Watchdog(
             self.store,
             config.watchdog,
@@ -112,38 +73,48 @@ class Agent:
             self.jobdir,
             config.watchdog_exempt,
         )
-        #: GPUs in MIG mode: only MIG jobs run there
-        self._mig_mode = _mig_mode(snapshot)
         self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)
-        #: what the node has, for "never fits": a GPU lost for a while still counts
-        self.inventory = self.capacity
+        self._mig_scheduler = MigScheduler(
+            self.mig, self.store, self._snapshot, self._launch, self._fail_start
+        )
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._live: dict[int, Usage] = {}
-        self._peaks: dict[int, int] = {}
         self._waiting: dict[int, tuple[str, ...]] = {}
         self._cancel_at: dict[int, float] = {}
         self._threads: list[threading.Thread] = []
         #: for /metrics, the dashboard and `top`
         self.observed = Observations(sample_s=config.sample_s)
-        self.observed.sampled(snapshot, {})
         self.mps = mps.MpsControl(
             config.state_dir / "mps",
             mps.control_command(backend.simulated),
             [gpu.uuid for gpu in snapshot.gpus],
         )
         self.mps_jobs = MpsJobs(self.mps, lambda job_id: self.jobdir(job_id).path)
-        # MIG jobs are placed from a device snapshot: taken when a MIG job came or went, else at
-        # most every MIG_REPLAN_S (an admin may change the layout), not at every tick
-        self._mig_changed = True
-        self._mig_planned_at = 0.0
-        self._mig_waiting: dict[int, tuple[str, ...]] = {}
+        self.sampler = Sampler(
+            self.store,
+            self._snapshot,
+            self.observed,
+            self.watchdog,
+            self.mps_jobs,
+            self.context_reserve,
+            snapshot,
+        )
+        #: what the node has, for "never fits": a GPU lost for a while still counts
+        self.inventory = self.sampler.capacity
+        #: what the API, /metrics and the dashboard read
+        self.view = NodeView(
+            config,
+            self.store,
+            self.sampler,
+            self.watchdog,
+            self.mps_jobs,
+            self.jobdir,
+            lambda job_id: self._waiting.get(job_id, ()),
+            context_reserve=self.context_reserve,
+            simulated=backend.simulated,
+        )
         self._pruned_at = -PRUNE_EVERY_S
-        #: the encoded listing entry of each finished job (see jobs_json)
-        #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
-        #: see it, as others see it: no command)
-        self._listed: dict[int, tuple[int, bytes, bytes]] = {}
         #: one prune at a time (the loop's and an admin's); rmtree of one dir twice would race
         self._prune_lock = threading.Lock()
 
@@ -154,7 +125,8 @@ class Agent:
         self.recover()
         uuids = [gpu.uuid for gpu in self._snapshot().gpus]
         prepare_arbiters(arbiter_dir(self.launch_node.sim_node), uuids)
-        for target, name in ((self._loop, "gpupool-queue"), (self._sampler, "gpupool-sampler")):
+        sampler = partial(self.sampler.run, self._stop, self.config.sample_s)
+        for target, name in ((self._loop, "gpupool-queue"), (sampler, "gpupool-sampler")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -199,18 +171,14 @@ class Agent:
         for job_id, detail in self.mig.recover():
             self.store.note(job_id, "mig", detail)
 
-    # -- API --------------------------------------------------------------------------------
-
-    @property
-    def draining(self) -> bool:
-        return self.store.setting("draining") == "1"
+    # -- commands ---------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
         spec.check_bounds()  # again: a caller may have changed `env`, a dict, since it was made
         if spec.mode is Mode.MIG:
             job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
-            self._mig_changed = True
+            self._mig_scheduler.changed()
             self._wake.set()
             return job
         try:
@@ -226,68 +194,6 @@ class Agent:
         job = self.store.add(spec, uid, user)
         self._wake.set()
         return job
-
-    def job(self, job_id: int) -> Job:
-        return self._with_mig([self.store.job(job_id)])[0]
-
-    def jobs(self, everything: bool = False) -> list[Job]:
-        """Jobs by id (queued and running ones, or all)."""
-        states = None if everything else [State.QUEUED, State.RUNNING]
-        return self._with_mig(sorted(self.store.jobs(states), key=lambda job: job.id))
-
-    def jobs_json(
-        self,
-        everything: bool,
-        render: Callable[[Job], dict[str, Any]],
-        may_see: Callable[[int], bool],
-    ) -> bytes:
-        """`{"jobs": [render(job), ...]}` by id (queued and running jobs, or all), as JSON; a
-        job whose owner's uid `may_see` refuses is listed without its command. A finished job
-        never changes, so its entries (`render` must depend on the job alone) are encoded once
-        and kept until the job is pruned: `ps --all` on a node with 10,000 finished jobs then
-        costs the open jobs, not the 10,000 (bench/ps_latency.py)."""
-        if everything:
-            ids, read = self.store.listing(self._listed)
-            unlisted = {job.id: job for job in self._with_mig(list(read.values()))}
-        else:
-            open_jobs = self.jobs()
-            ids = [(job.id, False) for job in open_jobs]
-            unlisted = {job.id: job for job in open_jobs}
-        parts = []
-        for job_id, finished in ids:
-            entry = self._listed.get(job_id) if finished else None
-            if entry is None:
-                job = unlisted.get(job_id)
-                if job is None:  # pruned since it was listed
-                    continue
-                entry = _listing_entry(job.uid, render(job))
-                if finished and len(entry[1]) <= MAX_LISTED_BYTES:
-                    self._listed[job_id] = entry
-            owner, full, hidden = entry
-            parts.append(full if may_see(owner) else hidden)
-        return b'{"jobs":[' + b",".join(parts) + b"]}"
-
-    def _with_mig(self, jobs: list[Job]) -> list[Job]:
-        """`jobs` with the MIG instance each MIG job holds."""
-        uses = self.store.mig_uses(released=True)
-        return [replace(job, mig=uses.get(job.id)) if job.id in uses else job for job in jobs]
-
-    def live(self, job_id: int) -> Usage | None:
-        return self._live.get(job_id)
-
-    def describe(self, job_id: int) -> dict[str, Any]:
-        job = self.job(job_id)
-        data = job.to_json()
-        data["events"] = self.store.events(job_id)
-        data["waiting"] = list(self._waiting.get(job_id, ())) if job.state is State.QUEUED else []
-        if self.context_reserve and any(" memory " in line for line in data["waiting"]):
-            data["waiting"].append(
-                f"(free memory is net of {format_bytes(self.context_reserve)} per job and GPU "
-                "for CUDA contexts: gpupool serve --context-reserve)"
-            )
-        if job.state is State.QUEUED and self.draining:
-            data["waiting"].insert(0, "the node is draining: nothing new starts")
-        return data
 
     def cancel(self, job_id: int, uid: int, user: str) -> Job:
         job = self.store.job(job_id)
@@ -315,40 +221,6 @@ class Agent:
         self.config.access.require_admin(uid, "draining the node" if on else "ending a drain")
         self.store.set_setting("draining", "1" if on else "0")
         self._wake.set()
-
-    def node_json(self) -> dict[str, Any]:
-        running = self.store.jobs([State.RUNNING])
-        free = node.free_now(self.capacity, running, self.context_reserve)
-        gpus = []
-        for cap, now in zip(self.capacity, free, strict=True):
-            # shares and their context reserves, summed (free room clips at zero)
-            admitted = sum(
-                node.held(job.spec, memory, self.context_reserve)
-                for job in running
-                for index, memory in zip(job.gpus, job.memory, strict=False)
-                if index == cap.index
-            )
-            gpus.append(
-                {
-                    "index": cap.index,
-                    "model": cap.model,
-                    "healthy": cap.healthy,
-                    "memory_total": cap.memory_total + self.context_reserve
-                    if cap.memory_total
-                    else 0,
-                    "memory_admitted": admitted,
-                    "compute_admitted": 1000 - now.compute_free,
-                    "jobs": [j.id for j in running if cap.index in j.gpus],
-                    "mps": self.mps_jobs.of_gpu(cap.index, running),
-                }
-            )
-        return {
-            "policy": self.config.policy,
-            "draining": self.draining,
-            "simulated": self.backend.simulated,
-            "context_reserve": self.context_reserve,
-            "gpus": gpus,
-        }
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -418,9 +290,8 @@ class Agent:
             state = State.FAILED
         else:
             state = State.SUCCEEDED if code == 0 else State.FAILED
+        peak = self.sampler.ended(job.id)
         with self._lock:
-            peak = self._peaks.pop(job.id, None)
-            self._live.pop(job.id, None)
             self._cancel_at.pop(job.id, None)
         words = detail or mps_failure
         words = words or (f"exit code {code}" if code is not None else "exit code unknown")
@@ -438,13 +309,7 @@ class Agent:
         for region in jobdir.path.glob("gpupool-share-*"):
             shutil.rmtree(region, ignore_errors=True)
         if job.spec.mode is Mode.MIG:
-            self._release_mig(job.id)
-            self._mig_changed = True
-
-    def _release_mig(self, job_id: int) -> None:
-        released = self.mig.release(job_id)
-        if released is not None:
-            self.store.note(job_id, "mig", released)
+            self._mig_scheduler.ended(job.id)
 
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         pids = self.jobdir(job.id).pids()
@@ -460,7 +325,7 @@ class Agent:
 
     def schedule(self) -> None:
         """Start what the queue allows now (nothing while draining)."""
-        if self.draining:  # `describe` says so; nothing else to work out
+        if self.view.draining:  # `describe` says so; nothing else to work out
             self._waiting = {}
             return
         queued = []
@@ -477,7 +342,8 @@ class Agent:
         mig_queued = [job for job in queued if job.spec.mode is Mode.MIG]
         queued = [job for job in queued if job.spec.mode is not Mode.MIG]
         running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
-        capacity = [gpu for gpu in self.capacity if gpu.index not in self._mig_mode]
+        mig_mode = self.sampler.mig_mode
+        capacity = [gpu for gpu in self.sampler.capacity if gpu.index not in mig_mode]
         free = node.free_now(capacity, running, self.context_reserve)
         decided = plan(
             queued,
@@ -488,13 +354,11 @@ class Agent:
             self._target(queued + running),
             self.context_reserve,
         )
-        mig_lines = tuple(
-            f"GPU {i}: in MIG mode, for MIG jobs only" for i in sorted(self._mig_mode)
-        )
+        mig_lines = tuple(f"GPU {i}: in MIG mode, for MIG jobs only" for i in sorted(mig_mode))
         self._waiting = {job: why + mig_lines for job, why in decided.waiting.items()}
         self.observed.scheduling.observe(time.perf_counter() - began)
         if mig_queued:
-            self._schedule_mig(mig_queued)
+            self._waiting.update(self._mig_scheduler.schedule(mig_queued))
         mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
             if start.job.spec.mode is Mode.MPS:
@@ -513,40 +377,12 @@ class Agent:
         detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
         job = self.store.start(start.job, start.gpus, start.memory, detail)
         try:
-            launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
+            self._launch(job)
         except (GpupoolError, OSError) as err:  # the expected ways: one line, no traceback
             self._fail_start(job, f"launch failed: {err}")
 
-    def _schedule_mig(self, queued: list[Job]) -> None:
-        now = time.monotonic()
-        if not self._mig_changed and now - self._mig_planned_at < MIG_REPLAN_S:
-            self._waiting.update(self._mig_waiting)
-            return
-        self._mig_changed, self._mig_planned_at = False, now
-        choices, waiting = self.mig.plan(queued, self._snapshot())
-        self._mig_waiting = waiting
-        self._waiting.update(waiting)
-        for choice in choices:
-            try:
-                use = self.mig.acquire(choice)
-            except GpupoolError as err:
-                self._fail_start(choice.job, f"cannot make its MIG instance: {err}")
-                continue
-            how = "created" if use.created else "free"
-            # the share inside the instance, or all of it
-            memory = memory_bytes(choice.job.spec.memory_share(), use.memory_total)
-            job = self.store.start(
-                choice.job, (use.gpu,), (memory or use.memory_total,), f"{use.label} ({how})"
-            )
-            try:
-                launcher.launch(
-                    replace(job, mig=use), self.launch_node, self.jobdir(job.id), self.mps
-                )
-            except Exception as err:  # any failure fails this job alone
-                if not isinstance(err, GpupoolError | OSError):  # not an expected way: a bug
-                    log.exception("job %d: launch failed", job.id)
-                self._fail_start(job, f"launch failed: {err}")
-                self._release_mig(job.id)
+    def _launch(self, job: Job) -> None:
+        launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
@@ -568,78 +404,12 @@ class Agent:
             raise InvalidRequest(f"invalid age {older_than_s:g}: must not be negative")
         with self._prune_lock:
             pruned = self.store.prune(time.time() - older_than_s)
-            for job_id in pruned:
-                self._listed.pop(job_id, None)
-            self._remove_job_dirs()
+            self.view.forget(pruned)
+            remove_unknown(self.jobs_dir, self.store.job_ids)
         if pruned:
             log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)
         return len(pruned)
 
-    def _remove_job_dirs(self) -> None:
-        """Remove every job directory whose job the store no longer holds (pruned now, or by
-        a prune cut short), relative to the jobs dir's fd and without following a link: a
-        job's owner writes in its directory and may leave links there."""
-        fd = os.open(self.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            # listed before the ids are read: a job's row is written before its directory,
-            # so a directory listed here whose id is not in the store has been pruned
-            names = [name for name in os.listdir(fd) if name.isdigit()]
-            known = self.store.job_ids()
-            for name in names:
-                if int(name) not in known:
-                    shutil.rmtree(name, dir_fd=fd, onerror=_removal_failed)
-        finally:
-            os.close(fd)
-
-    # -- the sampler --------------------------------------------------------------------------
-
-    def _snapshot(self) -> Any:
+    def _snapshot(self) -> NodeSnapshot:
         with self._backend_lock:
             return self.backend.snapshot()
-
-    def _sampler(self) -> None:
-        failures = Failures("reading the GPUs", self.config.sample_s)
-        wait = self.config.sample_s
-        while not self._stop.wait(wait):
-            wait = self.config.sample_s
-            try:
-                self.sample()
-                failures.succeeded()
-            except Exception as err:  # a lost GPU, a driver error, a bug: the node goes on
-                wait = max(wait, failures.failed(err))
-
-    def sample(self) -> None:
-        snapshot = self._snapshot()
-        self.capacity = node.capacity(snapshot, self.context_reserve)
-        self._mig_mode = _mig_mode(snapshot)
-        running = self.store.jobs([State.RUNNING])
-        groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
-        usage = job_usage(snapshot, groups)
-        self.observed.sampled(snapshot, groups)
-        with self._lock:
-            self._live = usage
-            for job_id, now in usage.items():
-                self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
-        if usage:
-            self.store.record_peak({job_id: u.memory for job_id, u in usage.items()})
-        servers = {self.mps_jobs.server_pid(job) for job in running}
-        self.watchdog.check(snapshot, running, {pid for pid in servers if pid is not None})
-
-
-def _removal_failed(function: Any, path: str, info: Any) -> None:
-    """A job directory that cannot be removed in full: told, and tried again at the next prune."""
-    error = info[1] if isinstance(info, tuple) else info
-    if not isinstance(error, FileNotFoundError):
-        log.warning("cannot remove jobs/%s: %s", path, error)
-
-
-def _listing_entry(owner: int, data: dict[str, Any]) -> tuple[int, bytes, bytes]:
-    """A job's listing entry as its owner sees it and as others do (no command). ASCII
-    (escaped) JSON: no stored string can make the answer unencodable."""
-    full = json.dumps(data).encode()
-    hidden = json.dumps({**data, "command": None}).encode()
-    return owner, full, hidden
-
-
-def _mig_mode(snapshot: Any) -> frozenset[int]:
-    return frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)

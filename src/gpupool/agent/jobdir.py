@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import stat
 import sys
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,7 @@ STREAMS = ("stdout", "stderr")
 _SMALL_FILE = 64 * 1024
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _reported: set[Path] = set()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,30 @@ class ExitStatus:
 def jobs_dir(state_dir: Path) -> Path:
     """The directory of the job directories (made 0711 if missing)."""
     return statedir.private_dir(state_dir, JOBS_DIR, DIR_MODE)
+
+
+def remove_unknown(jobs: Path, known_ids: Callable[[], Container[int]]) -> None:
+    """Remove every job directory under `jobs` whose job the store no longer holds (pruned now,
+    or by a prune cut short), relative to the jobs dir's fd and without following a link: a
+    job's owner writes in its directory and may leave links there."""
+    fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        # listed before the ids are read: a job's row is written before its directory, so a
+        # directory listed here whose id is not in the store has been pruned
+        names = [name for name in os.listdir(fd) if name.isdigit()]
+        known = known_ids()
+        for name in names:
+            if int(name) not in known:
+                shutil.rmtree(name, dir_fd=fd, onerror=_removal_failed)
+    finally:
+        os.close(fd)
+
+
+def _removal_failed(function: Any, path: str, info: Any) -> None:
+    """A job directory that cannot be removed in full: told, and tried again at the next prune."""
+    error = info[1] if isinstance(info, tuple) else info
+    if not isinstance(error, FileNotFoundError):
+        log.warning("cannot remove jobs/%s: %s", path, error)
 
 
 def _open_regular(path: Path) -> int | None:

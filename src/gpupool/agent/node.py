@@ -45,6 +45,11 @@ def capacity(snapshot: NodeSnapshot, reserve: int = 0) -> tuple[GpuView, ...]:
     )
 
 
+def in_mig_mode(snapshot: NodeSnapshot) -> frozenset[int]:
+    """The GPUs in MIG mode: only MIG jobs run there."""
+    return frozenset(g.index for g in snapshot.gpus if g.mig is not None and g.mig.current)
+
+
 def opportunistic(spec: JobSpec) -> bool:
     """A job that holds no compute: it runs in the time the guaranteed jobs leave."""
     return priority_rule.opportunistic(spec.priority)

@@ -18,7 +18,7 @@ class PruneBody(BaseModel):
 
 def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) -> None:
     """Add POST /v1/prune to `app`."""
-    access = agent.config.access
+    access = agent.view.access
 
     @app.post("/v1/prune")
     def prune(body: PruneBody, uid: int = Depends(caller)) -> dict[str, Any]:

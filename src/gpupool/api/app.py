@@ -2,9 +2,11 @@
 
 Who calls: on the Unix socket, the peer's uid from SO_PEERCRED (`server.py` puts it in the ASGI
 scope); on TCP, whoever holds the bearer token, acting as the daemon's own user. What a caller may
-do and see is `agent.config.access`'s to say: every job's share is public, its command, logs and
+do and see is `agent.view.access`'s to say: every job's share is public, its command, logs and
 events are its owner's and the admins'. `guard.py` checks every request before a route runs.
 Errors of the error tree become 4xx/5xx with `{"error": class name, "message": one line}`.
+The routes read through `agent.view` (agent/view.py) and act through the agent's commands
+(submit, cancel, drain, prune), never through its parts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpupool import __version__
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
-from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
+from gpupool.agent.jobs import LAUNCHABLE_MODES, JobSpec
 from gpupool.api import admin_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
@@ -127,7 +129,8 @@ def create_app(
     """The app for `agent`, behind its guard. `token` guards TCP connections (None: TCP refuses
     everyone); `allowed_hosts`: names besides localhost a Host header may carry (the --listen
     host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure."""
-    access = agent.config.access
+    view = agent.view
+    access = view.access
     secret = None if token is None else token.encode()
     app = FastAPI(title="gpupool node daemon", version=__version__, docs_url=None, openapi_url=None)
 
@@ -164,15 +167,6 @@ def create_app(
         message = f"invalid request: {where}: {first.get('msg', 'malformed')}"
         return JSONResponse({"error": "InvalidRequest", "message": message}, status_code=400)
 
-    def with_live(job: Job) -> dict[str, Any]:
-        data = job.to_json()
-        live = agent.live(job.id)
-        data["live_memory"] = live.memory if live else None
-        data["utilization"] = live.utilization if live else None
-        data["over_share"] = job.id in agent.watchdog.flagged
-        data["mps_server"] = agent.mps_jobs.server_pid(job)
-        return data
-
     # the docs take the same caller as the API: over TCP they need the token too
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(caller)])
     def openapi() -> dict[str, Any]:
@@ -189,7 +183,7 @@ def create_app(
     @app.get("/v1/jobs")
     def list_jobs(all: bool = False, uid: int = Depends(caller)) -> Response:
         # encoded by the agent, which keeps each finished job's entry: `ps --all` stays fast
-        body = agent.jobs_json(all, with_live, partial(access.may_see, uid))
+        body = view.jobs_json(all, partial(access.may_see, uid))
         return Response(body, media_type="application/json")
 
     # a plain def, run in the thread pool: the store's lock and SQLite's writes must never hold
@@ -200,14 +194,14 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}")
     def describe(job_id: int, uid: int = Depends(caller)) -> dict[str, Any]:
-        job = agent.job(job_id)
+        job = view.job(job_id)
         access.require_owner(uid, job.uid, job_id, "see its command, logs and events")
-        data = agent.describe(job_id)
-        data["mps_server"] = agent.mps_jobs.server_pid(agent.job(job_id))
-        live = agent.live(job_id)
+        data = view.describe(job_id)
+        data["mps_server"] = view.mps_server(view.job(job_id))
+        live = view.live(job_id)
         data["live_memory"] = live.memory if live else None
         data["utilization"] = live.utilization if live else None
-        data["over_share"] = job_id in agent.watchdog.flagged
+        data["over_share"] = view.over_share(job_id)
         return data
 
     @app.post("/v1/jobs/{job_id}/cancel")
@@ -218,15 +212,9 @@ def create_app(
     def logs(
         job_id: int, stream: str = "stdout", offset: int = 0, uid: int = Depends(caller)
     ) -> dict[str, Any]:
-        job = agent.job(job_id)
+        job = view.job(job_id)
         access.require_owner(uid, job.uid, job_id, "read its logs")
-        jobdir = agent.jobdir(job_id)
-        start = max(0, offset)
-        data = jobdir.read_log(stream, start, LOG_CHUNK)
-        if not data and start and jobdir.log_size(stream) < start:
-            # the log reached --max-log-size and was cut to its tail: follow it from the top
-            start = 0
-            data = jobdir.read_log(stream, start, LOG_CHUNK)
+        data, start = view.read_log(job_id, stream, offset, LOG_CHUNK)
         return {
             "data": data.decode(errors="replace"),
             "offset": start + len(data),
@@ -236,17 +224,17 @@ def create_app(
     @app.post("/v1/drain")
     def drain(body: DrainBody, uid: int = Depends(caller)) -> dict[str, Any]:
         agent.drain(body.on, uid)
-        return agent.node_json()
+        return view.node_json()
 
     @app.get("/v1/node")
     def node(_: int = Depends(caller)) -> dict[str, Any]:
-        return agent.node_json()
+        return view.node_json()
 
-    watchdog_routes.register(app, agent, caller)
+    watchdog_routes.register(app, view, caller)
     admin_routes.register(app, agent, caller)
-    app.include_router(metrics_router(agent, caller))
+    app.include_router(metrics_router(view, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
-    app.include_router(dashboard_router(agent, secret, sessions, caller))
+    app.include_router(dashboard_router(view, secret, sessions, caller))
     return Guard(app, access, host_names(allowed_hosts))
 
 

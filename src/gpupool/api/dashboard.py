@@ -28,8 +28,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, State
+from gpupool.agent.view import NodeView
 from gpupool.api import dashboard_html
 from gpupool.api.guard import OVER_TCP
 from gpupool.core.errors import NotFound
@@ -83,15 +83,15 @@ class Sessions:
         )
 
 
-def visible_jobs(agent: Agent, uid: int, ids: Iterable[int]) -> set[int]:
+def visible_jobs(view: NodeView, uid: int, ids: Iterable[int]) -> set[int]:
     """Those of `ids` whose events and command `uid` may see (a job gone from the store: none)."""
-    access = agent.config.access
+    access = view.access
     if access.is_admin(uid):
         return set(ids)
     shown = set()
     for job_id in set(ids):
         try:
-            owner = agent.store.job(job_id).uid
+            owner = view.owner(job_id)
         except NotFound:
             continue
         if access.may_see(uid, owner):
@@ -99,18 +99,17 @@ def visible_jobs(agent: Agent, uid: int, ids: Iterable[int]) -> set[int]:
     return shown
 
 
-def recent_events(agent: Agent, uid: int, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
+def recent_events(view: NodeView, uid: int, limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
     """The events panel's rows that `uid` may see, newest first: {at, job_id, kind, detail},
-    job_id None for an event of the node rather than of a job. Every source of events is merged
-    here, so the page shows them all."""
-    merged = agent.store.recent_events(limit) + agent.store.node_events((), limit=limit)
-    shown = visible_jobs(agent, uid, (e["job_id"] for e in merged if e["job_id"] is not None))
-    merged = [e for e in merged if e["job_id"] is None or e["job_id"] in shown]
-    return sorted(merged, key=lambda event: event["at"], reverse=True)[:limit]
+    job_id None for an event of the node rather than of a job (the view merges every source of
+    events, so the page shows them all)."""
+    merged = view.recent_events(limit)
+    shown = visible_jobs(view, uid, (e["job_id"] for e in merged if e["job_id"] is not None))
+    return [e for e in merged if e["job_id"] is None or e["job_id"] in shown][:limit]
 
 
-def _job_row(agent: Agent, job: Job) -> dict[str, Any]:
-    live = agent.live(job.id)
+def _job_row(view: NodeView, job: Job) -> dict[str, Any]:
+    live = view.live(job.id)
     share = job.memory_per_gpu()
     return {
         "id": job.id,
@@ -130,11 +129,11 @@ def _job_row(agent: Agent, job: Job) -> dict[str, Any]:
     }
 
 
-def dashboard_data(agent: Agent, uid: int) -> dict[str, Any]:
+def dashboard_data(view: NodeView, uid: int) -> dict[str, Any]:
     """Everything the dashboard shows to `uid`, as JSON-ready data."""
-    observed = agent.observed
-    snapshot = observed.snapshot
-    jobs = agent.jobs()
+    snapshot = view.snapshot()
+    per_gpu = view.usage_per_gpu()
+    jobs = view.jobs()
     running = [job for job in jobs if job.state is State.RUNNING]
     gpus = []
     for gpu in snapshot.gpus if snapshot is not None else ():
@@ -142,7 +141,7 @@ def dashboard_data(agent: Agent, uid: int) -> dict[str, Any]:
         for job in running:
             if gpu.index not in job.gpus:
                 continue
-            usage = observed.per_gpu.get((job.id, gpu.index))
+            usage = per_gpu.get((job.id, gpu.index))
             position = job.gpus.index(gpu.index)
             share = job.memory[position] if position < len(job.memory) else None
             on_gpu.append(
@@ -170,28 +169,28 @@ def dashboard_data(agent: Agent, uid: int) -> dict[str, Any]:
                 "jobs": on_gpu,
             }
         )
-    points = observed.recent()
+    points = view.history()
     return {
         "time": time.time(),
-        "simulated": agent.backend.simulated,
-        "draining": agent.draining,
-        "policy": agent.config.policy,
+        "simulated": view.simulated,
+        "draining": view.draining,
+        "policy": view.policy,
         "gpus": gpus,
-        "jobs": [_job_row(agent, job) for job in jobs],
+        "jobs": [_job_row(view, job) for job in jobs],
         "history": {
             "at": [point.at for point in points],
             "utilization": [list(point.utilization) for point in points],
         },
-        "events": recent_events(agent, uid),
+        "events": recent_events(view, uid),
     }
 
 
 def dashboard_router(
-    agent: Agent, token: bytes | None, sessions: Sessions, caller: Caller
+    view: NodeView, token: bytes | None, sessions: Sessions, caller: Caller
 ) -> APIRouter:
     """The dashboard's routes; over TCP they take the bearer header or a session cookie."""
     router = APIRouter()
-    access = agent.config.access
+    access = view.access
 
     async def viewer(request: Request) -> int:
         if request.scope.get(OVER_TCP):
@@ -212,21 +211,21 @@ def dashboard_router(
             return moved
         uid = await viewer(request)
         # the store is read in the thread pool, never on the event loop
-        data = await run_in_threadpool(dashboard_data, agent, uid)
+        data = await run_in_threadpool(dashboard_data, view, uid)
         return HTMLResponse(dashboard_html.page(data))
 
     @router.get("/dashboard/parts")
     def parts(uid: int = Depends(viewer)) -> dict[str, Any]:
-        return dashboard_html.parts(dashboard_data(agent, uid))
+        return dashboard_html.parts(dashboard_data(view, uid))
 
     @router.get("/v1/dashboard")
     def data(uid: int = Depends(viewer)) -> dict[str, Any]:
-        return dashboard_data(agent, uid)
+        return dashboard_data(view, uid)
 
     @router.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_page(job_id: int, uid: int = Depends(viewer)) -> str:
-        owner = agent.job(job_id).uid
+        owner = view.owner(job_id)
         access.require_owner(uid, owner, job_id, "see its command and events")
-        return dashboard_html.job_page(agent.describe(job_id))
+        return dashboard_html.job_page(view.describe(job_id))
 
     return router

@@ -1,6 +1,6 @@
 """/metrics: Prometheus metrics built from the agent's state at each scrape.
 
-A custom collector reads the agent (the last GPU snapshot, the store's queued and running jobs,
+A custom collector reads the agent's view (the last GPU snapshot, the queued and running jobs,
 the scheduling histograms) when Prometheus asks, so a job that ended is simply absent from the
 next scrape: nothing is registered per job, nothing leaks. It builds light families
 (api/exposition.py) that the route writes in the text format itself, the same bytes as
@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.usage import Usage
+from gpupool.agent.view import NodeView
 from gpupool.api.exposition import Family, Histogram, render
 from gpupool.core.errors import ConfigError
 from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import GpuSnapshot
-from gpupool.isolation.launch import find_shared_region
 from gpupool.isolation.region import DeviceCounters, OpenRegions
 
 MIB = 1 << 20
@@ -44,11 +43,11 @@ def _gpu_labels(gpu: GpuSnapshot, host: str) -> tuple[str, ...]:
 
 
 class AgentCollector(Collector):
-    """Every metric, read from `agent` at scrape time: `families()` for /metrics's own text
-    format, `collect()` as prometheus_client families (a `Collector`)."""
+    """Every metric, read from the agent's `view` at scrape time: `families()` for /metrics's
+    own text format, `collect()` as prometheus_client families (a `Collector`)."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
         self.host = socket.gethostname()
         self._reported: set[str] = set()
         #: each running job's accounting region, once found, and kept open while it runs
@@ -77,7 +76,7 @@ class AgentCollector(Collector):
             print(f"gpupool serve: /metrics: {kind}: {err}", file=sys.stderr, flush=True)
 
     def _gpus(self) -> list[Family]:
-        snapshot = self.agent.observed.snapshot
+        snapshot = self.view.snapshot()
         gpus = snapshot.gpus if snapshot is not None else ()
         dcgm = {
             "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB)",
@@ -106,13 +105,13 @@ class AgentCollector(Collector):
         return list(families.values())
 
     def _jobs(self) -> list[Family | Histogram]:
-        agent = self.agent
-        jobs = agent.store.jobs([State.QUEUED, State.RUNNING])
+        view = self.view
+        jobs = view.open_jobs()
         now = time.time()
-        snapshot = agent.observed.snapshot
+        snapshot = view.snapshot()
         uuids = {gpu.index: gpu.uuid for gpu in snapshot.gpus} if snapshot else {}
         totals = {gpu.index: gpu.memory_total for gpu in snapshot.gpus} if snapshot else {}
-        per_gpu = agent.observed.per_gpu
+        per_gpu = view.usage_per_gpu()
         used = Family(
             "vGPU_device_memory_usage_in_bytes",
             "GPU memory a job's processes hold on one GPU (bytes, as the driver counts it)",
@@ -184,7 +183,7 @@ class AgentCollector(Collector):
         )
         wait.add((), oldest)
         draining = Family("gpupool_node_draining", "1 while the node is draining", "gauge")
-        draining.add((), 1 if agent.draining else 0)
+        draining.add((), 1 if view.draining else 0)
         over = Family(
             "gpupool_job_over_share",
             "1 for each running job the watchdog has seen over its memory share",
@@ -192,7 +191,7 @@ class AgentCollector(Collector):
             ("job_id", "job_name", "user"),
         )
         for job in jobs:
-            if job.state is State.RUNNING and job.id in agent.watchdog.flagged:
+            if job.state is State.RUNNING and view.over_share(job.id):
                 over.add((str(job.id), job.name, job.user), 1)
         strangers = Family(
             "gpupool_gpu_processes_without_job",
@@ -201,10 +200,10 @@ class AgentCollector(Collector):
             "gauge",
             ("gpu",),
         )
+        processes = view.processes()
         for gpu in sorted(uuids):
-            count = sum(1 for p in agent.watchdog.processes if p.gpu == gpu and p.stranger)
+            count = sum(1 for p in processes if p.gpu == gpu and p.stranger)
             strangers.add((str(gpu),), count)
-        observed = agent.observed
         return [
             used,
             limit,
@@ -222,12 +221,12 @@ class AgentCollector(Collector):
             Histogram(
                 "gpupool_queue_wait_seconds",
                 "Time from submission to start, for jobs started by this daemon",
-                observed.queue_wait.read(),
+                view.queue_wait(),
             ),
             Histogram(
                 "gpupool_scheduling_latency_seconds",
                 "Time of one scheduling decision over a non-empty queue (launches not included)",
-                observed.scheduling.read(),
+                view.scheduling_latency(),
             ),
         ]
 
@@ -236,7 +235,7 @@ class AgentCollector(Collector):
         job: Job,
         uuids: dict[int, str],
         totals: dict[int, int],
-        per_gpu: dict[tuple[int, int], Usage],
+        per_gpu: Mapping[tuple[int, int], Usage],
         families: tuple[Family, ...],
     ) -> None:
         used, limit, compute, compute_share = families
@@ -276,7 +275,7 @@ class AgentCollector(Collector):
             return None
         path = self._regions.get(job.id)
         if path is None:
-            path = find_shared_region(self.agent.jobdir(job.id).path)
+            path = self.view.shared_region(job.id)
             if path is None:
                 return None
             self._regions[job.id] = path
@@ -287,9 +286,9 @@ class AgentCollector(Collector):
             return None
 
 
-def metrics_router(agent: Agent, caller: Callable[..., Any]) -> APIRouter:
+def metrics_router(view: NodeView, caller: Callable[..., Any]) -> APIRouter:
     """The /metrics route; `caller` is the app's identity dependency (the token rule on TCP)."""
-    collector = AgentCollector(agent)
+    collector = AgentCollector(view)
     router = APIRouter()
 
     @router.get("/metrics", dependencies=[Depends(caller)])

@@ -13,15 +13,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from gpupool.agent.agent import Agent
-from gpupool.agent.watchdog import KINDS
+from gpupool.agent.view import NodeView
 from gpupool.api.dashboard import visible_jobs
 from gpupool.core.errors import InvalidRequest
 
 MAX_EVENTS = 10_000
 
 
-def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) -> None:
+def register(app: FastAPI, view: NodeView, caller: Callable[..., Awaitable[int]]) -> None:
     """Add GET /v1/events and GET /v1/processes to `app`."""
 
     @app.get("/v1/events")
@@ -30,19 +29,19 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
         newest `limit` at or after `since` (Unix time)."""
         if not 1 <= limit <= MAX_EVENTS:
             raise InvalidRequest(f"invalid limit {limit}: must be 1 to {MAX_EVENTS}")
-        found = agent.store.node_events(KINDS, since, limit)
-        shown = visible_jobs(agent, uid, (e["job_id"] for e in found if e["job_id"] is not None))
+        found = view.watchdog_events(since, limit)
+        shown = visible_jobs(view, uid, (e["job_id"] for e in found if e["job_id"] is not None))
         return {
-            "action": agent.watchdog.action.value,
+            "action": view.watchdog_action.value,
             "events": [e for e in found if e["job_id"] is None or e["job_id"] in shown],
         }
 
     @app.get("/v1/processes")
     def processes(uid: int = Depends(caller)) -> dict[str, Any]:
         """Every GPU process of the watchdog's last pass, with its job and share."""
-        found = [process.to_json() for process in agent.watchdog.processes]
-        shown = visible_jobs(agent, uid, (p["job"] for p in found if p["job"] is not None))
+        found = [process.to_json() for process in view.processes()]
+        shown = visible_jobs(view, uid, (p["job"] for p in found if p["job"] is not None))
         for process in found:
             if process["job"] is not None and process["job"] not in shown:
                 process["name"] = None
-        return {"context_reserve": agent.context_reserve, "processes": found}
+        return {"context_reserve": view.context_reserve, "processes": found}
