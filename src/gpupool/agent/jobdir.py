@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import stat
-import sys
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +117,7 @@ def _open_regular(path: Path) -> int | None:
 def _skip(path: Path, why: str) -> None:
     if path not in _reported:
         _reported.add(path)
-        with contextlib.suppress(OSError):
-            print(f"gpupool serve: skipping {path}: {why}", file=sys.stderr, flush=True)
+        log.warning("skipping %s: %s", path, why)
 
 
 def _read_small(path: Path) -> bytes | None:

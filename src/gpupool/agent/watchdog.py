@@ -22,10 +22,9 @@ gpupool still show.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import signal
-import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -49,6 +48,8 @@ KILLED = "watchdog_kill"
 KINDS = (NO_JOB, EXEMPT, OVER_SHARE, KILLED)
 #: the findings `kill` acts on (an exempt process is only reported)
 KILLABLE = (NO_JOB, OVER_SHARE)
+
+log = logging.getLogger(__name__)
 
 
 class Action(StrEnum):
@@ -264,13 +265,15 @@ class Watchdog:
         return new
 
     def _record(self, finding: Finding, kind: str, detail: str, pid: int | None = None) -> None:
-        line = f"gpupool serve: watchdog: {kind}: {detail}"
+        of_job = ""
         if finding.job is not None:
             self.store.note(finding.job, kind, detail)
             self.flagged.add(finding.job)
-            line += f" (job {finding.job})"
+            of_job = f" (job {finding.job})"
         else:
             first = finding.processes[0].pid
             self.store.node_event(kind, first if pid is None else pid, finding.gpu, detail)
-        with contextlib.suppress(OSError):  # a closed stderr must not stop the watchdog
-            print(line, file=sys.stderr, flush=True)
+        # an exempt process is news, not a fault; a closed stderr never stops the watchdog
+        # (a logging handler swallows the OSError)
+        level = logging.INFO if kind == EXEMPT else logging.WARNING
+        log.log(level, "watchdog: %s: %s%s", kind, detail, of_job)

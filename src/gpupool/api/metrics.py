@@ -10,8 +10,8 @@ share's memory; the rest are gpupool_*. docs/metrics.md lists them all.
 
 from __future__ import annotations
 
+import logging
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -36,6 +36,8 @@ from gpupool.isolation.region import DeviceCounters, OpenRegions
 MIB = 1 << 20
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
 JOB_GPU_LABELS = ("job_id", "job_name", "user", "gpu", "UUID")
+
+log = logging.getLogger(__name__)
 
 
 def _gpu_labels(gpu: GpuSnapshot, host: str) -> tuple[str, ...]:
@@ -73,7 +75,7 @@ class AgentCollector(Collector):
         kind = type(err).__name__
         if kind not in self._reported:  # once per kind of failure, not once per scrape
             self._reported.add(kind)
-            print(f"gpupool serve: /metrics: {kind}: {err}", file=sys.stderr, flush=True)
+            log.error("/metrics: %s: %s", kind, err)
 
     def _gpus(self) -> list[Family]:
         snapshot = self.view.snapshot()
