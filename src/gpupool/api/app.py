@@ -23,15 +23,7 @@ from gpupool.agent.jobs import LAUNCHABLE_MODES, Job, JobSpec
 from gpupool.api import watchdog_routes
 from gpupool.api.dashboard import dashboard_router
 from gpupool.api.metrics import metrics_router
-from gpupool.core.errors import (
-    DaemonError,
-    DeviceError,
-    GpupoolError,
-    InvalidRequest,
-    NotFound,
-    PermissionDenied,
-    Unschedulable,
-)
+from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU
 
@@ -39,16 +31,6 @@ from gpupool.core.units import MILLI_PER_GPU
 PEER_UID = "gpupool.peer_uid"
 OVER_TCP = "gpupool.tcp"
 LOG_CHUNK = 1 << 20
-
-_STATUS: tuple[tuple[type[GpupoolError], int], ...] = (
-    (NotFound, 404),
-    (PermissionDenied, 403),
-    (Unschedulable, 409),
-    (InvalidRequest, 400),
-    (DeviceError, 503),
-    (DaemonError, 503),
-)
-
 
 class SubmitBody(BaseModel):
     argv: list[str] = Field(min_length=1)
@@ -128,8 +110,9 @@ def create_app(agent: Agent, token: str | None = None) -> FastAPI:
 
     @app.exception_handler(GpupoolError)
     async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
-        status = next((code for kind, code in _STATUS if isinstance(err, kind)), 500)
-        return JSONResponse({"error": type(err).__name__, "message": str(err)}, status_code=status)
+        assert isinstance(err, GpupoolError)
+        body = {"error": type(err).__name__, "message": str(err)}
+        return JSONResponse(body, status_code=err.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: Exception) -> JSONResponse:
