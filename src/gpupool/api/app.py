@@ -25,18 +25,19 @@ from gpupool.api.dashboard import dashboard_router
 from gpupool.api.metrics import metrics_router
 from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.resources import Mode, Priority
-from gpupool.core.units import MILLI_PER_GPU
+from gpupool.core.units import parse_compute_percent
 
 #: ASGI scope keys set by the server for each connection
 PEER_UID = "gpupool.peer_uid"
 OVER_TCP = "gpupool.tcp"
 LOG_CHUNK = 1 << 20
 
+
 class SubmitBody(BaseModel):
     argv: list[str] = Field(min_length=1)
     gpus: int = Field(1, ge=1)
     memory: str | None = None
-    compute: float = Field(100.0, description="percent of each GPU, above 0, at most 100")
+    compute: float = Field(100.0, description="percent of each GPU, a whole number from 1 to 100")
     #: default shim, or mig when `mig_profile` is given
     mode: str | None = None
     priority: str = "high"
@@ -53,8 +54,6 @@ class DrainBody(BaseModel):
 
 
 def _spec(body: SubmitBody) -> JobSpec:
-    if not 0 < body.compute <= 100:
-        raise InvalidRequest(f"invalid compute {body.compute:g}: must be above 0 and at most 100")
     try:
         mode = Mode(body.mode or (Mode.MIG if body.mig_profile is not None else Mode.SHIM))
     except ValueError:
@@ -67,7 +66,7 @@ def _spec(body: SubmitBody) -> JobSpec:
     return JobSpec(
         argv=tuple(body.argv),
         gpus=body.gpus,
-        compute=max(1, round(body.compute * MILLI_PER_GPU / 100)),
+        compute=parse_compute_percent(body.compute),
         memory=body.memory,
         mode=mode,
         priority=priority,

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from gpupool.api.client import Client
+from gpupool.cli import options
 from gpupool.core.errors import InvalidRequest
 
 
@@ -29,13 +30,13 @@ def register(app: typer.Typer) -> None:
             None, "--since", metavar="SECONDS", help="Only the last SECONDS (default: all)."
         ),
         limit: int = typer.Option(100, "--limit", metavar="N", help="At most the newest N."),
-        url: str | None = typer.Option(
-            None, "--url", metavar="URL", help="The daemon (default: $GPUPOOL_URL)."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
-        """The watchdog's events: GPU processes of no job (exempt ones too), jobs over their
-        memory share, kills."""
+        """The watchdog's events: GPU processes of no job, jobs over their memory share, kills.
+
+        Processes of no job that are exempt from the watchdog are listed too.
+        """
         if since is not None and since < 0:
             raise InvalidRequest(f"invalid --since {since:g}: must not be negative")
         params: dict[str, Any] = {"limit": limit}

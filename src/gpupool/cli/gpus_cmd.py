@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpupool.api.client import Client
+from gpupool.cli import options
 from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
 from gpupool.cli.gpus_jobs import mig_jobs
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
@@ -211,15 +212,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("gpus")
     def gpus(
-        simulate: str | None = typer.Option(
-            None,
-            "--simulate",
-            metavar="SPEC",
-            help="Simulated GPUs: 8xH100-80GB, 4xA30-24GB,2xA100-40GB or an inventory YAML.",
-        ),
-        node_dir: Path | None = typer.Option(
-            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
-        ),
+        simulate: str | None = options.SIMULATE,
+        node_dir: Path | None = options.NODE_DIR,
         as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON."),
         watch: bool = typer.Option(
             False, "--watch", help="Refresh every SECONDS (default 2) until Ctrl-C."
@@ -227,14 +221,12 @@ def register(app: typer.Typer) -> None:
         seconds: float | None = typer.Argument(
             None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
         ),
-        url: str | None = typer.Option(
-            None,
-            "--url",
-            metavar="URL",
-            help="The node daemon that marks each process's job (default: $GPUPOOL_URL).",
-        ),
+        url: str | None = options.URL,
     ) -> None:
-        """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."""
+        """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated).
+
+        When a node daemon answers at --url, each process is marked with its job.
+        """
         if seconds is not None and not watch:
             raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
         interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds

@@ -11,13 +11,11 @@ from typing import Any
 import typer
 
 from gpupool.api.client import Client
-from gpupool.cli import jobs_view
+from gpupool.cli import jobs_view, options
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.units import MILLI_PER_GPU, parse_compute_milli, parse_memory_share
+from gpupool.core.units import MILLI_PER_GPU, parse_compute_percent, parse_memory_share
 
 POLL_S = 0.2
-_URL = typer.Option(None, "--url", metavar="URL", help="The daemon (default: $GPUPOOL_URL).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
 def _env(pairs: list[str]) -> dict[str, str]:
@@ -36,7 +34,7 @@ def _body(
     memory: str | None,
     compute: str | None,
     mode: str,
-    priority: str,
+    priority: str | None,
     gpu_model: str | None,
     name: str,
     env: list[str],
@@ -44,20 +42,22 @@ def _body(
 ) -> dict[str, Any]:
     if memory is not None:
         parse_memory_share(memory)  # bad input stops here, before the daemon is asked
-    milli = parse_compute_milli(compute) if compute is not None else MILLI_PER_GPU
+    milli = parse_compute_percent(compute) if compute is not None else MILLI_PER_GPU
     models = [m.strip() for m in gpu_model.split(",") if m.strip()] if gpu_model else []
-    return {
+    body: dict[str, Any] = {
         "argv": command,
         "gpus": gpus,
         "memory": memory,
-        "compute": milli * 100 / MILLI_PER_GPU,
+        "compute": milli * 100 // MILLI_PER_GPU,
         "mode": mode,
-        "priority": priority,
         "gpu_models": models,
         "name": name,
         "env": _env(env),
         "workdir": os.path.abspath(workdir or os.getcwd()),
     }
+    if priority is not None:  # else the daemon's default
+        body["priority"] = priority
+    return body
 
 
 def _echo_json(data: object) -> None:
@@ -119,15 +119,8 @@ def register(app: typer.Typer) -> None:
     def submit(
         command: list[str] = typer.Argument(..., metavar="CMD", help="The command, after --."),
         gpus: int = typer.Option(1, "--gpus", metavar="N", help="GPUs (same share on each)."),
-        memory: str | None = typer.Option(
-            None,
-            "--memory",
-            metavar="SIZE",
-            help="Memory per GPU: 10GiB or 50% (default: as compute).",
-        ),
-        compute: str | None = typer.Option(
-            None, "--compute", metavar="PERCENT", help="Compute per GPU, 1..100 (default 100)."
-        ),
+        memory: str | None = options.MEMORY,
+        compute: str | None = options.COMPUTE,
         mode: str | None = typer.Option(
             None,
             "--mode",
@@ -137,16 +130,19 @@ def register(app: typer.Typer) -> None:
         mig_profile: str | None = typer.Option(
             None, "--mig-profile", metavar="PROFILE", help="Mode mig: the instance, e.g. 1g.10gb."
         ),
-        priority: str = typer.Option("high", "--priority", metavar="high|low"),
+        priority: str | None = options.PRIORITY,
         gpu_model: str | None = typer.Option(None, "--gpu-model", metavar="A100,H100"),
         name: str = typer.Option("", "--name"),
         env: list[str] = typer.Option([], "--env", metavar="K=V", help="Repeatable."),
         workdir: str | None = typer.Option(None, "--workdir", metavar="DIR"),
         wait: bool = typer.Option(False, "--wait", help="Follow its output, exit with its code."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
-        """Queue a command on the node's GPUs; prints the job id."""
+        """Queue a command on the node's GPUs; prints the job id.
+
+        Without --memory, a job gets the share of each GPU's memory that --compute gives it.
+        """
         if gpus < 1:
             raise InvalidRequest(f"invalid --gpus {gpus}: must be at least 1")
         mode = mode or ("mig" if mig_profile is not None else "shim")
@@ -167,8 +163,8 @@ def register(app: typer.Typer) -> None:
     @app.command("ps")
     def ps(
         everything: bool = typer.Option(False, "--all", "-a", help="Finished jobs too."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """List the daemon's jobs (queued and running; --all for finished ones too)."""
         with Client(url) as client:
@@ -182,8 +178,8 @@ def register(app: typer.Typer) -> None:
     def logs(
         job_id: int = typer.Argument(..., metavar="JOB"),
         follow_: bool = typer.Option(False, "--follow", "-f", help="Until the job ends."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """Print a job's output (stdout here, stderr on stderr)."""
         with Client(url) as client:
@@ -201,8 +197,8 @@ def register(app: typer.Typer) -> None:
     @app.command("cancel")
     def cancel(
         job_ids: list[int] = typer.Argument(..., metavar="JOB..."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """Cancel jobs: SIGTERM to each job's process group, SIGKILL after a grace period."""
         with Client(url) as client:
@@ -216,8 +212,8 @@ def register(app: typer.Typer) -> None:
     @app.command("wait")
     def wait(
         job_ids: list[int] = typer.Argument(..., metavar="JOB..."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """Wait for jobs to end; exits with the first non-zero exit code, else 0."""
         with Client(url) as client:
@@ -229,8 +225,8 @@ def register(app: typer.Typer) -> None:
     @app.command("describe")
     def describe(
         job_id: int = typer.Argument(..., metavar="JOB"),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """A job's share, placement, events and, while queued, why it waits."""
         with Client(url) as client:
@@ -243,8 +239,8 @@ def register(app: typer.Typer) -> None:
     @app.command("drain")
     def drain(
         off: bool = typer.Option(False, "--off", help="Start new jobs again."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
+        url: str | None = options.URL,
+        as_json: bool = options.JSON,
     ) -> None:
         """Start nothing new; running jobs finish (--off: back to normal)."""
         with Client(url) as client:
