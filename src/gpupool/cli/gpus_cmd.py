@@ -214,7 +214,7 @@ def register(app: typer.Typer) -> None:
     def gpus(
         simulate: str | None = options.SIMULATE,
         node_dir: Path | None = options.NODE_DIR,
-        as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON."),
+        as_json: bool = options.JSON,
         watch: bool = typer.Option(
             False, "--watch", help="Refresh every SECONDS (default 2) until Ctrl-C."
         ),
