@@ -1,6 +1,6 @@
 """How long each client command of `gpupool` takes, wall time, against a running daemon.
 
-    python bench/cli_latency.py [--runs 21] [--finished 200]
+    python bench/cli_latency.py [--runs 21] [--finished 200] [--before OLD_CHECKOUT]
 
 Starts `gpupool serve` on a simulated node (2xA100-40GB), fills it with `--finished` finished
 jobs, then runs each command `--runs` times as a user would (`python -m gpupool ...`, a fresh
@@ -8,6 +8,8 @@ process each time, $GPUPOOL_URL pointing at the daemon) and prints a markdown ta
 median and p90 (docs/benchmarks/cli.md records it). The commands take turns, round after round,
 so a burst of load on the machine hits all of them alike. Bytecode caches are written as an
 installed package has them (PYTHONDONTWRITEBYTECODE is dropped), after one warm-up run each.
+With --before, each command also runs from another checkout's src/ (same daemon, same rounds),
+for a before/after table measured under the same load.
 """
 
 from __future__ import annotations
@@ -67,35 +69,50 @@ def _time(args: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
+def _row(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} | {percentile(values, 90) * 1000:.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--finished", type=int, default=200)
+    parser.add_argument("--before", type=Path, help="another checkout, timed beside this one")
     options = parser.parse_args()
+    trees = {"after": Path(__file__).resolve().parents[1]}
+    if options.before is not None:
+        trees = {"before": options.before.resolve(), **trees}
     with tempfile.TemporaryDirectory(prefix="gpupool-cli-bench-") as tmp:
         root = Path(tmp)
         daemon = start_daemon(root, SPEC)
         try:
             address = url(root)
             last = _fill(address, options.finished)
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-            env["GPUPOOL_URL"] = address
+            base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            envs = {
+                tree: dict(base, GPUPOOL_URL=address, PYTHONPATH=str(path / "src"))
+                for tree, path in trees.items()
+            }
             commands = _commands(root / "node", last)
-            times: dict[str, list[float]] = {name: [] for name in commands}
+            times: dict[tuple[str, str], list[float]] = {
+                (name, tree): [] for name in commands for tree in trees
+            }
             for args in commands.values():
-                _time(args, env)  # warm-up: writes the bytecode caches
+                for env in envs.values():
+                    _time(args, env)  # warm-up: writes the bytecode caches
             for _ in range(options.runs):
                 for name, args in commands.items():
-                    times[name].append(_time(args, env))
+                    for tree, env in envs.items():
+                        times[name, tree].append(_time(args, env))
         finally:
             daemon.terminate()
             daemon.wait(timeout=30)
     print(f"{options.runs} runs each, {options.finished} finished jobs, {machine_load()}\n")
-    print("| command | median ms | p90 ms |")
-    print("|---|---:|---:|")
-    for name, values in times.items():
-        median = statistics.median(values) * 1000
-        print(f"| `gpupool {name}` | {median:.0f} | {percentile(values, 90) * 1000:.0f} |")
+    print("| command | " + " | ".join(f"{t} median ms | {t} p90 ms" for t in trees) + " |")
+    print("|---|" + "---:|---:|" * len(trees))
+    for name in commands:
+        cells = " | ".join(_row(times[name, tree]) for tree in trees)
+        print(f"| `gpupool {name}` | {cells} |")
 
 
 if __name__ == "__main__":

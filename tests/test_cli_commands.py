@@ -3,6 +3,7 @@ and a command imports only what it needs."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import subprocess
@@ -15,7 +16,7 @@ from gpupool.cli.main import COMMANDS, declared, help_text
 
 #: what no client command may import: the daemon's, the simulator's and the tables' libraries
 HEAVY = ("numpy", "httpx", "rich", "fastapi", "uvicorn", "yaml", "matplotlib", "pynvml")
-#: what `--help`, `--version` and `version` may not import either
+#: what `--help`, `--version`, `version` and the client commands may not import either
 FRAMEWORK = ("typer", "pydantic")
 
 
@@ -25,9 +26,14 @@ def _first_paragraph(text: str) -> str:
 
 def test_commands_name_each_declared_command_its_module_and_help() -> None:
     found: dict[str, tuple[str, str]] = {}
-    for module in dict.fromkeys(entry.module for entry in COMMANDS.values()):
+    typer_modules = {e.module for e in COMMANDS.values() if not e.argparse}
+    for module in sorted(typer_modules):
         for name, command in declared(module).items():
             found[name] = (module, _first_paragraph(command.help or ""))
+    for name, entry in COMMANDS.items():
+        if entry.argparse:
+            parser = importlib.import_module(f"gpupool.cli.{entry.module}").parser(name)
+            found[name] = (entry.module, parser.description or "")
     assert {name: (e.module, e.help) for name, e in COMMANDS.items()} == found
 
 
@@ -70,4 +76,4 @@ def test_help_lists_every_command_with_its_line() -> None:
 def test_a_client_command_imports_none_of_the_heavy_libraries(args: list[str]) -> None:
     done, imported = _imports(args[0], "--url", "unix:///nonexistent/gpupool.sock", *args[1:])
     assert done.returncode == 7  # no daemon there: the client's one line
-    assert imported.isdisjoint(HEAVY), imported & set(HEAVY)
+    assert imported.isdisjoint(HEAVY + FRAMEWORK), imported & set(HEAVY + FRAMEWORK)

@@ -205,20 +205,20 @@ def register(app: typer.Typer) -> None:
         command: list[str] = typer.Argument(
             ..., metavar="CMD", help="The command and its arguments, after --."
         ),
-        simulate: str | None = options.SIMULATE,
-        node_dir: Path | None = options.NODE_DIR,
+        simulate: str | None = options.typer_option(options.SIMULATE),
+        node_dir: Path | None = options.typer_option(options.NODE_DIR),
         gpu: str = typer.Option(
             "0", "--gpu", metavar="INDEX", help="GPU index (or 0,1), or a MIG instance's MIG-UUID."
         ),
-        memory: str | None = options.MEMORY,
-        compute: str | None = options.COMPUTE,
+        memory: str | None = options.typer_option(options.MEMORY),
+        compute: str | None = options.typer_option(options.COMPUTE),
         compute_policy: str = typer.Option(
             "cap",
             "--compute-policy",
             metavar="cap|share",
             help="cap: never above the share; share: may use an idle GPU.",
         ),
-        priority: str | None = options.PRIORITY,
+        priority: str | None = options.typer_option(options.PRIORITY),
         mode: str = typer.Option(
             "shim", "--mode", metavar="shim", help="shim only; MPS jobs go through the daemon."
         ),

@@ -212,16 +212,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("gpus")
     def gpus(
-        simulate: str | None = options.SIMULATE,
-        node_dir: Path | None = options.NODE_DIR,
-        as_json: bool = options.JSON,
+        simulate: str | None = options.typer_option(options.SIMULATE),
+        node_dir: Path | None = options.typer_option(options.NODE_DIR),
+        as_json: bool = options.typer_option(options.JSON),
         watch: bool = typer.Option(
             False, "--watch", help="Refresh every SECONDS (default 2) until Ctrl-C."
         ),
         seconds: float | None = typer.Argument(
             None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
         ),
-        url: str | None = options.URL,
+        url: str | None = options.typer_option(options.URL),
     ) -> None:
         """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated).
 

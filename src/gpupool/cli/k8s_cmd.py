@@ -56,7 +56,7 @@ def _serve(app: Any, listen: str, cert: Path | None = None, key: Path | None = N
 
 @k8s_app.command("device-plugin")
 def device_plugin(
-    simulate: str | None = options.SIMULATE,
+    simulate: str | None = options.typer_option(options.SIMULATE),
     kubelet_dir: Path = typer.Option(
         Path("/var/lib/kubelet/device-plugins"),
         "--kubelet-dir",

@@ -1,9 +1,10 @@
 """The `gpupool` command: one typer app whose command modules are imported only when called.
 
-Each command module declares its commands with typer (`register(app)`); this module knows only
-their names and one-line help (COMMANDS), so `gpupool ps` imports typer, the light API client and
-jobs_cmd, not numpy, rich or the simulator, and `gpupool --help` imports no command module at all.
-tests/test_cli_commands.py keeps COMMANDS equal to what the modules declare.
+Each command module declares its commands, with typer (`register(app)`) or, for the daemon's
+client commands, with argparse (`parser(name)`, cli/plain.py says why); this module knows only
+their names and one-line help (COMMANDS), so `gpupool ps` imports argparse, the light API client
+and jobs_cmd, not typer, numpy, rich or the simulator, and `gpupool --help` imports no command
+module at all. tests/test_cli_commands.py keeps COMMANDS equal to what the modules declare.
 
 `gpupool`, `gpupool --help`, `--version` and `version` are answered before typer is imported:
 typer builds a pydantic validator for each parameter it parses, and importing pydantic alone
@@ -27,10 +28,12 @@ if TYPE_CHECKING:
 
 
 class Entry(NamedTuple):
-    """Where a command is declared, and its line in `gpupool --help`."""
+    """Where a command is declared, its line in `gpupool --help`, and whether it parses with
+    argparse (the daemon's client commands: cli/plain.py) rather than typer."""
 
     module: str
     help: str
+    argparse: bool = False
 
 
 COMMANDS: dict[str, Entry] = {
@@ -54,25 +57,39 @@ COMMANDS: dict[str, Entry] = {
     "serve": Entry(
         "serve_cmd", "Run the node daemon: a queue and admission for this server's GPUs."
     ),
-    "submit": Entry("jobs_cmd", "Queue a command on the node's GPUs; prints the job id."),
-    "ps": Entry(
-        "jobs_cmd", "List the daemon's jobs (queued and running; --all for finished ones too)."
+    "submit": Entry(
+        "jobs_cmd", "Queue a command on the node's GPUs; prints the job id.", argparse=True
     ),
-    "logs": Entry("jobs_cmd", "Print a job's output (stdout here, stderr on stderr)."),
+    "ps": Entry(
+        "jobs_cmd",
+        "List the daemon's jobs (queued and running; --all for finished ones too).",
+        argparse=True,
+    ),
+    "logs": Entry(
+        "jobs_cmd", "Print a job's output (stdout here, stderr on stderr).", argparse=True
+    ),
     "cancel": Entry(
         "jobs_cmd",
         "Cancel jobs: SIGTERM to each job's process group, SIGKILL after a grace period.",
+        argparse=True,
     ),
     "wait": Entry(
-        "jobs_cmd", "Wait for jobs to end; exits with the first non-zero exit code, else 0."
+        "jobs_cmd",
+        "Wait for jobs to end; exits with the first non-zero exit code, else 0.",
+        argparse=True,
     ),
     "describe": Entry(
-        "jobs_cmd", "A job's share, placement, events and, while queued, why it waits."
+        "jobs_cmd",
+        "A job's share, placement, events and, while queued, why it waits.",
+        argparse=True,
     ),
-    "drain": Entry("jobs_cmd", "Start nothing new; running jobs finish (--off: back to normal)."),
+    "drain": Entry(
+        "jobs_cmd", "Start nothing new; running jobs finish (--off: back to normal).", argparse=True
+    ),
     "events": Entry(
         "events_cmd",
         "The watchdog's events: GPU processes of no job, jobs over their memory share, kills.",
+        argparse=True,
     ),
     "top": Entry(
         "top_cmd", "Watch the daemon's GPUs and jobs live (fits 80x24); q or Ctrl-C quits."
@@ -131,10 +148,10 @@ def build_app() -> typer.Typer:
         the command list in `--help` comes from COMMANDS."""
 
         def list_commands(self, ctx: Any) -> list[str]:
-            return list(COMMANDS)
+            return [name for name, entry in COMMANDS.items() if not entry.argparse]
 
         def get_command(self, ctx: Any, cmd_name: str) -> Any:
-            if cmd_name not in self.commands and cmd_name in COMMANDS:
+            if cmd_name not in self.commands and cmd_name in self.list_commands(ctx):
                 self.commands.update(declared(COMMANDS[cmd_name].module))
             return self.commands.get(cmd_name)
 
@@ -164,6 +181,14 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _run_argparse(module: str, name: str, args: list[str]) -> int:
+    """`gpupool NAME ARGS` for a command that parses with argparse; its exit status."""
+    command = importlib.import_module(f"gpupool.cli.{module}").parser(name)
+    parsed = command.parse_args(args)
+    status: int = parsed.run(parsed)
+    return status
+
+
 def _answer_at_once(args: list[str]) -> str | None:
     """What `gpupool ARGS` prints when typer is not needed for it, else None."""
     if args in (["--version"], ["version"]):
@@ -184,7 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     if at_once is not None:
         print(at_once)
         return
+    entry = COMMANDS.get(args[0]) if args else None
     try:
+        if entry is not None and entry.argparse:
+            sys.exit(_run_argparse(entry.module, args[0], args[1:]))
         build_app()(args=args, prog_name="gpupool")
     except GpupoolError as err:
         print(f"gpupool: error: {err}", file=sys.stderr)

@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve(
-        simulate: str | None = options.SIMULATE,
-        node_dir: Path | None = options.NODE_DIR,
+        simulate: str | None = options.typer_option(options.SIMULATE),
+        node_dir: Path | None = options.typer_option(options.NODE_DIR),
         state_dir: Path | None = typer.Option(
             None,
             "--state-dir",

@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(
             None, "--out", help="Write curves.csv, summary.json and unallocated.png here."
         ),
-        as_json: bool = options.JSON,
+        as_json: bool = options.typer_option(options.JSON),
         compare: Path | None = typer.Option(
             None, "--compare", help="Published CSV (fgd_published_default.csv format)."
         ),

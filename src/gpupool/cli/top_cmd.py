@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("top")
     def top(
-        url: str | None = options.URL,
+        url: str | None = options.typer_option(options.URL),
         once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
         interval: float = typer.Option(
             2.0, "--interval", metavar="SECONDS", help="Seconds between refreshes."
