@@ -4,15 +4,13 @@ daemon reaches the CLI as itself (class, exit code, message) through the real AP
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
 import pytest
-import uvicorn
+from tests.app_thread import serving
 
 from gpupool.agent.agent import Agent
 from gpupool.api.app import create_app
@@ -91,19 +89,10 @@ class _Raising:
 
 @pytest.fixture(scope="module")
 def daemon_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real app on a real Unix socket, served by uvicorn in a thread."""
+    """The real app on a real Unix socket, its agent raising."""
     path = Path(tmp_path_factory.mktemp("daemon")) / "gpupool.sock"
-    app = create_app(cast(Agent, _Raising()))
-    server = uvicorn.Server(uvicorn.Config(app, uds=str(path), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the app did not start in 30 s"
-        time.sleep(0.01)
-    yield f"unix://{path}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serving(create_app(cast(Agent, _Raising())), path) as url:
+        yield url
 
 
 @pytest.mark.parametrize("index", range(len(RAISED)), ids=[k.__name__ for k in RAISED])

@@ -150,7 +150,6 @@ class Client:
         try:
             return self._once(method, target, body, timeout)
         except _STALE:
-            self._http.close()
             if not self._used or method != "GET":
                 raise
         return self._once(method, target, body, timeout)
@@ -164,9 +163,15 @@ class Client:
         self._http.timeout = timeout
         if self._http.sock is not None:
             self._http.sock.settimeout(timeout)
-        self._http.request(method, target, body=body, headers=headers)
-        response = self._http.getresponse()
-        data = response.read()
+        try:
+            self._http.request(method, target, body=body, headers=headers)
+            response = self._http.getresponse()
+            data = response.read()
+        except BaseException:
+            # http.client refuses the next request on a connection that failed mid-request:
+            # closed, it connects again (a restarted daemon answers the next call)
+            self._http.close()
+            raise
         self._used = True
         if response.will_close:
             self._http.close()
