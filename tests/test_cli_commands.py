@@ -6,8 +6,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import signal
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +59,7 @@ def _imports(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
 @pytest.mark.parametrize("args", [["--help"], [], ["--version"], ["version"]])
 def test_help_and_version_import_no_framework(args: list[str]) -> None:
     done, imported = _imports(*args)
-    assert done.returncode == 0
+    assert done.returncode == (2 if not args else 0)  # no command: a usage error, as click's
     version = args in (["--version"], ["version"])
     assert done.stdout == (f"gpupool {__version__}" if version else help_text()) + "\n"
     assert imported.isdisjoint(HEAVY + FRAMEWORK), imported & set(HEAVY + FRAMEWORK)
@@ -77,3 +81,23 @@ def test_a_client_command_imports_none_of_the_heavy_libraries(args: list[str]) -
     done, imported = _imports(args[0], "--url", "unix:///nonexistent/gpupool.sock", *args[1:])
     assert done.returncode == 7  # no daemon there: the client's one line
     assert imported.isdisjoint(HEAVY + FRAMEWORK), imported & set(HEAVY + FRAMEWORK)
+
+
+def test_ctrl_c_in_a_client_command_is_one_line(tmp_path: Path) -> None:
+    """`gpupool wait` on a daemon that never answers, interrupted: no traceback."""
+    path = tmp_path / "silent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)  # accepts the connection, never answers
+    with listener:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpupool", "wait", "1", "--url", f"unix://{path}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2)  # started and waiting for the answer
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert err == "gpupool: interrupted\n"

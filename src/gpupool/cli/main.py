@@ -144,8 +144,8 @@ def build_app() -> typer.Typer:
     from typer.core import TyperGroup
 
     class LazyGroup(TyperGroup):
-        """The root group: a command's module is imported when that command is looked up, and
-        the command list in `--help` comes from COMMANDS."""
+        """The root group of the typer commands in COMMANDS: a command's module is imported when
+        that command is looked up."""
 
         def list_commands(self, ctx: Any) -> list[str]:
             return [name for name, entry in COMMANDS.items() if not entry.argparse]
@@ -189,26 +189,35 @@ def _run_argparse(module: str, name: str, args: list[str]) -> int:
     return status
 
 
-def _answer_at_once(args: list[str]) -> str | None:
-    """What `gpupool ARGS` prints when typer is not needed for it, else None."""
+#: click's exit status for a usage error, which `gpupool` without a command is
+_USAGE_ERROR = 2
+#: the shell's status for a command ended by Ctrl-C (128 + SIGINT)
+_INTERRUPTED = 130
+
+
+def _answer_at_once(args: list[str]) -> tuple[str, int] | None:
+    """What `gpupool ARGS` prints and its exit status when typer is not needed, else None."""
     if args in (["--version"], ["version"]):
-        return version_line()
-    if args in ([], ["--help"]):
-        return help_text()
+        return version_line(), 0
+    if args == ["--help"]:
+        return help_text(), 0
+    if not args:
+        return help_text(), _USAGE_ERROR
     return None
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps gpupool errors to one line on stderr and an exit code.
 
-    typer (standalone mode) prints usage errors itself and exits 2; anything else that escapes a
-    command is turned into one line here, so no traceback reaches a user.
+    typer (standalone mode) and argparse print usage errors themselves and exit 2; anything else
+    that escapes a command is turned into one line here, so no traceback reaches a user.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     at_once = _answer_at_once(args)
     if at_once is not None:
-        print(at_once)
-        return
+        text, status = at_once
+        print(text)
+        sys.exit(status)
     entry = COMMANDS.get(args[0]) if args else None
     try:
         if entry is not None and entry.argparse:
@@ -217,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     except GpupoolError as err:
         print(f"gpupool: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:  # typer answers Ctrl-C itself; argparse commands land here
+        print("gpupool: interrupted", file=sys.stderr)
+        sys.exit(_INTERRUPTED)
     except Exception as err:  # the last line of defence
         if settings.DEBUG.read(os.environ):
             raise
