@@ -23,7 +23,7 @@ from gpupool.core.errors import DaemonError, GpupoolError
 _LINE = re.compile(r"^    ((?:[│ ]   )*(?:[├└]── )?)(\w+)\s+(\d+)\s+(\d+)\s+\S")
 TREE = [
     kind
-    for kind in errors._tree()
+    for kind in errors.classes()
     if kind.__module__ == errors.__name__  # classes of other modules join the tree elsewhere
 ]
 #: every class a daemon route may raise (the base is never raised itself)

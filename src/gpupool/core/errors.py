@@ -142,7 +142,7 @@ class KubeApiError(GpupoolError):
     http_status = 502
 
 
-def _tree(root: type[GpupoolError] = GpupoolError) -> list[type[GpupoolError]]:
+def classes(root: type[GpupoolError] = GpupoolError) -> list[type[GpupoolError]]:
     """`root` and every subclass of it, shallow ones first (breadth-first)."""
     found: list[type[GpupoolError]] = []
     queue = [root]
@@ -160,7 +160,7 @@ def from_answer(name: str, status: int, message: str) -> GpupoolError:
     its client), the one class that brings in `status` itself (the answer of its whole branch),
     else a DaemonError: the message reaches the user either way.
     """
-    tree = _tree()
+    tree = classes()
     named = next((kind for kind in tree if kind.__name__ == name), None)
     if named is not None and named is not GpupoolError:
         return named(message)
