@@ -101,3 +101,13 @@ def test_ctrl_c_in_a_client_command_is_one_line(tmp_path: Path) -> None:
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err == "gpupool: interrupted\n"
+
+
+def test_gpus_imports_neither_the_frameworks_nor_rich(tmp_path: Path) -> None:
+    node = str(tmp_path / "node")
+    url = "unix:///nonexistent/gpupool.sock"
+    done, imported = _imports("gpus", "--simulate", "1xA30", "--node-dir", node, "--url", url)
+    assert done.returncode == 0, done.stderr
+    # PyYAML stays: the simulated node reads its inventory with it
+    unwanted = set(HEAVY + FRAMEWORK) - {"yaml"}
+    assert imported.isdisjoint(unwanted), imported & unwanted

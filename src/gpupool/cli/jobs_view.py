@@ -6,6 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from gpupool.cli import texttable
 from gpupool.core.units import format_bytes
 
 
@@ -86,12 +87,7 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         "UTIL",
     ]
     now = time.time()
-    rows = [header] + [_row(job, now) for job in jobs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    print("\n".join(texttable.lines(header, [_row(job, now) for job in jobs])))
     if not jobs:
         print("(no jobs)")
 

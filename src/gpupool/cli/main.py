@@ -1,10 +1,11 @@
-"""The `gpupool` command: one typer app whose command modules are imported only when called.
+"""The `gpupool` command: its command modules are imported only when their command is called.
 
 Each command module declares its commands, with typer (`register(app)`) or, for the daemon's
-client commands, with argparse (`parser(name)`, cli/plain.py says why); this module knows only
-their names and one-line help (COMMANDS), so `gpupool ps` imports argparse, the light API client
-and jobs_cmd, not typer, numpy, rich or the simulator, and `gpupool --help` imports no command
-module at all. tests/test_cli_commands.py keeps COMMANDS equal to what the modules declare.
+client commands and `gpus`, with argparse (`parser(name)`, cli/plain.py says why); this module
+knows only their names and one-line help (COMMANDS), so `gpupool ps` imports argparse, the light
+API client and jobs_cmd, not typer, numpy, rich or the simulator, and `gpupool --help` imports
+no command module at all. tests/test_cli_commands.py keeps COMMANDS equal to what the modules
+declare.
 
 `gpupool`, `gpupool --help`, `--version` and `version` are answered before typer is imported:
 typer builds a pydantic validator for each parameter it parses, and importing pydantic alone
@@ -41,6 +42,7 @@ COMMANDS: dict[str, Entry] = {
     "gpus": Entry(
         "gpus_cmd",
         "Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated).",
+        argparse=True,
     ),
     "exec": Entry(
         "exec_cmd",

@@ -1,4 +1,5 @@
-"""The daemon's client commands (cli/jobs_cmd.py, cli/events_cmd.py) parse with argparse.
+"""The daemon's client commands (cli/jobs_cmd.py, cli/events_cmd.py) and `gpupool gpus` parse
+with argparse.
 
 The other commands are typer commands, but typer builds a pydantic validator for each parameter
 it parses, and importing typer and pydantic takes several times what a whole `gpupool ps` may
