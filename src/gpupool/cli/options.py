@@ -2,7 +2,7 @@
 
 Most commands are typer commands and take an option as their parameter's default
 (`simulate: str | None = options.typer_option(options.SIMULATE)`); the daemon's client commands
-parse with argparse (cli/client_cmds.py says why) and add it to their parser
+and `gpus` parse with argparse (cli/plain.py says why) and add it to their parser
 (`options.add(parser, options.URL)`). What differs between commands (a default that depends on
 another option) is said in the command's own help, not in a second declaration of the option.
 """
