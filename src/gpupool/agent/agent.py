@@ -38,6 +38,7 @@ from gpupool.agent.usage import Usage, job_usage
 from gpupool.agent.watchdog import Action, Watchdog
 from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unschedulable
 from gpupool.core.resources import Mode
+from gpupool.core.settings import DAEMON
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.isolation.arbiter import prepare_arbiters
@@ -56,8 +57,8 @@ MAX_LISTED_BYTES = 4096
 @dataclass(frozen=True)
 class AgentConfig:
     state_dir: Path
-    policy: str = "binpack"
-    cancel_grace_s: float = 10.0
+    policy: str = DAEMON.policy
+    cancel_grace_s: float = DAEMON.cancel_grace_s
     tick_s: float = 0.1
     sample_s: float = 1.0
     #: bytes set aside per job and GPU for what the share does not count (its CUDA context);
