@@ -13,7 +13,7 @@ from gpupool.core.units import (
     MiB,
     format_bytes,
     parse_bytes,
-    parse_compute_milli,
+    parse_compute_percent,
     parse_fraction,
     parse_int_range,
     parse_memory_share,
@@ -82,18 +82,19 @@ def test_parse_fraction_rejects_naming_the_value(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "milli"),
-    [("30", 300), ("30%", 300), ("1", 10), ("1%", 10), ("100", 1000), (" 7 ", 70)],
+    [("30", 300), ("30%", 300), ("1", 10), ("1%", 10), ("100", 1000), (" 7 ", 70), (30.0, 300)],
 )
-def test_parse_compute(text: str, milli: int) -> None:
-    assert parse_compute_milli(text) == milli
+def test_parse_compute(text: str | float, milli: int) -> None:
+    assert parse_compute_percent(text) == milli
 
 
 @pytest.mark.parametrize(
-    "text", ["150", "150%", "0", "101", "0.5", "1.0", "99.9", "-3", "abc", "nan", "30GiB"]
+    "text",
+    ["150", "150%", "0", "101", "0.5", "1.0", "99.9", "-3", "abc", "nan", "30GiB", 0.5, 0.0, 101.0],
 )
-def test_parse_compute_rejects(text: str) -> None:
+def test_parse_compute_rejects(text: str | float) -> None:
     with pytest.raises(InvalidRequest):
-        parse_compute_milli(text)
+        parse_compute_percent(text)
 
 
 def test_memory_share_absolute_and_relative() -> None:

@@ -11,6 +11,7 @@ from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
 from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE
 from gpupool.agent.watchdog import Action
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.settings import DAEMON
 from gpupool.scheduler.gpu_placement import GPU_POLICIES
 
 
@@ -19,8 +20,8 @@ class AgentConfig:
     """The node daemon's settings (`gpupool serve` sets each from an option)."""
 
     state_dir: Path
-    policy: str = "binpack"
-    cancel_grace_s: float = 10.0
+    policy: str = DAEMON.policy
+    cancel_grace_s: float = DAEMON.cancel_grace_s
     tick_s: float = 0.1
     sample_s: float = 1.0
     #: bytes set aside per job and GPU for what the share does not count (its CUDA context);

@@ -31,36 +31,18 @@ from gpupool.api import admin_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
-from gpupool.core.errors import (
-    DaemonError,
-    DeviceError,
-    GpupoolError,
-    InvalidRequest,
-    NotFound,
-    PermissionDenied,
-    StoreBusy,
-    Unschedulable,
-)
+from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy
 from gpupool.core.resources import Mode, Priority
-from gpupool.core.units import MILLI_PER_GPU
+from gpupool.core.units import parse_compute_percent
 
 LOG_CHUNK = 1 << 20
-
-_STATUS: tuple[tuple[type[GpupoolError], int], ...] = (
-    (NotFound, 404),
-    (PermissionDenied, 403),
-    (Unschedulable, 409),
-    (InvalidRequest, 400),
-    (DeviceError, 503),
-    (DaemonError, 503),
-)
 
 
 class SubmitBody(BaseModel):
     argv: list[str] = Field(min_length=1)
     gpus: int = Field(1, ge=1)
     memory: str | None = None
-    compute: float = Field(100.0, description="percent of each GPU, above 0, at most 100")
+    compute: float = Field(100.0, description="percent of each GPU, a whole number from 1 to 100")
     #: default shim, or mig when `mig_profile` is given
     mode: str | None = None
     priority: str = "high"
@@ -83,8 +65,6 @@ class CancelBody(BaseModel):
 
 
 def _spec(body: SubmitBody) -> JobSpec:
-    if not 0 < body.compute <= 100:
-        raise InvalidRequest(f"invalid compute {body.compute:g}: must be above 0 and at most 100")
     try:
         mode = Mode(body.mode or (Mode.MIG if body.mig_profile is not None else Mode.SHIM))
     except ValueError:
@@ -97,7 +77,7 @@ def _spec(body: SubmitBody) -> JobSpec:
     return JobSpec(
         argv=tuple(body.argv),
         gpus=body.gpus,
-        compute=max(1, round(body.compute * MILLI_PER_GPU / 100)),
+        compute=parse_compute_percent(body.compute),
         memory=body.memory,
         mode=mode,
         priority=priority,
@@ -153,11 +133,11 @@ def create_app(
 
     @app.exception_handler(GpupoolError)
     async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
-        status = next((code for kind, code in _STATUS if isinstance(err, kind)), 500)
+        assert isinstance(err, GpupoolError)
         # a locked store is let go within a second or so: say when to come back
         retry = {"Retry-After": "1"} if isinstance(err, StoreBusy) else None
         body = {"error": type(err).__name__, "message": str(err)}
-        return JSONResponse(body, status_code=status, headers=retry)
+        return JSONResponse(body, status_code=err.http_status, headers=retry)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: Exception) -> JSONResponse:

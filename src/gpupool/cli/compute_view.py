@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.table import Table
-
+from gpupool.cli import texttable
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter import (
     ArbitratedShare,
@@ -53,22 +51,22 @@ def _share(share: ArbitratedShare) -> str:
     return f"{share.percent}% {share.policy}"
 
 
-def shares_table(rows: Sequence[ShareRow]) -> Table | None:
+def shares_table(rows: Sequence[ShareRow]) -> list[str] | None:
     """The compute shares table, or None when no share runs."""
     if not rows:
         return None
-    table = Table(title="Compute shares", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("GPU", "PID", "Share", "Priority", "Used"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(
+    cells = [
+        [
             str(row.gpu),
             str(row.share.pid),
             _share(row.share),
             row.share.priority or "-",
             f"{row.used_percent:.1f}%",
-        )
-    return table
+        ]
+        for row in rows
+    ]
+    header = ["GPU", "PID", "Share", "Priority", "Used"]
+    return ["Compute shares", *texttable.lines(header, cells, right=range(5))]
 
 
 def shares_json(rows: Sequence[ShareRow]) -> list[dict[str, Any]]:

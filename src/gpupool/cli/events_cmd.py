@@ -1,16 +1,16 @@
 """`gpupool events`: what the daemon's watchdog found (processes of no job, exempt or not, and
-jobs over share)."""
+jobs over share). It parses with argparse, not typer (cli/plain.py says why)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from datetime import datetime
 from typing import Any
 
-import typer
-
 from gpupool.api.client import Client
+from gpupool.cli import options, plain
 from gpupool.core.errors import InvalidRequest
 
 
@@ -20,34 +20,39 @@ def _line(event: dict[str, Any]) -> str:
     return f"{when}  {where:<8}  {event['kind']:<13}  {event['detail']}"
 
 
-def register(app: typer.Typer) -> None:
-    """Add `events` to the app."""
+def _events(args: argparse.Namespace) -> int:
+    if args.since is not None and args.since < 0:
+        raise InvalidRequest(f"invalid --since {args.since:g}: must not be negative")
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.since is not None:
+        params["since"] = time.time() - args.since
+    with Client(args.url) as client:
+        answer = client.call("GET", "/v1/events", params=params)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    print(f"watchdog action: {answer['action']}")
+    for event in answer["events"]:
+        print(_line(event))
+    if not answer["events"]:
+        print("(no events)")
+    return 0
 
-    @app.command("events")
-    def events(
-        since: float | None = typer.Option(
-            None, "--since", metavar="SECONDS", help="Only the last SECONDS (default: all)."
-        ),
-        limit: int = typer.Option(100, "--limit", metavar="N", help="At most the newest N."),
-        url: str | None = typer.Option(
-            None, "--url", metavar="URL", help="The daemon (default: $GPUPOOL_URL)."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    ) -> None:
-        """The watchdog's events: GPU processes of no job (exempt ones too), jobs over their
-        memory share, kills."""
-        if since is not None and since < 0:
-            raise InvalidRequest(f"invalid --since {since:g}: must not be negative")
-        params: dict[str, Any] = {"limit": limit}
-        if since is not None:
-            params["since"] = time.time() - since
-        with Client(url) as client:
-            answer = client.call("GET", "/v1/events", params=params)
-        if as_json:
-            typer.echo(json.dumps(answer, indent=2))
-            return
-        typer.echo(f"watchdog action: {answer['action']}")
-        for event in answer["events"]:
-            typer.echo(_line(event))
-        if not answer["events"]:
-            typer.echo("(no events)")
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `events`, its run function as `run`."""
+    command = plain.parser(
+        name,
+        "The watchdog's events: GPU processes of no job, jobs over their memory share, kills.\n\n"
+        "Processes of no job that are exempt from the watchdog are listed too.",
+        _events,
+    )
+    command.add_argument(
+        "--since", type=float, metavar="SECONDS", help="Only the last SECONDS (default: all)."
+    )
+    command.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="At most the newest N."
+    )
+    options.add(command, options.URL)
+    options.add(command, options.JSON)
+    return command

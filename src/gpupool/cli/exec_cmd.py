@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from gpupool.cli import options
 from gpupool.cli.compute_view import exec_use_lines
 from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.resources import Priority
@@ -21,7 +22,7 @@ from gpupool.core.units import (
     MILLI_PER_GPU,
     MemoryShare,
     format_bytes,
-    parse_compute_milli,
+    parse_compute_percent,
     parse_int_range,
     parse_memory_share,
 )
@@ -81,7 +82,7 @@ def _limits(
         raise InvalidRequest("--gpu takes one MIG instance: CUDA shows a process one MIG device")
     gpus = (0,) if mig_uuid is not None else tuple(parse_int_range(gpu, "GPU index"))
     share: MemoryShare | None = parse_memory_share(memory) if memory is not None else None
-    milli = parse_compute_milli(compute) if compute is not None else 1000
+    milli = parse_compute_percent(compute) if compute is not None else MILLI_PER_GPU
     try:
         chosen = ComputePolicy(policy)
     except ValueError as err:
@@ -204,39 +205,20 @@ def register(app: typer.Typer) -> None:
         command: list[str] = typer.Argument(
             ..., metavar="CMD", help="The command and its arguments, after --."
         ),
-        simulate: str | None = typer.Option(
-            None, "--simulate", metavar="SPEC", help="Run on a simulated node, e.g. 2xH100."
-        ),
-        node_dir: Path | None = typer.Option(
-            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
-        ),
+        simulate: str | None = options.typer_option(options.SIMULATE),
+        node_dir: Path | None = options.typer_option(options.NODE_DIR),
         gpu: str = typer.Option(
             "0", "--gpu", metavar="INDEX", help="GPU index (or 0,1), or a MIG instance's MIG-UUID."
         ),
-        memory: str | None = typer.Option(
-            None,
-            "--memory",
-            metavar="SIZE",
-            help="GPU memory per GPU: 4Gi (2^30), 4G (10^9) or 50%.",
-        ),
-        compute: str | None = typer.Option(
-            None,
-            "--compute",
-            metavar="PERCENT",
-            help="Compute share per GPU, a whole percent 1..100 (30 or 30%).",
-        ),
+        memory: str | None = options.typer_option(options.MEMORY),
+        compute: str | None = options.typer_option(options.COMPUTE),
         compute_policy: str = typer.Option(
             "cap",
             "--compute-policy",
             metavar="cap|share",
             help="cap: never above the share; share: may use an idle GPU.",
         ),
-        priority: str | None = typer.Option(
-            None,
-            "--priority",
-            metavar="high|low",
-            help="high: guaranteed; low: only while no high share on the GPU has work.",
-        ),
+        priority: str | None = options.typer_option(options.PRIORITY),
         mode: str = typer.Option(
             "shim", "--mode", metavar="shim", help="shim only; MPS jobs go through the daemon."
         ),

@@ -1,21 +1,22 @@
-"""`gpupool gpus`: the node's GPUs, MIG instances and processes, like nvidia-smi."""
+"""`gpupool gpus`: the node's GPUs, MIG instances and processes, like nvidia-smi.
+
+It parses with argparse (cli/plain.py says why) and prints plain-text tables (cli/texttable.py).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import shutil
+import sys
+import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import typer
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
 from gpupool.api.client import Client
+from gpupool.cli import options, plain, texttable
 from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
 from gpupool.cli.gpus_jobs import mig_jobs
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
@@ -26,6 +27,8 @@ from gpupool.devices.factory import open_backend
 from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
 
 DEFAULT_WATCH_SECONDS = 2.0
+#: a terminal's "cursor home, clear screen": each --watch frame replaces the last one
+_CLEAR = "\x1b[H\x1b[2J"
 
 
 def _optional(value: object, suffix: str = "") -> str:
@@ -47,74 +50,68 @@ def _mig_mode(gpu: GpuSnapshot) -> str:
     return mode
 
 
-def header(snapshot: NodeSnapshot) -> Text:
-    """The first line: where the numbers come from, and when (so a stale --watch shows)."""
+def header(snapshot: NodeSnapshot) -> list[str]:
+    """Where the numbers come from, and when (so a stale --watch shows), in the terminal's width
+    ($COLUMNS in a pipe): a simulated node's long directory may take more than one line."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.timestamp))
     if snapshot.simulated:
         where = f"simulated node {snapshot.node_dir} (simulated GPUs)"
-        return Text(f"{where}  {when}", style="bold yellow")
-    return Text(f"NVIDIA driver {snapshot.driver}  {when}", style="bold")
+    else:
+        where = f"NVIDIA driver {snapshot.driver}"
+    width = shutil.get_terminal_size().columns
+    lines = textwrap.wrap(where, width)
+    if len(lines[-1]) + 2 + len(when) <= width:
+        return [*lines[:-1], f"{lines[-1]}  {when}"]
+    return [*lines, when]
 
 
-def gpu_table(snapshot: NodeSnapshot) -> Table:
-    # 80 columns hold every column unwrapped: the model stands for the name (which --json has)
-    table = Table(title="GPUs", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("GPU", "Model", "Memory used / total", "Util", "Temp", "Power"):
-        table.add_column(column, justify="left" if column == "Model" else "right", no_wrap=True)
-    table.add_column("MIG")
-    table.add_column("Health")
-    for gpu in snapshot.gpus:
-        power = None if gpu.power_w is None else f"{gpu.power_w:.0f}"
-        health = Text("ok", style="green") if gpu.healthy else Text(gpu.error or "error", "red")
-        table.add_row(
+def gpu_table(snapshot: NodeSnapshot) -> list[str]:
+    # 80 columns hold every column: the model stands for the name (which --json has)
+    rows = [
+        [
             str(gpu.index),
             gpu.model,
             _memory(gpu.memory_used, gpu.memory_total),
             _optional(gpu.utilization, "%"),
             _optional(gpu.temperature, "C"),
-            _optional(power, "W"),
+            _optional(None if gpu.power_w is None else f"{gpu.power_w:.0f}", "W"),
             _mig_mode(gpu),
-            health,
-        )
-    return table
+            "ok" if gpu.healthy else (gpu.error or "error"),
+        ]
+        for gpu in snapshot.gpus
+    ]
+    header = ["GPU", "Model", "Memory used / total", "Util", "Temp", "Power", "MIG", "Health"]
+    return ["GPUs", *texttable.lines(header, rows, right={0, 2, 3, 4, 5})]
 
 
-def mig_table(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> Table | None:
+def mig_table(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> list[str] | None:
     """The MIG instances; `users` (MIG-UUID -> the daemon's job on it) adds a Job column."""
-    rows = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
-    if not rows:
+    found = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
+    if not found:
         return None
-    # no column rules: they would cost the 7 columns a full MIG UUID needs in 80
-    table = Table(title="MIG instances", title_justify="left", box=None, pad_edge=False)
-    for column in ("GPU", "GI", "CI", "Profile", "Slices", "Memory"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("UUID", overflow="fold")
-    if users:
-        table.add_column("Job", no_wrap=True)
-    for gpu, instance in rows:
+    header = ["GPU", "GI", "CI", "Profile", "Slices", "Memory", "UUID"] + (["Job"] if users else [])
+    rows = []
+    for gpu, instance in found:
         start = instance.placement_start
-        placement = "n/a" if start is None else f"{start}:{instance.placement_size}"
         cells = [
             str(gpu.index),
             str(instance.gi_id),
             _optional(instance.ci_id),
             instance.profile,
-            placement,
+            "n/a" if start is None else f"{start}:{instance.placement_size}",
             format_bytes(instance.memory_total),
             instance.uuid or "",
         ]
         if users:
             cells.append(users.get(instance.uuid or "", "-"))
-        table.add_row(*cells)
-    return table
+        rows.append(cells)
+    return ["MIG instances", *texttable.lines(header, rows)]
 
 
-def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> Table:
+def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> list[str]:
     """The GPU processes; with `marks` (the daemon's), each one's job and share too."""
-    table = Table(title="Processes", title_justify="left", box=box.SIMPLE_HEAD)
-    columns = ("GPU", "PID", "Name", "Memory", "SM util") + (("Job",) if marks is not None else ())
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("Name", "Job") else "right")
+    header = ["GPU", "PID", "Name", "Memory", "SM util"] + (["Job"] if marks is not None else [])
+    rows = []
     for gpu in snapshot.gpus:
         for process in gpu.processes:
             row = [
@@ -126,13 +123,13 @@ def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> Table:
             ]
             if marks is not None:
                 row.append(marks.get((gpu.index, process.pid), UNSEEN))
-            table.add_row(*row)
-    if not table.row_count:
-        table.add_row("", "", "no processes", *[""] * (len(columns) - 3))
-    return table
+            rows.append(row)
+    if not rows:
+        rows.append(["", "", "no processes", *[""] * (len(header) - 3)])
+    return ["Processes", *texttable.lines(header, rows, right={0, 1, 3, 4})]
 
 
-def mps_table(url: str | None) -> Table | None:
+def mps_table(url: str | None) -> list[str] | None:
     """Each GPU's MPS server and its client jobs, as the node daemon (if one answers) runs them;
     None when no daemon answers or none runs an MPS server."""
     try:
@@ -143,13 +140,16 @@ def mps_table(url: str | None) -> Table | None:
     servers = [(gpu["index"], gpu["mps"]) for gpu in node.get("gpus", []) if gpu.get("mps")]
     if not servers:
         return None
-    table = Table(title="MPS servers (node daemon)", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("GPU", "Server PID", "Clients (job:pid)"):
-        table.add_column(column, justify="left" if column.startswith("Clients") else "right")
-    for index, mps in servers:
-        clients = ", ".join(f"{c['job']}:{c['pid']}" for c in mps["clients"])
-        table.add_row(str(index), str(mps["server"]), clients)
-    return table
+    rows = [
+        [
+            str(index),
+            str(mps["server"]),
+            ", ".join(f"{c['job']}:{c['pid']}" for c in mps["clients"]),
+        ]
+        for index, mps in servers
+    ]
+    header = ["GPU", "Server PID", "Clients (job:pid)"]
+    return ["MPS servers (node daemon)", *texttable.lines(header, rows, right={0, 1})]
 
 
 def render(
@@ -157,25 +157,21 @@ def render(
     url: str | None = None,
     shares: list[ShareRow] | None = None,
     users: Mapping[str, str] | None = None,
-) -> RenderableType:
+) -> str:
     """The whole nvidia-smi-like view of one snapshot: processes marked by the daemon at `url`,
-    the compute shares' use, and `users` (see mig_table)."""
-    parts: list[RenderableType] = [header(snapshot), gpu_table(snapshot)]
+    the compute shares' use, and `users` (see mig_table); tables a blank line apart."""
+    parts: list[list[str]] = [header(snapshot), gpu_table(snapshot)]
     migs = mig_table(snapshot, users)
     if migs is not None:
         parts.append(migs)
     busy = any(gpu.processes for gpu in snapshot.gpus)
     marks, why_not = daemon_marks(url) if busy else (None, "")
-    parts.append(process_table(snapshot, marks))
-    if why_not:
-        parts.append(Text(why_not, style="dim"))
-    mps = mps_table(url)
-    if mps is not None:
-        parts.append(mps)
-    compute = shares_table(shares or [])
-    if compute is not None:
-        parts.append(compute)
-    return Group(*parts)
+    processes = process_table(snapshot, marks)
+    parts.append([*processes, why_not] if why_not else processes)
+    for table in (mps_table(url), shares_table(shares or [])):
+        if table is not None:
+            parts.append(table)
+    return "\n\n".join("\n".join(part) for part in parts)
 
 
 def _document(snapshot: NodeSnapshot) -> dict[str, object]:
@@ -183,68 +179,58 @@ def _document(snapshot: NodeSnapshot) -> dict[str, object]:
     return snapshot.to_json() | {"compute_shares": shares_json(sample_shares(snapshot))}
 
 
-def _view(snapshot: NodeSnapshot, url: str | None) -> RenderableType:
+def _view(snapshot: NodeSnapshot, url: str | None) -> str:
     return render(snapshot, url, sample_shares(snapshot), mig_jobs(url))
 
 
-def _watch(
-    backend: GpuBackend, seconds: float, as_json: bool, console: Console, url: str | None
-) -> None:
-    """Refresh until Ctrl-C; JSON mode prints one document per line per refresh."""
+def _watch(backend: GpuBackend, seconds: float, as_json: bool, url: str | None) -> None:
+    """Refresh until Ctrl-C: a terminal shows one frame at a time; a pipe gets every frame, and
+    JSON mode one document per line per refresh."""
+    clear = _CLEAR if sys.stdout.isatty() else ""
     try:
-        if as_json:
-            while True:
-                typer.echo(json.dumps(_document(backend.snapshot())))
-                time.sleep(seconds)
-        # a node taller than the terminal scrolls rather than losing its last GPUs
-        first = _view(backend.snapshot(), url)
-        with Live(first, console=console, auto_refresh=False, vertical_overflow="visible") as live:
-            while True:
-                time.sleep(seconds)
-                live.update(_view(backend.snapshot(), url), refresh=True)
+        while True:
+            if as_json:
+                print(json.dumps(_document(backend.snapshot())), flush=True)
+            else:
+                print(clear + _view(backend.snapshot(), url), flush=True)
+            time.sleep(seconds)
     except KeyboardInterrupt:
         return
 
 
-def register(app: typer.Typer) -> None:
-    """Add `gpus` to the app."""
+def _gpus(args: argparse.Namespace) -> int:
+    if args.seconds is not None and not args.watch:
+        raise InvalidRequest(f"SECONDS {args.seconds:g} needs --watch (gpupool gpus --watch 5)")
+    interval = DEFAULT_WATCH_SECONDS if args.seconds is None else args.seconds
+    if not (math.isfinite(interval) and interval > 0):
+        raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
+    node_dir = Path(args.node_dir) if args.node_dir is not None else None
+    with open_backend(args.simulate, node_dir) as backend:
+        if args.watch:
+            _watch(backend, interval, args.json, args.url)
+        elif args.json:
+            print(json.dumps(_document(backend.snapshot()), indent=2))
+        else:
+            print(_view(backend.snapshot(), args.url))
+    return 0
 
-    @app.command("gpus")
-    def gpus(
-        simulate: str | None = typer.Option(
-            None,
-            "--simulate",
-            metavar="SPEC",
-            help="Simulated GPUs: 8xH100-80GB, 4xA30-24GB,2xA100-40GB or an inventory YAML.",
-        ),
-        node_dir: Path | None = typer.Option(
-            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON."),
-        watch: bool = typer.Option(
-            False, "--watch", help="Refresh every SECONDS (default 2) until Ctrl-C."
-        ),
-        seconds: float | None = typer.Argument(
-            None, metavar="[SECONDS]", help="With --watch: seconds between refreshes."
-        ),
-        url: str | None = typer.Option(
-            None,
-            "--url",
-            metavar="URL",
-            help="The node daemon that marks each process's job (default: $GPUPOOL_URL).",
-        ),
-    ) -> None:
-        """Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."""
-        if seconds is not None and not watch:
-            raise InvalidRequest(f"SECONDS {seconds:g} needs --watch (gpupool gpus --watch 5)")
-        interval = DEFAULT_WATCH_SECONDS if seconds is None else seconds
-        if not (math.isfinite(interval) and interval > 0):
-            raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
-        console = Console()
-        with open_backend(simulate, node_dir) as backend:
-            if watch:
-                _watch(backend, interval, as_json, console, url)
-            elif as_json:
-                typer.echo(json.dumps(_document(backend.snapshot()), indent=2))
-            else:
-                console.print(_view(backend.snapshot(), url))
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `gpus`, its run function as `run`."""
+    command = plain.parser(
+        name,
+        "Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."
+        "\n\nWhen a node daemon answers at --url, each process is marked with its job.",
+        _gpus,
+    )
+    options.add(command, options.SIMULATE)
+    options.add(command, options.NODE_DIR)
+    options.add(command, options.JSON)
+    command.add_argument(
+        "--watch", action="store_true", help="Refresh every SECONDS (default 2) until Ctrl-C."
+    )
+    command.add_argument(
+        "seconds", nargs="?", type=float, metavar="SECONDS", help="With --watch: between refreshes."
+    )
+    options.add(command, options.URL)
+    return command

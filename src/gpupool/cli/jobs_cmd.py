@@ -1,23 +1,29 @@
-"""The daemon's job commands: submit, ps, logs, cancel, wait, describe, drain (HTTP client)."""
+"""The daemon's job commands: submit, ps, logs, cancel, wait, describe, drain (HTTP client).
+
+They parse with argparse, not typer (cli/plain.py says why).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-import typer
-
 from gpupool.api.client import Client
-from gpupool.cli import jobs_view
+from gpupool.cli import jobs_view, options, plain
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.units import MILLI_PER_GPU, parse_compute_milli, parse_memory_share
+from gpupool.core.units import (
+    MILLI_PER_GPU,
+    parse_compute_percent,
+    parse_duration,
+    parse_memory_share,
+)
 
 POLL_S = 0.2
-_URL = typer.Option(None, "--url", metavar="URL", help="The daemon (default: $GPUPOOL_URL).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
 def _env(pairs: list[str]) -> dict[str, str]:
@@ -36,7 +42,7 @@ def _body(
     memory: str | None,
     compute: str | None,
     mode: str,
-    priority: str,
+    priority: str | None,
     gpu_model: str | None,
     name: str,
     env: list[str],
@@ -44,24 +50,26 @@ def _body(
 ) -> dict[str, Any]:
     if memory is not None:
         parse_memory_share(memory)  # bad input stops here, before the daemon is asked
-    milli = parse_compute_milli(compute) if compute is not None else MILLI_PER_GPU
+    milli = parse_compute_percent(compute) if compute is not None else MILLI_PER_GPU
     models = [m.strip() for m in gpu_model.split(",") if m.strip()] if gpu_model else []
-    return {
+    body: dict[str, Any] = {
         "argv": command,
         "gpus": gpus,
         "memory": memory,
-        "compute": milli * 100 / MILLI_PER_GPU,
+        "compute": milli * 100 // MILLI_PER_GPU,
         "mode": mode,
-        "priority": priority,
         "gpu_models": models,
         "name": name,
         "env": _env(env),
         "workdir": os.path.abspath(workdir or os.getcwd()),
     }
+    if priority is not None:  # else the daemon's default
+        body["priority"] = priority
+    return body
 
 
 def _echo_json(data: object) -> None:
-    typer.echo(json.dumps(data, indent=2))
+    print(json.dumps(data, indent=2))
 
 
 def follow(client: Client, job_id: int) -> dict[str, Any]:
@@ -112,146 +120,220 @@ def _code(job: dict[str, Any]) -> int:
     return int(code)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the job commands to the app."""
-
-    @app.command("submit", context_settings={"allow_interspersed_args": False})
-    def submit(
-        command: list[str] = typer.Argument(..., metavar="CMD", help="The command, after --."),
-        gpus: int = typer.Option(1, "--gpus", metavar="N", help="GPUs (same share on each)."),
-        memory: str | None = typer.Option(
-            None,
-            "--memory",
-            metavar="SIZE",
-            help="Memory per GPU: 10GiB or 50% (default: as compute).",
-        ),
-        compute: str | None = typer.Option(
-            None, "--compute", metavar="PERCENT", help="Compute per GPU, 1..100 (default 100)."
-        ),
-        mode: str | None = typer.Option(
-            None,
-            "--mode",
-            metavar="shim|mps|exclusive|mig",
-            help="Default shim (mig with a profile).",
-        ),
-        mig_profile: str | None = typer.Option(
-            None, "--mig-profile", metavar="PROFILE", help="Mode mig: the instance, e.g. 1g.10gb."
-        ),
-        priority: str = typer.Option("high", "--priority", metavar="high|low"),
-        gpu_model: str | None = typer.Option(None, "--gpu-model", metavar="A100,H100"),
-        name: str = typer.Option("", "--name"),
-        env: list[str] = typer.Option([], "--env", metavar="K=V", help="Repeatable."),
-        workdir: str | None = typer.Option(None, "--workdir", metavar="DIR"),
-        wait: bool = typer.Option(False, "--wait", help="Follow its output, exit with its code."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """Queue a command on the node's GPUs; prints the job id."""
-        if gpus < 1:
-            raise InvalidRequest(f"invalid --gpus {gpus}: must be at least 1")
-        mode = mode or ("mig" if mig_profile is not None else "shim")
-        body = _body(command, gpus, memory, compute, mode, priority, gpu_model, name, env, workdir)
-        body["mig_profile"] = mig_profile
-        with Client(url) as client:
-            job = client.call("POST", "/v1/jobs", json=body)["job"]
-            if as_json and not wait:
+def _submit(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise InvalidRequest("no command to submit: gpupool submit [OPTIONS] -- CMD [ARGS]...")
+    if args.gpus < 1:
+        raise InvalidRequest(f"invalid --gpus {args.gpus}: must be at least 1")
+    mode = args.mode or ("mig" if args.mig_profile is not None else "shim")
+    body = _body(
+        command,
+        args.gpus,
+        args.memory,
+        args.compute,
+        mode,
+        args.priority,
+        args.gpu_model,
+        args.name,
+        args.env,
+        args.workdir,
+    )
+    body["mig_profile"] = args.mig_profile
+    with Client(args.url) as client:
+        job = client.call("POST", "/v1/jobs", json=body)["job"]
+        if not args.wait:
+            if args.json:
                 _echo_json({"job": job})
-            elif not wait:
-                typer.echo(job["id"])
-            if wait:
-                final = follow(client, job["id"])
-                if as_json:
-                    _echo_json({"job": final})
-                raise typer.Exit(_code(final))
+            else:
+                print(job["id"])
+            return 0
+        final = follow(client, job["id"])
+    if args.json:
+        _echo_json({"job": final})
+    return _code(final)
 
-    @app.command("ps")
-    def ps(
-        everything: bool = typer.Option(False, "--all", "-a", help="Finished jobs too."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """List the daemon's jobs (queued and running; --all for finished ones too)."""
-        with Client(url) as client:
-            jobs = client.call("GET", "/v1/jobs", params={"all": everything})["jobs"]
-        if as_json:
-            _echo_json({"jobs": jobs})
-        else:
-            jobs_view.print_jobs(jobs)
 
-    @app.command("logs")
-    def logs(
-        job_id: int = typer.Argument(..., metavar="JOB"),
-        follow_: bool = typer.Option(False, "--follow", "-f", help="Until the job ends."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """Print a job's output (stdout here, stderr on stderr)."""
-        with Client(url) as client:
-            if follow_ and not as_json:
-                follow(client, job_id)
-                return
-            texts = {stream: _read_all(client, job_id, stream) for stream in ("stdout", "stderr")}
-        if as_json:
-            _echo_json({"id": job_id, **texts})
-            return
-        sys.stdout.write(texts["stdout"])
-        sys.stdout.flush()
-        sys.stderr.write(texts["stderr"])
+def _ps(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        jobs = client.call("GET", "/v1/jobs", params={"all": args.all})["jobs"]
+    if args.json:
+        _echo_json({"jobs": jobs})
+    else:
+        jobs_view.print_jobs(jobs)
+    return 0
 
-    @app.command("cancel")
-    def cancel(
-        job_ids: list[int] = typer.Argument(..., metavar="JOB..."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """Cancel jobs: SIGTERM to each job's process group, SIGKILL after a grace period."""
-        with Client(url) as client:
-            jobs = [client.call("POST", f"/v1/jobs/{j}/cancel", json={})["job"] for j in job_ids]
-        if as_json:
-            _echo_json({"jobs": jobs})
-        else:
-            for job in jobs:
-                typer.echo(f"job {job['id']}: cancel sent ({job['state']})")
 
-    @app.command("wait")
-    def wait(
-        job_ids: list[int] = typer.Argument(..., metavar="JOB..."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """Wait for jobs to end; exits with the first non-zero exit code, else 0."""
-        with Client(url) as client:
-            jobs = [_wait_for(client, j) for j in job_ids]
-        if as_json:
-            _echo_json({"jobs": jobs})
-        raise typer.Exit(next((_code(j) for j in jobs if _code(j) != 0), 0))
+def _logs(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        if args.follow and not args.json:
+            follow(client, args.job)
+            return 0
+        texts = {stream: _read_all(client, args.job, stream) for stream in ("stdout", "stderr")}
+    if args.json:
+        _echo_json({"id": args.job, **texts})
+        return 0
+    sys.stdout.write(texts["stdout"])
+    sys.stdout.flush()
+    sys.stderr.write(texts["stderr"])
+    return 0
 
-    @app.command("describe")
-    def describe(
-        job_id: int = typer.Argument(..., metavar="JOB"),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """A job's share, placement, events and, while queued, why it waits."""
-        with Client(url) as client:
-            job = client.call("GET", f"/v1/jobs/{job_id}")
-        if as_json:
-            _echo_json(job)
-        else:
-            jobs_view.print_job(job)
 
-    @app.command("drain")
-    def drain(
-        off: bool = typer.Option(False, "--off", help="Start new jobs again."),
-        url: str | None = _URL,
-        as_json: bool = _JSON,
-    ) -> None:
-        """Start nothing new; running jobs finish (--off: back to normal)."""
-        with Client(url) as client:
-            node = client.call("POST", "/v1/drain", json={"on": not off})
-        if as_json:
-            _echo_json(node)
-        elif node["draining"]:
-            typer.echo("draining: nothing new starts; running jobs finish")
-        else:
-            typer.echo("not draining: queued jobs start as room frees")
+def _cancel(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        jobs = [client.call("POST", f"/v1/jobs/{j}/cancel", json={})["job"] for j in args.jobs]
+    if args.json:
+        _echo_json({"jobs": jobs})
+    else:
+        for job in jobs:
+            print(f"job {job['id']}: cancel sent ({job['state']})")
+    return 0
+
+
+def _wait(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        jobs = [_wait_for(client, j) for j in args.jobs]
+    if args.json:
+        _echo_json({"jobs": jobs})
+    return next((_code(j) for j in jobs if _code(j) != 0), 0)
+
+
+def _describe(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        job = client.call("GET", f"/v1/jobs/{args.job}")
+    if args.json:
+        _echo_json(job)
+    else:
+        jobs_view.print_job(job)
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    with Client(args.url) as client:
+        node = client.call("POST", "/v1/drain", json={"on": not args.off})
+    if args.json:
+        _echo_json(node)
+    elif node["draining"]:
+        print("draining: nothing new starts; running jobs finish")
+    else:
+        print("not draining: queued jobs start as room frees")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    seconds = parse_duration(args.older_than)
+    with Client(args.url) as client:
+        answer = client.call("POST", "/v1/prune", json={"older_than_s": seconds})
+    if args.json:
+        _echo_json(answer)
+        return 0
+    count = int(answer["pruned"])
+    plural = "" if count == 1 else "s"
+    print(f"pruned {count} job{plural} finished more than {args.older_than} ago")
+    return 0
+
+
+def _submit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpus", type=int, default=1, metavar="N", help="GPUs (same share on each)."
+    )
+    options.add(parser, options.MEMORY)
+    options.add(parser, options.COMPUTE)
+    parser.add_argument(
+        "--mode", metavar="shim|mps|exclusive|mig", help="Default shim (mig with a profile)."
+    )
+    parser.add_argument(
+        "--mig-profile", metavar="PROFILE", help="Mode mig: the instance, e.g. 1g.10gb."
+    )
+    options.add(parser, options.PRIORITY)
+    parser.add_argument("--gpu-model", metavar="A100,H100", help="Only these GPU models.")
+    parser.add_argument("--name", default="", help="A name to know the job by.")
+    parser.add_argument("--env", action="append", default=[], metavar="K=V", help="Repeatable.")
+    parser.add_argument("--workdir", metavar="DIR", help="Where it runs (default: here).")
+    parser.add_argument(
+        "--wait", action="store_true", help="Follow its output, exit with its code."
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="The command.")
+
+
+def _job(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", type=int, metavar="JOB")
+
+
+def _jobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("jobs", type=int, nargs="+", metavar="JOB")
+
+
+def _ps_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-a", "--all", action="store_true", help="Finished jobs too.")
+
+
+def _logs_options(parser: argparse.ArgumentParser) -> None:
+    _job(parser)
+    parser.add_argument("-f", "--follow", action="store_true", help="Until the job ends.")
+
+
+def _drain_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--off", action="store_true", help="Start new jobs again.")
+
+
+def _prune_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="Jobs that finished longer ago than this: 7d, 12h, 30m, 0s (every finished job).",
+    )
+
+
+#: name -> (its help: a line, then more; its own arguments; what it does)
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain.Run]] = {
+    "submit": (
+        "Queue a command on the node's GPUs; prints the job id.\n\nWithout --memory, a job "
+        "gets the share of each GPU's memory that --compute gives it.",
+        _submit_options,
+        _submit,
+    ),
+    "ps": (
+        "List the daemon's jobs (queued and running; --all for finished ones too).",
+        _ps_options,
+        _ps,
+    ),
+    "logs": ("Print a job's output (stdout here, stderr on stderr).", _logs_options, _logs),
+    "cancel": (
+        "Cancel jobs: SIGTERM to each job's process group, SIGKILL after a grace period.",
+        _jobs,
+        _cancel,
+    ),
+    "wait": (
+        "Wait for jobs to end; exits with the first non-zero exit code, else 0.",
+        _jobs,
+        _wait,
+    ),
+    "describe": (
+        "A job's share, placement, events and, while queued, why it waits.",
+        _job,
+        _describe,
+    ),
+    "drain": (
+        "Start nothing new; running jobs finish (--off: back to normal).",
+        _drain_options,
+        _drain,
+    ),
+    "prune": (
+        "Delete finished jobs, with their events, logs and directories (admins).\n\nThe daemon "
+        "also does it by itself, --keep-finished (default two weeks) after a job ends.",
+        _prune_options,
+        _prune,
+    ),
+}
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The parser of the job command `name`, its run function as `run`."""
+    text, arguments, run = _COMMANDS[name]
+    command = plain.parser(name, text, run)
+    arguments(command)
+    options.add(command, options.URL)
+    options.add(command, options.JSON)
+    return command

@@ -6,8 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-import typer
-
+from gpupool.cli import texttable
 from gpupool.core.units import format_bytes
 
 
@@ -88,14 +87,9 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         "UTIL",
     ]
     now = time.time()
-    rows = [header] + [_row(job, now) for job in jobs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        typer.echo(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    print("\n".join(texttable.lines(header, [_row(job, now) for job in jobs])))
     if not jobs:
-        typer.echo("(no jobs)")
+        print("(no jobs)")
 
 
 def _when(at: float | None) -> str:
@@ -138,4 +132,4 @@ def print_job(job: dict[str, Any]) -> None:
     for event in job["events"]:
         detail = f" ({event['detail']})" if event["detail"] else ""
         lines.append(f"    {_when(event['at'])}  {event['kind']}{detail}")
-    typer.echo("\n".join(lines))
+    print("\n".join(lines))

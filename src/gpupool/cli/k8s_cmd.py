@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli import options
 from gpupool.core.errors import ConfigError, InvalidRequest
 
 k8s_app = typer.Typer(help="Kubernetes: device plugin, scheduler extender, webhook.")
@@ -55,9 +56,7 @@ def _serve(app: Any, listen: str, cert: Path | None = None, key: Path | None = N
 
 @k8s_app.command("device-plugin")
 def device_plugin(
-    simulate: str | None = typer.Option(
-        None, "--simulate", metavar="SPEC", help="Serve a simulated node, e.g. 2xH100."
-    ),
+    simulate: str | None = options.typer_option(options.SIMULATE),
     kubelet_dir: Path = typer.Option(
         Path("/var/lib/kubelet/device-plugins"),
         "--kubelet-dir",

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli import options
 from gpupool.core.errors import InvalidRequest, MigLayoutError
 from gpupool.core.units import format_bytes
 from gpupool.devices.factory import open_backend
@@ -32,14 +33,6 @@ mig_app = typer.Typer(
     no_args_is_help=True,
 )
 
-SIMULATE = typer.Option(
-    None,
-    "--simulate",
-    metavar="SPEC",
-    help="Simulated GPUs: 8xH100-80GB, 4xA30-24GB,2xA100-40GB or an inventory YAML.",
-)
-NODE_DIR = typer.Option(None, "--node-dir", metavar="DIR", help="The simulated node's directory.")
-JSON = typer.Option(False, "--json", help="Print JSON.")
 CONFIG_FILE = typer.Option(..., "-f", "--file", metavar="CONFIG.yaml", help="mig-parted config.")
 CONFIG_NAME = typer.Option(..., "-c", "--config", metavar="NAME", help="Config name in the file.")
 MODEL = typer.Option(..., "--model", "-m", metavar="MODEL", help="GPU model, e.g. H100-80GB.")
@@ -141,7 +134,9 @@ def describe_gpu(gpu: GpuSnapshot) -> tuple[dict[str, Any], list[str]]:
 
 @mig_app.command("show")
 def show(
-    simulate: str | None = SIMULATE, node_dir: Path | None = NODE_DIR, as_json: bool = JSON
+    simulate: str | None = options.typer_option(options.SIMULATE),
+    node_dir: Path | None = options.typer_option(options.NODE_DIR),
+    as_json: bool = options.typer_option(options.JSON),
 ) -> None:
     """The MIG mode, instances, placements and free slices of every GPU."""
     with open_backend(simulate, node_dir) as backend:
@@ -168,7 +163,7 @@ def show(
 def check(
     layout: str = typer.Argument(..., metavar="LAYOUT", help="e.g. 3g.40gb:1,4g.40gb:1"),
     model_name: str = MODEL,
-    as_json: bool = JSON,
+    as_json: bool = options.typer_option(options.JSON),
 ) -> None:
     """Exit 0 and print the placements when LAYOUT fits MODEL; exit 1 and say why when not."""
     model = get_model(model_name)
@@ -204,7 +199,7 @@ def layouts(
     profiles: str | None = typer.Option(
         None, "--profiles", metavar="P1,P2", help="Only these profiles (default: all but +me)."
     ),
-    as_json: bool = JSON,
+    as_json: bool = options.typer_option(options.JSON),
 ) -> None:
     """Every layout of MODEL to which no further instance can be added."""
     model = get_model(model_name)
@@ -262,7 +257,7 @@ def catalog_command(
         None, "--model", "-m", metavar="MODEL", help="One model (default: all)."
     ),
     markdown: bool = typer.Option(False, "--markdown", help="Markdown tables (docs/mig.md)."),
-    as_json: bool = JSON,
+    as_json: bool = options.typer_option(options.JSON),
 ) -> None:
     """The MIG profiles gpupool knows: sizes, NVML ids, valid starts, per model."""
     models = [get_model(model_name)] if model_name else list(MODELS)
@@ -334,10 +329,10 @@ def _blocked_reason(plan: NodePlan, force: bool) -> str | None:
 def plan(
     config_file: Path = CONFIG_FILE,
     config_name: str = CONFIG_NAME,
-    simulate: str | None = SIMULATE,
-    node_dir: Path | None = NODE_DIR,
+    simulate: str | None = options.typer_option(options.SIMULATE),
+    node_dir: Path | None = options.typer_option(options.NODE_DIR),
     force: bool = typer.Option(False, "--force", help="Plan as `apply --force` would."),
-    as_json: bool = JSON,
+    as_json: bool = options.typer_option(options.JSON),
 ) -> None:
     """Dry run: per GPU the steps and the final layout; exit 1 when it cannot be applied."""
     config = load_config(config_file)
@@ -360,8 +355,8 @@ def plan(
 def apply(
     config_file: Path = CONFIG_FILE,
     config_name: str = CONFIG_NAME,
-    simulate: str | None = SIMULATE,
-    node_dir: Path | None = NODE_DIR,
+    simulate: str | None = options.typer_option(options.SIMULATE),
+    node_dir: Path | None = options.typer_option(options.NODE_DIR),
     force: bool = typer.Option(
         False, "--force", help="Go ahead on GPUs with running processes (they will be stopped)."
     ),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from gpupool.cli import options
 from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes, parse_duration
@@ -117,12 +118,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve(
-        simulate: str | None = typer.Option(
-            None, "--simulate", metavar="SPEC", help="Run on a simulated node, e.g. 2xA100-40GB."
-        ),
-        node_dir: Path | None = typer.Option(
-            None, "--node-dir", metavar="DIR", help="The simulated node's directory."
-        ),
+        simulate: str | None = options.typer_option(options.SIMULATE),
+        node_dir: Path | None = options.typer_option(options.NODE_DIR),
         state_dir: Path | None = typer.Option(
             None,
             "--state-dir",
@@ -167,10 +164,16 @@ def register(app: typer.Typer) -> None:
             "daemon's user only).",
         ),
         policy: str = typer.Option(
-            "binpack", "--policy", metavar="NAME", help="GPU choice: binpack, spread or gpupool."
+            settings.DAEMON.policy,
+            "--policy",
+            metavar="NAME",
+            help="GPU choice: binpack, spread or gpupool.",
         ),
         cancel_grace: float = typer.Option(
-            10.0, "--cancel-grace", metavar="SECONDS", help="SIGTERM to SIGKILL on cancel."
+            settings.DAEMON.cancel_grace_s,
+            "--cancel-grace",
+            metavar="SECONDS",
+            help="SIGTERM to SIGKILL on cancel.",
         ),
         context_reserve: str | None = typer.Option(
             None,
@@ -235,7 +238,9 @@ def register(app: typer.Typer) -> None:
             )
         reserve = _size(context_reserve, "--context-reserve")
         log_cap = _size(max_log_size, "--max-log-size")
-        action = Action.parse(watchdog or settings.WATCHDOG.read(os.environ) or "report")
+        action = Action.parse(
+            watchdog or settings.WATCHDOG.read(os.environ) or AgentConfig.watchdog
+        )
         exempt = watchdog_exempt or settings.WATCHDOG_EXEMPT.read(os.environ)
         exemptions = NO_EXEMPTIONS if exempt is None else Exemptions.parse(exempt)
         token = _token(token_file, listen)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpupool.cli import options
 from gpupool.core.errors import InvalidRequest, TraceFormatError
 from gpupool.core.units import parse_int_range
 from gpupool.scheduler import POLICY_NAMES
@@ -229,9 +230,7 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(
             None, "--out", help="Write curves.csv, summary.json and unallocated.png here."
         ),
-        as_json: bool = typer.Option(
-            False, "--json", help="Print exactly one JSON object (the summary) to stdout."
-        ),
+        as_json: bool = options.typer_option(options.JSON),
         compare: Path | None = typer.Option(
             None, "--compare", help="Published CSV (fgd_published_default.csv format)."
         ),
@@ -240,7 +239,10 @@ def register(app: typer.Typer) -> None:
             False, "--synthetic", help="Replay the built-in synthetic cluster, not the trace."
         ),
     ) -> None:
-        """Replay a workload of the Alibaba GPU trace through placement policies (FGD paper)."""
+        """Replay a workload of the Alibaba GPU trace through placement policies (FGD paper).
+
+        With --json, stdout holds exactly one JSON object: the summary.
+        """
         default_workload = synthetic.SYNTHETIC_WORKLOAD if use_synthetic else "default"
         job = SimJob(
             scenario=_resolve_scenario(trace_dir, use_synthetic),

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from gpupool.api.client import Client
+from gpupool.cli import options
 from gpupool.cli.top_view import frame
 from gpupool.core.errors import DaemonError, InvalidRequest
 
@@ -78,9 +79,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("top")
     def top(
-        url: str | None = typer.Option(
-            None, "--url", metavar="URL", help="The daemon (default: $GPUPOOL_URL)."
-        ),
+        url: str | None = options.typer_option(options.URL),
         once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
         interval: float = typer.Option(
             2.0, "--interval", metavar="SECONDS", help="Seconds between refreshes."

@@ -1,10 +1,10 @@
-"""`gpupool version`: the package version and where its native libraries are."""
+"""`gpupool version`: the package version (`gpupool version` alone never reaches typer)."""
 
 from __future__ import annotations
 
 import typer
 
-from gpupool import __version__
+from gpupool.cli.main import version_line
 
 
 def register(app: typer.Typer) -> None:
@@ -13,4 +13,4 @@ def register(app: typer.Typer) -> None:
     @app.command("version")
     def version() -> None:
         """Print the gpupool version."""
-        typer.echo(f"gpupool {__version__}")
+        typer.echo(version_line())

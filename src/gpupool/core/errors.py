@@ -1,23 +1,29 @@
 """The one error hierarchy of gpupool; every layer maps outside failures onto it.
 
 Each class carries the exit code the `gpupool` command uses when it reaches the user as one line
-(`gpupool: error: ...`), with the cause chained for `GPUPOOL_DEBUG=1`:
+(`gpupool: error: ...`), with the cause chained for `GPUPOOL_DEBUG=1`, and the HTTP status the
+daemon's API answers it with (`{"error": class name, "message": the line}`); the daemon's client
+turns that answer back into the same class (`from_answer`), so a daemon-side error reaches the
+user as itself. A subclass inherits both numbers unless it sets its own.
 
-    GpupoolError               1  base; never raised itself
-    ├── InvalidRequest         2  a malformed or impossible request (size, name, range, index)
-    │   └── MigLayoutError     1  a MIG layout does not fit a GPU (`mig check` answers "no")
-    ├── ConfigError            2  an input file is malformed or unreadable; names file and place
-    │   └── TraceFormatError   2  a trace file; names file, line and column
-    ├── Unschedulable          3  a request that can never fit, not even on an empty cluster
-    ├── DeviceError            4  the GPU layer failed: NVML, the driver, a simulated node
-    │   ├── DriverNotFound     4  no NVIDIA driver or NVML library on this machine
-    │   ├── NotAvailable       4  the device does not support the asked function
-    │   └── GpuLost            4  a GPU fell off the bus; the node's other GPUs still answer
-    ├── NativeLibraryError     5  a native library of gpupool is missing or cannot be loaded
-    ├── PermissionDenied       6  the caller may not do this
-    ├── DaemonError            7  the node daemon cannot be reached, refused, or failed
-    │   └── StoreBusy          7  the daemon's state is locked by another process: retry soon
-    └── KubeApiError           8  the Kubernetes API server failed or timed out
+    class                      exit  HTTP  meaning
+    GpupoolError                 1   500  base; never raised itself
+    ├── InvalidRequest           2   400  a malformed or impossible request (size, name, range)
+    │   ├── MigLayoutError       1   400  a MIG layout does not fit a GPU (`mig check` says "no")
+    │   └── NotFound             2   404  the named thing (a job id) does not exist
+    ├── ConfigError              2   500  an input file is malformed or unreadable; names the place
+    │   └── TraceFormatError     2   500  a trace file; names file, line and column
+    ├── Unschedulable            3   409  a request that can never fit, not even on an empty node
+    ├── DeviceError              4   503  the GPU layer failed: NVML, the driver, a simulated node
+    │   ├── DriverNotFound       4   503  no NVIDIA driver or NVML library on this machine
+    │   ├── NotAvailable         4   503  the device does not support the asked function
+    │   └── GpuLost              4   503  a GPU fell off the bus; the node's other GPUs answer
+    ├── NativeLibraryError       5   500  a native library of gpupool is missing or cannot load
+    ├── PermissionDenied         6   403  the caller may not do this (another user's job)
+    │   └── Unauthorized         6   401  a TCP request without the daemon's bearer token
+    ├── DaemonError              7   503  the daemon cannot be reached, or failed to answer
+    │   └── StoreBusy            7   503  the daemon's state is locked by another process: retry
+    └── KubeApiError             8   502  the Kubernetes API server failed or timed out
 
 Outside the tree: a usage error (unknown option) exits 2, and a bug exits 70 ("internal error").
 `gpupool exec` exits 125 for any failure of its own, as env(1) and timeout(1) do, so that it is
@@ -32,12 +38,15 @@ class GpupoolError(Exception):
 
     #: process exit code the CLI uses for this kind of error
     exit_code: int = 1
+    #: HTTP status the daemon's API answers this kind of error with
+    http_status: int = 500
 
 
 class InvalidRequest(GpupoolError):
     """The caller asked for something malformed or impossible (a bad quantity, name, range)."""
 
     exit_code = 2
+    http_status = 400
 
 
 class ConfigError(GpupoolError):
@@ -58,12 +67,14 @@ class Unschedulable(GpupoolError):
     """
 
     exit_code = 3
+    http_status = 409
 
 
 class DeviceError(GpupoolError):
     """The GPU layer failed: NVML, the driver, a simulated node."""
 
     exit_code = 4
+    http_status = 503
 
 
 class DriverNotFound(DeviceError):
@@ -102,17 +113,27 @@ class MigLayoutError(InvalidRequest):
 class NotFound(InvalidRequest):
     """The named thing (a job id) does not exist."""
 
+    http_status = 404
+
 
 class PermissionDenied(GpupoolError):
     """The caller may not do this (cancel another user's job, a request without its token)."""
 
     exit_code = 6
+    http_status = 403
+
+
+class Unauthorized(PermissionDenied):
+    """A TCP request without the daemon's bearer token (or with a wrong one)."""
+
+    http_status = 401
 
 
 class DaemonError(GpupoolError):
     """The node daemon cannot be reached, refused to start, or answered with a failure."""
 
     exit_code = 7
+    http_status = 503
 
 
 class StoreBusy(DaemonError):
@@ -125,3 +146,38 @@ class KubeApiError(GpupoolError):
     """The Kubernetes API server failed or timed out; the cause from the client is chained."""
 
     exit_code = 8
+    http_status = 502
+
+
+def classes(root: type[GpupoolError] = GpupoolError) -> list[type[GpupoolError]]:
+    """`root` and every subclass of it, shallow ones first (breadth-first)."""
+    found: list[type[GpupoolError]] = []
+    queue = [root]
+    while queue:
+        kind = queue.pop(0)
+        found.append(kind)
+        queue.extend(kind.__subclasses__())
+    return found
+
+
+def from_answer(name: str, status: int, message: str) -> GpupoolError:
+    """The error a daemon's answer stands for (`{"error": name, "message": ...}` with `status`).
+
+    The class of that name in the tree; for a name this side does not know (a daemon newer than
+    its client), the one class that brings in `status` itself (the answer of its whole branch),
+    else a DaemonError: the message reaches the user either way.
+    """
+    tree = classes()
+    named = next((kind for kind in tree if kind.__name__ == name), None)
+    if named is not None and named is not GpupoolError:
+        return named(message)
+    own = [kind for kind in tree[1:] if _brings_in(kind, status)]
+    kind = own[0] if len(own) == 1 else DaemonError
+    return kind(message)
+
+
+def _brings_in(kind: type[GpupoolError], status: int) -> bool:
+    """Whether `kind` answers `status` and its parent does not."""
+    parent = kind.__bases__[0]
+    inherited = issubclass(parent, GpupoolError) and parent.http_status == status
+    return kind.http_status == status and not inherited

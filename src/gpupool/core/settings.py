@@ -1,4 +1,5 @@
-"""Every GPUPOOL_* environment variable gpupool reads or sets, in one list.
+"""Every GPUPOOL_* environment variable gpupool reads or sets, in one list; the node daemon's
+defaults (DAEMON), which `gpupool serve` and the agent's config both take from here.
 
 The C libraries name the ones they read in `native/include/gpupool_settings.h`; a test keeps that
 header and this list equal, and another one checks that no GPUPOOL_* name appears in the code
@@ -156,6 +157,19 @@ MIG_KEEP_INSTANCES = Setting(
     "after them, for the next job of that profile (`gpupool serve --mig-keep-instances`).",
     Reader.PYTHON,
 )
+
+
+@dataclass(frozen=True)
+class DaemonDefaults:
+    """What the node daemon does when neither an option of `gpupool serve` nor a setting says."""
+
+    #: how a job's GPUs are chosen (scheduler.gpu_placement.GPU_POLICIES)
+    policy: str = "binpack"
+    #: seconds from a cancel's SIGTERM to its SIGKILL
+    cancel_grace_s: float = 10.0
+
+
+DAEMON = DaemonDefaults()
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (

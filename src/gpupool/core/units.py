@@ -96,17 +96,24 @@ def parse_fraction(text: str) -> float:
     return value
 
 
-def parse_compute_milli(text: str) -> int:
-    """Per-GPU compute as a whole percent, `30` or `30%`, 1 to 100 -> milli-GPU (30 -> 300).
+def parse_compute_percent(value: str | float) -> int:
+    """Per-GPU compute as a whole percent from 1 to 100 -> milli-GPU (30 -> 300): the one rule of
+    the CLI (`30` or `30%`) and the API (the number 30).
 
-    `1` is 1 %, never a whole GPU: a fraction such as `0.5` is refused rather than guessed at.
+    `1` is 1 %, never a whole GPU, and a fraction such as `0.5` is refused rather than guessed
+    at: a share finer than a percent is below what the compute arbiter can hold.
     """
-    match = re.fullmatch(r"\s*([0-9]+)\s*(%?)\s*", text)
-    if match is None or not 1 <= int(match.group(1)) <= 100:
+    percent: int | None = None
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]+)\s*(%?)\s*", value)
+        percent = int(match.group(1)) if match is not None else None
+    elif math.isfinite(value) and float(value).is_integer():
+        percent = int(value)
+    if percent is None or not 1 <= percent <= 100:
         raise InvalidRequest(
-            f"invalid compute share {text!r}: use a whole percent from 1 to 100, such as 30 or 30%"
+            f"invalid compute share {value!r}: use a whole percent from 1 to 100, such as 30 or 30%"
         )
-    return int(match.group(1)) * MILLI_PER_GPU // 100
+    return percent * MILLI_PER_GPU // 100
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,34 @@
+"""The daemon's client: no daemon is one line, and one client outlives a daemon's restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import pytest
+from tests.app_thread import serving
+
+from gpupool.agent.agent import Agent
+from gpupool.api.app import create_app
+from gpupool.api.client import Client
+from gpupool.core.errors import DaemonError, InvalidRequest
+
+
+def test_one_client_answers_again_after_the_daemon_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "gpupool.sock"
+    app = create_app(cast(Agent, object()))  # /v1/health asks the agent nothing
+    with Client(f"unix://{path}") as client:
+        with pytest.raises(DaemonError, match="no gpupool daemon at unix://"):
+            client.call("GET", "/v1/health")
+        with serving(app, path):
+            assert client.call("GET", "/v1/health")["ok"] is True
+        with pytest.raises(DaemonError):
+            client.call("GET", "/v1/health")
+        with serving(app, path):
+            assert client.call("GET", "/v1/health")["ok"] is True
+
+
+@pytest.mark.parametrize("url", ["ftp://host", "http://", "localhost:8470"])
+def test_a_bad_url_is_one_line(url: str) -> None:
+    with pytest.raises(InvalidRequest, match="invalid daemon URL"):
+        Client(url)
