@@ -38,20 +38,24 @@ LOG_CAP = "64Mi"
 TOKEN = "b6c1e0f2d8a4973e5f0c2a1b7d9e8f60"
 #: the exemption (by path) of the shared daemon; case 16's impostor calls itself by it
 XORG = "/usr/lib/xorg/Xorg"
-#: one request over the Unix socket as the user who runs it: the body comes on stdin (so it
-#: may be larger than a command line), sent in 1 MiB pieces with no length when asked
+#: a request over the Unix socket as the user who runs it, `repeat` times on one connection:
+#: the body comes on stdin (so it may be larger than a command line), sent in 1 MiB pieces with
+#: no length when asked; each answer is timed in the requesting process, its start left out
 _REQUEST = """
 import json, sys, time, httpx
-sock, method, path, headers, chunked = json.loads(sys.argv[1])
-body = sys.stdin.buffer.read() or None
-if body is not None and chunked:
-    pieces = [body[at : at + (1 << 20)] for at in range(0, len(body), 1 << 20)]
-    body = iter(pieces)
+sock, method, path, headers, chunked, repeat = json.loads(sys.argv[1])
+data = sys.stdin.buffer.read() or None
 transport = httpx.HTTPTransport(uds=sock)
+took = []
 with httpx.Client(transport=transport, base_url="http://gpupool", timeout=60) as client:
-    began = time.monotonic()
-    answer = client.request(method, path, content=body, headers=headers)
-    took = time.monotonic() - began
+    for _ in range(repeat):
+        body = data
+        if data is not None and chunked:
+            body = iter([data[at : at + (1 << 20)] for at in range(0, len(data), 1 << 20)])
+        began = time.monotonic()
+        answer = client.request(method, path, content=body, headers=headers)
+        answer.read()
+        took.append(time.monotonic() - began)
 print(json.dumps([answer.status_code, dict(answer.headers), answer.text[:4000], took]))
 """
 
@@ -70,7 +74,12 @@ class Answer:
     status: int
     headers: dict[str, str]
     text: str
-    seconds: float
+    #: the time of each request (one unless repeated)
+    times: list[float]
+
+    @property
+    def seconds(self) -> float:
+        return self.times[0]
 
     @property
     def message(self) -> str:
@@ -147,21 +156,28 @@ class Bench:
         *,
         sock: Path | None = None,
         chunked: bool = False,
+        repeat: int = 1,
     ) -> Answer:
-        """One HTTP request over a Unix socket (the shared daemon's by default) by `user`."""
+        """An HTTP request over a Unix socket (the shared daemon's by default) by `user`, made
+        `repeat` times; the last answer."""
         where = str(sock or self.sock)
         sent = {"Content-Type": "application/json"} if body is not None else {}
         sent.update(headers or {})
         done = run_as(
             user,
-            [sys.executable, "-c", _REQUEST, json.dumps([where, method, path, sent, chunked])],
+            [
+                sys.executable,
+                "-c",
+                _REQUEST,
+                json.dumps([where, method, path, sent, chunked, repeat]),
+            ],
             input=body or "",
             timeout=120,
         )
         if done.returncode != 0:
-            return Answer(-1, {}, last_line(done.stderr), 0.0)
+            return Answer(-1, {}, last_line(done.stderr), [0.0])
         status, answer_headers, text, took = json.loads(done.stdout)
-        return Answer(int(status), answer_headers, text, float(took))
+        return Answer(int(status), answer_headers, text, [float(t) for t in took])
 
     def local(self) -> httpx.Client:
         """root's client over the shared daemon's socket, in this process (for timings)."""
@@ -196,14 +212,6 @@ def refused_line(done: subprocess.CompletedProcess[str], code: int | None = None
     """The command failed (with `code` when given) saying one line."""
     failed = done.returncode != 0 if code is None else done.returncode == code
     return failed and done.stderr.count("\n") == 1
-
-
-def _rss(pid: int) -> int:
-    """The process's resident memory now (VmRSS) in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def serve_once(*args: str, user: User | None = None, wait: float = 60) -> tuple[int | None, str]:
