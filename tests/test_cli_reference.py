@@ -36,7 +36,7 @@ def test_the_committed_reference_is_current(rendered: str) -> None:
 def test_every_command_the_root_help_lists_has_its_section(rendered: str) -> None:
     root_help = rendered.split("\n## gpupool\n", 1)[1].split("\n### ", 1)[0]
     panel = root_help.split("Commands", 1)[1]
-    names = re.findall(r"^│ ([a-z][a-z0-9-]*) ", panel, flags=re.MULTILINE)
+    names = re.findall(r"^  ([a-z][a-z0-9-]*) ", panel, flags=re.MULTILINE)
     assert {"exec", "serve", "submit", "gpus", "mig", "k8s"} <= set(names)
     for name in names:
         assert f"\n### gpupool {name}\n" in rendered, name
@@ -49,5 +49,4 @@ def test_subcommands_of_a_group_are_rendered(rendered: str) -> None:
 
 def test_the_help_is_rendered_without_colour_at_100_columns(rendered: str) -> None:
     assert "\x1b[" not in rendered
-    widths = {len(line) for line in rendered.splitlines() if line.startswith("╭")}
-    assert widths == {100}
+    assert max(len(line) for line in rendered.splitlines()) <= 100

@@ -3,15 +3,18 @@ daemon reaches the CLI as itself (class, exit code, message) through the real AP
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
 import pytest
 from tests.app_thread import serving
 
+from gpupool.agent.access import Access
 from gpupool.agent.agent import Agent
 from gpupool.api.app import create_app
 from gpupool.api.client import Client
@@ -82,7 +85,10 @@ def test_an_unknown_name_maps_by_the_status_one_class_brings_in(
 class _Raising:
     """The agent's one method that GET /v1/jobs/{id} calls first: it raises RAISED[id]."""
 
-    def describe(self, job_id: int) -> dict[str, Any]:
+    #: the app reads the daemon's access rules at its creation
+    config = SimpleNamespace(access=Access(os.geteuid()))
+
+    def job(self, job_id: int) -> Any:
         kind = RAISED[job_id]
         raise kind(f"{kind.__name__}: what went wrong, and what to do")
 

@@ -1,9 +1,10 @@
 """Write docs/cli.md from the `--help` of `gpupool` and of every command and subcommand.
 
-The commands are discovered from the typer app itself (a group's subcommands included), so a new
-command appears in the reference without a change here. Each help text is rendered in this
-process through click's test runner, at 100 columns, without colours or a terminal, so the
-output is the same on every machine. tests/test_cli_reference.py renders it again and compares.
+The commands are those `gpupool --help` lists (cli/main.py's COMMANDS), a typer group's
+subcommands included, so a new command appears in the reference without a change here. Each help
+text is rendered in this process, at 100 columns, without colours or a terminal: a typer
+command's through click's test runner, an argparse command's by its parser. So the output is
+the same on every machine; tests/test_cli_reference.py renders it again and compares.
 
 Usage: python tools/cli_reference.py [--check] [OUTPUT]   (default OUTPUT: docs/cli.md)
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -48,12 +50,22 @@ Exit codes: [exit-codes.md](exit-codes.md). A guided tour: [usage.md](usage.md).
 
 
 def _app() -> typer.Typer:
-    """The `gpupool` app, with every command module registered."""
-    from gpupool.cli import main, register
+    """The `gpupool` app of the typer commands (each module imported when looked up)."""
+    from gpupool.cli import main
 
-    if not main.app.registered_commands:
-        register.all_commands(main.app)
-    return main.app
+    return main.build_app()
+
+
+def _argparse_help(name: str) -> str | None:
+    """`gpupool NAME --help` of a command that parses with argparse; None for a typer one."""
+    from gpupool.cli import main
+
+    entry = main.COMMANDS[name]
+    if not entry.argparse:
+        return None
+    module = importlib.import_module(f"gpupool.cli.{entry.module}")
+    text: str = module.parser(name).format_help()
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
 def _walk(command: Any, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
@@ -101,20 +113,41 @@ def _plain_help() -> Iterator[None]:
 
 def render() -> str:
     """The whole page, as `make cli-docs` writes it."""
-    with _plain_help():
-        return _render()
+    # argparse wraps its help at $COLUMNS (shutil.get_terminal_size)
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(COLUMNS)
+    try:
+        with _plain_help():
+            return _render()
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
 
 
 def _render() -> str:
+    from gpupool.cli import main
+
     root = _app()
     runner = CliRunner()
-    paths = list(_walk(typer.main.get_command(root), ()))
+    group = typer.main.get_command(root)
+    paths: list[tuple[str, ...]] = []
+    for name in main.COMMANDS:
+        paths.append((name,))
+        if not main.COMMANDS[name].argparse:
+            sub = group.get_command(typer.Context(group, info_name="gpupool"), name)
+            if hasattr(sub, "list_commands"):  # a group: `gpupool mig`, `gpupool k8s`
+                paths += list(_walk(sub, (name,)))
     parts = [HEADER, "## Commands\n"]
     parts += [f"- [`gpupool {' '.join(p)}`](#{_anchor(p)})" for p in paths]
-    sections = [((), "gpupool")] + [(p, "gpupool " + " ".join(p)) for p in paths]
-    for path, title in sections:
+    parts.append(f"\n## gpupool\n\n```text\n{main.help_text()}\n```")
+    for path in paths:
         level = "#" * (2 + min(len(path), 2))
-        parts.append(f"\n{level} {title}\n\n```text\n{_help(runner, root, path)}\n```")
+        text = _argparse_help(path[0]) if len(path) == 1 else None
+        if text is None:
+            text = _help(runner, root, path)
+        parts.append(f"\n{level} gpupool {' '.join(path)}\n\n```text\n{text}\n```")
     return "\n".join(parts) + "\n"
 
 

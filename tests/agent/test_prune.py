@@ -82,7 +82,8 @@ def test_prune_leaves_queued_and_running_jobs(daemon: Daemon) -> None:
 
 @pytest.mark.parametrize("given", ["7x", "", "-1d", "d", "1.5"])
 def test_prune_refuses_a_bad_duration_in_one_line(daemon: Daemon, given: str) -> None:
-    done = cli("prune", "--older-than", given, url=daemon.url)
+    # `=`: argparse would take a value that starts with a dash for an option
+    done = cli("prune", f"--older-than={given}", url=daemon.url)
     assert done.returncode == 2
     assert done.stderr.startswith("gpupool: error: invalid duration")
     assert done.stderr.count("\n") == 1
