@@ -135,7 +135,7 @@ class Bench:
             text = text.replace(user.name, self.names(user))
         text = text.replace(self.group, "GROUP").replace(str(REPO), ".")
         text = " ".join(text.split())
-        return text if len(text) <= 240 else text[:237] + "..."
+        return text if len(text) <= 400 else text[:397] + "..."
 
     def record(self, case: str, who: str, tried: str, happened: str, contained: bool) -> None:
         self.rows.append(Row(case, who, tried, self.clean(happened), contained))
