@@ -20,6 +20,7 @@ records a run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from daemon import _cpu_seconds, _rss_mib  # noqa: E402
+from daemon import _rss_mib  # noqa: E402
 from daemon_support import machine_load, percentile  # noqa: E402
 from ps_latency import fill  # noqa: E402
 from security_support import (  # noqa: E402
@@ -821,6 +822,16 @@ CASES: list[Callable[[Bench], None]] = [
 ]
 
 
+def _cpu_ns(pid: int) -> int:
+    """The CPU time of every thread of `pid` so far, in ns (a request runs on a worker thread;
+    /proc/PID/stat counts in 10 ms ticks, too coarse for one call)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
 def listing(b: Bench) -> list[str]:
     """`gpupool ps --all` (GET /v1/jobs?all=true) in a real daemon over its socket, with LISTED
     recent finished jobs and OLD older ones, then after `gpupool prune --older-than 7d` took the
@@ -845,9 +856,9 @@ def listing(b: Bench) -> list[str]:
     pid = daemon.process.pid
     sock = daemon.state_dir / "gpupool.sock"
     lines = [
-        "| finished jobs | as | first call ms | n | p50 ms | p99 ms | max ms | daemon CPU ms "
-        "per call | p99 <= 100 ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| finished jobs | as | first call ms | n | wall p50 ms | wall p99 ms | wall max ms | "
+        "daemon CPU mean ms | daemon CPU p99 ms | p99 <= 100 ms (wall; daemon CPU) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     transport = httpx.HTTPTransport(uds=str(sock))
     try:
@@ -859,29 +870,35 @@ def listing(b: Bench) -> list[str]:
                         f"`gpupool prune --older-than 7d`: {pruned.stdout.strip()}"
                     )
 
-                def timed() -> float:
-                    began = time.monotonic()
+                def timed() -> tuple[float, float]:
+                    """One call's wall time (here) and the daemon's CPU time, in ms."""
+                    began, spent = time.monotonic(), _cpu_ns(pid)
                     answer = web.get("/v1/jobs", params={"all": "true"})
                     assert answer.status_code == 200
-                    return (time.monotonic() - began) * 1000
+                    return (time.monotonic() - began) * 1000, (_cpu_ns(pid) - spent) / 1e6
 
-                first = timed()  # the first after the start or the prune: every job encoded
+                first, _ = timed()  # the first after the start or the prune: every job encoded
                 count = len(daemon.call("GET", "/v1/jobs", params={"all": True})["jobs"])
-                cpu = _cpu_seconds(pid)
-                root_ms = [timed() for _ in range(CALLS)]
-                root_cpu, cpu = _cpu_seconds(pid) - cpu, _cpu_seconds(pid)
+                root_wall, root_cpu = zip(*(timed() for _ in range(CALLS)), strict=True)
+                spent = _cpu_ns(pid)
                 bobs = b.request(b.bob, "GET", "/v1/jobs?all=true", sock=sock, repeat=CALLS)
                 assert bobs.status == 200, bobs
-                bob_cpu = _cpu_seconds(pid) - cpu
-                for who, times, spent, opened in (
-                    ("root", root_ms, root_cpu, f"{first:.0f}"),
-                    ("bob", [t * 1000 for t in bobs.times], bob_cpu, "-"),
+                bob_mean = (_cpu_ns(pid) - spent) / 1e6 / CALLS
+                # bob's calls come from his own process: the daemon's CPU per call is a mean
+                for who, wall, cpu, opened in (
+                    ("root", list(root_wall), list(root_cpu), f"{first:.0f}"),
+                    ("bob", [t * 1000 for t in bobs.times], [bob_mean], "-"),
                 ):
-                    p99 = percentile(times, 99)
+                    p99, cpu_p99 = percentile(wall, 99), percentile(cpu, 99)
+                    met = [
+                        "met" if p99 <= 100 else "not met",
+                        "-" if who == "bob" else "met" if cpu_p99 <= 100 else "not met",
+                    ]
                     lines.append(
-                        f"| {count} ({stage} pruning) | {who} | {opened} | {len(times)} | "
-                        f"{percentile(times, 50):.1f} | {p99:.1f} | {max(times):.1f} | "
-                        f"{spent * 1000 / len(times):.1f} | {'met' if p99 <= 100 else 'not met'} |"
+                        f"| {count} ({stage} pruning) | {who} | {opened} | {len(wall)} | "
+                        f"{percentile(wall, 50):.1f} | {p99:.1f} | {max(wall):.1f} | "
+                        f"{sum(cpu) / len(cpu):.1f} | "
+                        f"{'-' if who == 'bob' else f'{cpu_p99:.1f}'} | {'; '.join(met)} |"
                     )
     finally:
         daemon.stop()
