@@ -665,18 +665,7 @@ def case_tcp(b: Bench) -> None:
     loose = b.root / "token-0644"
     loose.write_text(TOKEN + "\n")
     loose.chmod(0o644)
-    code, err = serve_once(
-        "--simulate",
-        "1xA30",
-        "--node-dir",
-        str(b.root / "node-token"),
-        "--state-dir",
-        str(b.root / "state-token"),
-        "--listen",
-        "127.0.0.1:1",
-        "--token-file",
-        str(loose),
-    )
+    code, err = serve_once(*b.fresh("token"), "--listen", "127.0.0.1:1", "--token-file", str(loose))
     b.record(
         c,
         "root",
@@ -688,16 +677,7 @@ def case_tcp(b: Bench) -> None:
 
 def case_exemptions(b: Bench) -> None:
     c = "16 watchdog exemption"
-    code, err = serve_once(
-        "--simulate",
-        "1xA30",
-        "--node-dir",
-        str(b.root / "node-exempt"),
-        "--state-dir",
-        str(b.root / "state-exempt"),
-        "--watchdog-exempt",
-        "Xorg",
-    )
+    code, err = serve_once(*b.fresh("exempt"), "--watchdog-exempt", "Xorg")
     b.record(
         c,
         "root",

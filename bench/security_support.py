@@ -121,6 +121,11 @@ class Bench:
     def state(self) -> Path:
         return self.daemon.state_dir
 
+    def fresh(self, name: str) -> list[str]:
+        """`serve`'s options for a new simulated node and state dir of their own, `name`d."""
+        node, state = self.root / f"node-{name}", self.root / f"state-{name}"
+        return ["--simulate", "1xA30", "--node-dir", str(node), "--state-dir", str(state)]
+
     def jobdir(self, job: int) -> Path:
         return self.state / "jobs" / str(job)
 
