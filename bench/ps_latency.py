@@ -101,7 +101,8 @@ def main() -> None:
         with open_backend("2xA100-40GB", Path(tmp) / "node") as backend:
             agent = Agent(AgentConfig(Path(tmp) / "state"), backend)
             fill(agent, args.jobs)
-            client = TestClient(create_app(agent))
+            # the daemon answers only the Host names it knows (the test client's is testserver)
+            client = TestClient(create_app(agent), base_url="http://localhost")
 
             def route() -> bytes:
                 response = client.get("/v1/jobs", params={"all": "true"})

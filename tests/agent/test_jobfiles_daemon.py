@@ -141,7 +141,8 @@ def test_a_fifo_for_an_accounting_region_never_stalls_metrics(shared: Shared) ->
         "time.sleep(60)\n"
     )
     job = shared.submit(shared.alice, sys.executable, "-c", script)
-    assert until(lambda: (shared.jobdir(job) / "stdout").read_text() == "ready\n", 30)
+    out = shared.jobdir(job) / "stdout"
+    assert until(lambda: out.exists() and out.read_text() == "ready\n", 30)
     for _ in range(3):
         began = time.monotonic()
         samples = scrape(daemon)

@@ -118,7 +118,9 @@ def test_the_socket_is_the_groups_and_nobody_elses(pool: Pool) -> None:
     outsider = run_as(
         NOBODY, [sys.executable, "-m", "gpupool", "ps"], env={"GPUPOOL_URL": pool.daemon.url}
     )
-    assert outsider.returncode != 0 and outsider.stderr.count("\n") == 1
+    assert outsider.returncode == 6 and outsider.stderr.count("\n") == 1
+    # this pool's group is not gpupool: the line names no group the outsider could not know
+    assert "permission denied (only the daemon's user and its socket group" in outsider.stderr
 
 
 def test_others_see_a_jobs_share_but_not_its_command_logs_or_events(pool: Pool) -> None:

@@ -130,9 +130,12 @@ class Client:
                 "(or point --url / GPUPOOL_URL at a running one)"
             ) from err
         except PermissionError as err:
+            # the caller cannot see which group the socket is for (its directory is closed to
+            # them too), so the line names the rule and the default, not a group it cannot know
             raise PermissionDenied(
-                f"cannot connect to the daemon at {self.url}: permission denied (the socket is "
-                "for its user and the gpupool group)"
+                f"cannot connect to the daemon at {self.url}: permission denied (only the "
+                "daemon's user and its socket group, gpupool unless --socket-group says "
+                "otherwise, may connect: ask an admin to add you)"
             ) from err
         except TimeoutError as err:
             raise DaemonError(

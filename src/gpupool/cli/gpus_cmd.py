@@ -1,6 +1,7 @@
 """`gpupool gpus`: the node's GPUs, MIG instances and processes, like nvidia-smi.
 
-It parses with argparse (cli/plain.py says why) and prints plain-text tables (cli/texttable.py).
+It parses with argparse (cli/plain.py says why) and prints plain-text tables (cli/texttable.py,
+drawn in cli/gpus_view.py).
 """
 
 from __future__ import annotations
@@ -8,191 +9,35 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
-import textwrap
 import time
-from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpupool.api.client import Client
-from gpupool.cli import options, plain, texttable
-from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
-from gpupool.cli.gpus_jobs import mig_jobs
-from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
-from gpupool.core.errors import GpupoolError, InvalidRequest
-from gpupool.core.units import format_bytes
-from gpupool.devices.backend import GpuBackend
+from gpupool.cli import options, plain
+from gpupool.core.errors import InvalidRequest
 from gpupool.devices.factory import open_backend
-from gpupool.devices.snapshot import GpuSnapshot, NodeSnapshot
+
+if TYPE_CHECKING:
+    from gpupool.devices.backend import GpuBackend
 
 DEFAULT_WATCH_SECONDS = 2.0
 #: a terminal's "cursor home, clear screen": each --watch frame replaces the last one
 _CLEAR = "\x1b[H\x1b[2J"
 
 
-def _optional(value: object, suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value}{suffix}"
-
-
-def _memory(used: int | None, total: int | None = None) -> str:
-    if used is None:
-        return "n/a"
-    return format_bytes(used) if total is None else f"{format_bytes(used)} / {format_bytes(total)}"
-
-
-def _mig_mode(gpu: GpuSnapshot) -> str:
-    if gpu.mig is None:
-        return "n/a"
-    mode = "on" if gpu.mig.current else "off"
-    if gpu.mig.pending != gpu.mig.current:
-        mode += f" ({'on' if gpu.mig.pending else 'off'} after reset)"
-    return mode
-
-
-def header(snapshot: NodeSnapshot) -> list[str]:
-    """Where the numbers come from, and when (so a stale --watch shows), in the terminal's width
-    ($COLUMNS in a pipe): a simulated node's long directory may take more than one line."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.timestamp))
-    if snapshot.simulated:
-        where = f"simulated node {snapshot.node_dir} (simulated GPUs)"
-    else:
-        where = f"NVIDIA driver {snapshot.driver}"
-    width = shutil.get_terminal_size().columns
-    lines = textwrap.wrap(where, width)
-    if len(lines[-1]) + 2 + len(when) <= width:
-        return [*lines[:-1], f"{lines[-1]}  {when}"]
-    return [*lines, when]
-
-
-def gpu_table(snapshot: NodeSnapshot) -> list[str]:
-    # 80 columns hold every column: the model stands for the name (which --json has)
-    rows = [
-        [
-            str(gpu.index),
-            gpu.model,
-            _memory(gpu.memory_used, gpu.memory_total),
-            _optional(gpu.utilization, "%"),
-            _optional(gpu.temperature, "C"),
-            _optional(None if gpu.power_w is None else f"{gpu.power_w:.0f}", "W"),
-            _mig_mode(gpu),
-            "ok" if gpu.healthy else (gpu.error or "error"),
-        ]
-        for gpu in snapshot.gpus
-    ]
-    header = ["GPU", "Model", "Memory used / total", "Util", "Temp", "Power", "MIG", "Health"]
-    return ["GPUs", *texttable.lines(header, rows, right={0, 2, 3, 4, 5})]
-
-
-def mig_table(snapshot: NodeSnapshot, users: Mapping[str, str] | None = None) -> list[str] | None:
-    """The MIG instances; `users` (MIG-UUID -> the daemon's job on it) adds a Job column."""
-    found = [(g, i) for g in snapshot.gpus if g.mig is not None for i in g.mig.instances]
-    if not found:
-        return None
-    header = ["GPU", "GI", "CI", "Profile", "Slices", "Memory", "UUID"] + (["Job"] if users else [])
-    rows = []
-    for gpu, instance in found:
-        start = instance.placement_start
-        cells = [
-            str(gpu.index),
-            str(instance.gi_id),
-            _optional(instance.ci_id),
-            instance.profile,
-            "n/a" if start is None else f"{start}:{instance.placement_size}",
-            format_bytes(instance.memory_total),
-            instance.uuid or "",
-        ]
-        if users:
-            cells.append(users.get(instance.uuid or "", "-"))
-        rows.append(cells)
-    return ["MIG instances", *texttable.lines(header, rows)]
-
-
-def process_table(snapshot: NodeSnapshot, marks: Marks | None = None) -> list[str]:
-    """The GPU processes; with `marks` (the daemon's), each one's job and share too."""
-    header = ["GPU", "PID", "Name", "Memory", "SM util"] + (["Job"] if marks is not None else [])
-    rows = []
-    for gpu in snapshot.gpus:
-        for process in gpu.processes:
-            row = [
-                str(gpu.index),
-                str(process.pid),
-                process.name,
-                _memory(process.memory_used),
-                _optional(process.gpu_utilization, "%"),
-            ]
-            if marks is not None:
-                row.append(marks.get((gpu.index, process.pid), UNSEEN))
-            rows.append(row)
-    if not rows:
-        rows.append(["", "", "no processes", *[""] * (len(header) - 3)])
-    return ["Processes", *texttable.lines(header, rows, right={0, 1, 3, 4})]
-
-
-def mps_table(url: str | None) -> list[str] | None:
-    """Each GPU's MPS server and its client jobs, as the node daemon (if one answers) runs them;
-    None when no daemon answers or none runs an MPS server."""
-    try:
-        with Client(url) as client:
-            node = client.call("GET", "/v1/node", timeout=2.0)  # a view must not hang
-    except GpupoolError:
-        return None
-    servers = [(gpu["index"], gpu["mps"]) for gpu in node.get("gpus", []) if gpu.get("mps")]
-    if not servers:
-        return None
-    rows = [
-        [
-            str(index),
-            str(mps["server"]),
-            ", ".join(f"{c['job']}:{c['pid']}" for c in mps["clients"]),
-        ]
-        for index, mps in servers
-    ]
-    header = ["GPU", "Server PID", "Clients (job:pid)"]
-    return ["MPS servers (node daemon)", *texttable.lines(header, rows, right={0, 1})]
-
-
-def render(
-    snapshot: NodeSnapshot,
-    url: str | None = None,
-    shares: list[ShareRow] | None = None,
-    users: Mapping[str, str] | None = None,
-) -> str:
-    """The whole nvidia-smi-like view of one snapshot: processes marked by the daemon at `url`,
-    the compute shares' use, and `users` (see mig_table); tables a blank line apart."""
-    parts: list[list[str]] = [header(snapshot), gpu_table(snapshot)]
-    migs = mig_table(snapshot, users)
-    if migs is not None:
-        parts.append(migs)
-    busy = any(gpu.processes for gpu in snapshot.gpus)
-    marks, why_not = daemon_marks(url) if busy else (None, "")
-    processes = process_table(snapshot, marks)
-    parts.append([*processes, why_not] if why_not else processes)
-    for table in (mps_table(url), shares_table(shares or [])):
-        if table is not None:
-            parts.append(table)
-    return "\n\n".join("\n".join(part) for part in parts)
-
-
-def _document(snapshot: NodeSnapshot) -> dict[str, object]:
-    """`--json`: the snapshot and its compute shares' use."""
-    return snapshot.to_json() | {"compute_shares": shares_json(sample_shares(snapshot))}
-
-
-def _view(snapshot: NodeSnapshot, url: str | None) -> str:
-    return render(snapshot, url, sample_shares(snapshot), mig_jobs(url))
-
-
 def _watch(backend: GpuBackend, seconds: float, as_json: bool, url: str | None) -> None:
     """Refresh until Ctrl-C: a terminal shows one frame at a time; a pipe gets every frame, and
     JSON mode one document per line per refresh."""
+    from gpupool.cli import gpus_view
+
     clear = _CLEAR if sys.stdout.isatty() else ""
     try:
         while True:
             if as_json:
-                print(json.dumps(_document(backend.snapshot())), flush=True)
+                print(json.dumps(gpus_view.document(backend.snapshot())), flush=True)
             else:
-                print(clear + _view(backend.snapshot(), url), flush=True)
+                print(clear + gpus_view.view(backend, url), flush=True)
             time.sleep(seconds)
     except KeyboardInterrupt:
         return
@@ -206,12 +51,16 @@ def _gpus(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
     node_dir = Path(args.node_dir) if args.node_dir is not None else None
     with open_backend(args.simulate, node_dir) as backend:
+        backend.prime()
+        # the view's imports (the daemon's client, the arbiter's reader) run in the window
+        from gpupool.cli import gpus_view
+
         if args.watch:
             _watch(backend, interval, args.json, args.url)
         elif args.json:
-            print(json.dumps(_document(backend.snapshot()), indent=2))
+            print(json.dumps(gpus_view.document(backend.snapshot()), indent=2))
         else:
-            print(_view(backend.snapshot(), args.url))
+            print(gpus_view.view(backend, args.url))
     return 0
 
 

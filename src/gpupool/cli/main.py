@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import textwrap
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpupool import __version__
@@ -126,6 +125,8 @@ def help_text() -> str:
         "  --help     Show this message and exit.",
     ]
     lines += ["", "Commands:"]
+    import textwrap  # here: every other command would pay for its import
+
     width = max(len(name) for name in COMMANDS) + 2
     for name, entry in COMMANDS.items():
         wrapped = textwrap.wrap(entry.help, HELP_WIDTH - width - 2) or [""]

@@ -47,6 +47,11 @@ class GpuBackend(abc.ABC):
         """The simulated node behind this backend; None on real GPUs."""
         return None
 
+    def prime(self) -> None:  # noqa: B027  a no-op unless a backend measures for itself
+        """Start measuring now, so that the first snapshot's utilisation can cover the time
+        until it is taken instead of waiting for a window of its own (a no-op where the driver
+        keeps its own running average, as NVML does)."""
+
     @abc.abstractmethod
     def snapshot(self) -> NodeSnapshot:
         """All GPUs now."""

@@ -112,10 +112,17 @@ class SimulatedBackend(GpuBackend):
         dead = tuple(slot for slot, ok in alive.items() if not ok)
         return _Sample(at_ns, tuple(state.gpus()), live, dead)
 
-    def snapshot(self) -> NodeSnapshot:
+    def prime(self) -> None:
         if self._last is None:
             self._last = self._sample()
-            time.sleep(FIRST_SAMPLE_GAP_S)
+
+    def snapshot(self) -> NodeSnapshot:
+        self.prime()
+        assert self._last is not None
+        # utilisation over less than a window of kernels would be noise: wait out the rest
+        since = (self.clock() - self._last.at_ns) / 1e9
+        if since < FIRST_SAMPLE_GAP_S:
+            time.sleep(FIRST_SAMPLE_GAP_S - since)
         previous, now = self._last, self._sample()
         self._last = now
         gpus = tuple(

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest, not_utf8
 from gpupool.devices.sim.state import MAX_GPUS
@@ -98,6 +96,8 @@ def _check_size(where: str, gpus: list[GpuEntry]) -> tuple[GpuEntry, ...]:
 
 
 def _load_yaml(path: Path) -> Any:
+    import yaml  # here: a spec given by name (2xA100) must not pay for PyYAML's import
+
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
