@@ -20,7 +20,7 @@ from gpupool.core.errors import DaemonError, InvalidRequest
 def test_one_client_answers_again_after_the_daemon_restarts(tmp_path: Path) -> None:
     path = tmp_path / "gpupool.sock"
     # /v1/health asks the agent nothing; the app reads the daemon's access rules at its creation
-    agent = SimpleNamespace(config=SimpleNamespace(access=Access(os.geteuid())))
+    agent = SimpleNamespace(view=SimpleNamespace(access=Access(os.geteuid())))
     app = create_app(cast(Agent, agent))
     with Client(f"unix://{path}") as client:
         with pytest.raises(DaemonError, match="no gpupool daemon at unix://"):
