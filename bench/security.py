@@ -1,5 +1,6 @@
-"""Issue 20's "Why", tried for real: every case refused or contained, on real daemons, as two
-ordinary users of the socket group (alice, bob), one user outside it (carol), and root.
+"""The known attacks on a shared daemon, tried for real: every case refused or contained, on
+real daemons, as two ordinary users of the socket group (alice, bob), one user outside it
+(carol), and root.
 
     python bench/security.py        # as root: it creates (and removes) users and groups
 
