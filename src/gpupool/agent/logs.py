@@ -14,11 +14,21 @@ MAX_BACKOFF_S = 5.0
 REPEAT_EVERY_S = 60.0
 
 
+class _Lines(logging.Formatter):
+    """`gpupool serve: MESSAGE`, with `LEVEL: ` before it from a warning up: what the daemon
+    says in its normal course reads as a sentence, what needs someone's eye says so."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        level = f"{record.levelname}: " if record.levelno >= logging.WARNING else ""
+        return f"gpupool serve: {level}{text}"
+
+
 def configure() -> None:
-    """`gpupool serve`'s logging: to stderr, each record prefixed `gpupool serve: LEVEL: `."""
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="gpupool serve: %(levelname)s: %(message)s"
-    )
+    """`gpupool serve`'s logging: every line of the daemon to stderr, through _Lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lines("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 class Failures:

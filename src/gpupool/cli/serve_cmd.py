@@ -81,7 +81,7 @@ def _socket_gid(name: str | None) -> tuple[int | None, str]:
         return grp.getgrnam(DEFAULT_SOCKET_GROUP).gr_gid, ""
     except KeyError:
         return None, (
-            f"gpupool serve: no group {DEFAULT_SOCKET_GROUP}: only root may use the socket; to "
+            f"no group {DEFAULT_SOCKET_GROUP}: only root may use the socket; to "
             f"let users in: groupadd --system {DEFAULT_SOCKET_GROUP}; usermod -aG "
             f"{DEFAULT_SOCKET_GROUP} USER (then restart the daemon)"
         )
@@ -272,21 +272,20 @@ def register(app: typer.Typer) -> None:
             agent = Agent(config, backend)
             if agent.launch_node.sim_node is not None:
                 models = ", ".join(agent.launch_node.models)
-                typer.echo(
-                    f"gpupool serve: simulated node ({models}) at {agent.launch_node.sim_node}: "
-                    "no real GPU is used",
-                    err=True,
+                logs.log.info(
+                    "simulated node (%s) at %s: no real GPU is used",
+                    models,
+                    agent.launch_node.sim_node,
                 )
             agent.start()
             if no_group:
-                typer.echo(no_group, err=True)
+                logs.log.info(no_group)
             scheme = "https" if tls is not None else "http"
             where = [f"unix://{socket_path}"] + ([f"{scheme}://{listen}"] if listen else [])
-            typer.echo(
-                f"gpupool serve: listening on {', '.join(where)} (policy {policy}, context "
-                f"reserve {format_bytes(agent.context_reserve)} per job and GPU, watchdog "
-                f"{action}, exempt {exemptions}, state {root})",
-                err=True,
+            logs.log.info(
+                f"listening on {', '.join(where)} (policy {policy}, context reserve "
+                f"{format_bytes(agent.context_reserve)} per job and GPU, watchdog {action}, "
+                f"exempt {exemptions}, state {root})"
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
             app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
@@ -298,6 +297,4 @@ def register(app: typer.Typer) -> None:
                 lock.close()
         if gone is not None:
             raise DaemonError(gone)
-        typer.echo(
-            "gpupool serve: stopped; running jobs go on and are adopted at the next start", err=True
-        )
+        logs.log.info("stopped; running jobs go on and are adopted at the next start")
