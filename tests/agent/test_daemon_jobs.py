@@ -13,7 +13,7 @@ from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
 
 from gpupool.core.errors import InvalidRequest, NotFound, Unschedulable
 from gpupool.core.units import GiB
-from gpupool.isolation.launch import arbiter_dir
+from gpupool.isolation.arbiter import arbiter_dir
 
 
 def test_submit_prints_the_id_alone_and_wait_returns_the_exit_code(daemon: Daemon) -> None:

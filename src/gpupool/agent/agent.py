@@ -40,8 +40,7 @@ from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import NodeSnapshot
-from gpupool.isolation.arbiter import prepare_arbiters
-from gpupool.isolation.launch import arbiter_dir
+from gpupool.isolation.arbiter import arbiter_dir, prepare_arbiters
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import Target, check_possible
 

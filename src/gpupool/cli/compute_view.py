@@ -12,11 +12,11 @@ from gpupool.cli import texttable
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter import (
     ArbitratedShare,
+    arbiter_dir,
     arbiter_file,
     compute_use,
     find_share,
 )
-from gpupool.isolation.launch import arbiter_dir
 from gpupool.isolation.region import region_share_id
 
 #: how long `gpupool gpus` watches the shares' GPU time (only when a share runs)

@@ -26,11 +26,11 @@ from gpupool.core.units import (
     parse_int_range,
     parse_memory_share,
 )
+from gpupool.isolation.arbiter import arbiter_dir
 from gpupool.isolation.launch import (
     ComputePolicy,
     LaunchSpec,
     ShareLimits,
-    arbiter_dir,
     build_launch_spec,
     memory_bytes,
 )

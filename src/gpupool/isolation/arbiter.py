@@ -57,6 +57,14 @@ class ComputeUse:
     used_percent: float
 
 
+def arbiter_dir(sim_node: Path | None) -> Path:
+    """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
+    for `gpupool exec` and the node daemon: a simulated node's own directory, else /dev/shm.
+    (The Kubernetes device plugin keeps its pods' arbiters in a directory of its own, which it
+    mounts into every container: the host's /dev/shm is not for a pod to see.)"""
+    return sim_node if sim_node is not None else Path("/dev/shm")
+
+
 def arbiter_file(directory: Path, gpu_uuid: str) -> Path:
     """The arbiter of the GPU `gpu_uuid` ("GPU-xxxxxxxx-..."): its 32 hex digits, as the library
     names it from cuDeviceGetUuid."""

@@ -19,6 +19,7 @@ from gpupool.core import settings
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
+from gpupool.isolation.arbiter import arbiter_dir
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 
 
@@ -109,14 +110,6 @@ def find_shared_region(directory: Path) -> Path | None:
     except OSError:
         pass
     return None
-
-
-def arbiter_dir(sim_node: Path | None) -> Path:
-    """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
-    for `gpupool exec` and the node daemon: a simulated node's own directory, else /dev/shm.
-    (The Kubernetes device plugin keeps its pods' arbiters in a directory of its own, which it
-    mounts into every container: the host's /dev/shm is not for a pod to see.)"""
-    return sim_node if sim_node is not None else Path("/dev/shm")
 
 
 def share_env(
