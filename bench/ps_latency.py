@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import PRIORITY_RANK, JobSpec, State
+from gpupool.api import server
 from gpupool.api.app import create_app
 from gpupool.devices.factory import open_backend
 
@@ -103,6 +104,7 @@ def main() -> None:
             fill(agent, args.jobs)
             # the daemon answers only the Host names it knows (the test client's is testserver)
             client = TestClient(create_app(agent), base_url="http://localhost")
+            server.settle()  # as `gpupool serve` does before it answers
 
             def route() -> bytes:
                 response = client.get("/v1/jobs", params={"all": "true"})
