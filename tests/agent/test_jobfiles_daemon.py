@@ -15,16 +15,12 @@ from pathlib import Path
 import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, scrape, until
+from tests.agent.multiuser_support import group_daemon
 from tests.users import (
     User,
-    add_to_group,
-    check_interpreter,
-    create_group,
     gpupool_as,
-    remove_group,
     remove_tree,
     run_as,
-    users,
     world_dir,
 )
 
@@ -50,22 +46,8 @@ class Shared:
 
 @pytest.fixture
 def shared() -> Iterator[Shared]:
-    root = world_dir()
-    group = create_group()
-    try:
-        with users(2) as (alice, bob):
-            for user in (alice, bob):
-                add_to_group(user, group)
-            check_interpreter(alice)
-            daemon = Daemon(root, "1xA100-40GB", ("--socket-group", group)).start()
-            try:
-                yield Shared(daemon, alice, bob)
-            finally:
-                daemon.stop()
-                _kill_jobs(daemon)
-    finally:
-        remove_group(group)
-        remove_tree(root)
+    with group_daemon("1xA100-40GB") as (daemon, (alice, bob)):
+        yield Shared(daemon, alice, bob)
 
 
 def _owned(path: Path) -> tuple[int, int]:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, until
+from tests.agent.multiuser_support import group_daemon
 from tests.agent.watchdog_support import SHARE, escape_command, wait_for_event
 from tests.users import (
     User,
@@ -89,24 +89,13 @@ class Pool:
 
 @pytest.fixture
 def pool() -> Iterator[Pool]:
-    root = world_dir()
-    members, admins = create_group(), create_group()
+    admins = create_group()
     try:
-        with users(2) as (alice, bob):
-            for user in (alice, bob):
-                add_to_group(user, members)
-            check_interpreter(alice)
-            extra = ("--socket-group", members, "--admin-group", admins)
-            daemon = Daemon(root, "1xA100-40GB", extra).start()
-            try:
-                yield Pool(daemon, alice, bob, admins)
-            finally:
-                daemon.stop()
-                _kill_jobs(daemon)
+        with group_daemon("1xA100-40GB", extra=("--admin-group", admins)) as (daemon, made):
+            alice, bob = made
+            yield Pool(daemon, alice, bob, admins)
     finally:
-        remove_group(members)
         remove_group(admins)
-        remove_tree(root)
 
 
 def test_the_socket_is_the_groups_and_nobody_elses(pool: Pool) -> None:

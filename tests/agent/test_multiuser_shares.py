@@ -9,18 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon, until
+from tests.agent.multiuser_support import group_daemon
 from tests.users import (
     User,
-    add_to_group,
-    check_interpreter,
-    create_group,
     gpupool_as,
-    remove_group,
-    remove_tree,
-    users,
-    world_dir,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users: needs root")
@@ -32,22 +25,8 @@ def _protected_regular() -> bool:
 
 @pytest.fixture
 def two_users() -> Iterator[tuple[Daemon, User, User]]:
-    root = world_dir()
-    members = create_group()
-    try:
-        with users(2) as (alice, bob):
-            for user in (alice, bob):
-                add_to_group(user, members)
-            check_interpreter(alice)
-            daemon = Daemon(root, "1xA100-40GB", ("--socket-group", members)).start()
-            try:
-                yield daemon, alice, bob
-            finally:
-                daemon.stop()
-                _kill_jobs(daemon)
-    finally:
-        remove_group(members)
-        remove_tree(root)
+    with group_daemon("1xA100-40GB") as (daemon, (alice, bob)):
+        yield daemon, alice, bob
 
 
 def _submit(daemon: Daemon, user: User, compute: str, seconds: str) -> int:

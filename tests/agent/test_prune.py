@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from tests import users
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, until
+from tests.agent.multiuser_support import group_daemon
 
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import JobSpec, State
@@ -107,24 +107,11 @@ def test_parse_duration() -> None:
 
 
 def test_prune_is_refused_to_an_ordinary_user() -> None:
-    root = users.world_dir()
-    group = users.create_group()
-    try:
-        with users.users(1) as (user,):
-            users.add_to_group(user, group)
-            users.check_interpreter(user)
-            daemon = Daemon(root, "2xA100-40GB", ("--socket-group", group)).start()
-            try:
-                job = daemon.submit(["true"])
-                daemon.wait(job)
-                done = users.gpupool_as(user, "prune", "--older-than", "0s", url=daemon.url)
-                listed = daemon.call("GET", "/v1/jobs", params={"all": 1})["jobs"]
-            finally:
-                daemon.stop()
-                _kill_jobs(daemon)
-    finally:
-        users.remove_group(group)
-        users.remove_tree(root)
+    with group_daemon("2xA100-40GB", count=1) as (daemon, (user,)):
+        job = daemon.submit(["true"])
+        daemon.wait(job)
+        done = users.gpupool_as(user, "prune", "--older-than", "0s", url=daemon.url)
+        listed = daemon.call("GET", "/v1/jobs", params={"all": 1})["jobs"]
     assert done.returncode == 6, done.stderr
     assert done.stderr == (
         f"gpupool: error: pruning finished jobs is for admins (root and the daemon's "
