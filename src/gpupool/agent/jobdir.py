@@ -77,7 +77,7 @@ def remove_unknown(jobs: Path, known_ids: Callable[[], Container[int]]) -> None:
     """Remove every job directory under `jobs` whose job the store no longer holds (pruned now,
     or by a prune cut short), relative to the jobs dir's fd and without following a link: a
     job's owner writes in its directory and may leave links there."""
-    fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = os.open(jobs, statedir.DIR_FLAGS)
     try:
         # listed before the ids are read: a job's row is written before its directory, so a
         # directory listed here whose id is not in the store has been pruned
@@ -174,7 +174,7 @@ class JobDir:
     def write_launch(self, launch: dict[str, Any]) -> None:
         """Write `launch.json` (0600: it holds the job's whole environment) atomically."""
         self.create()
-        here = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        here = os.open(self.path, statedir.DIR_FLAGS)
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink("launch.json.tmp", dir_fd=here)
@@ -188,12 +188,11 @@ class JobDir:
 
     def hand_over_shares(self, uid: int, gid: int) -> None:
         """Give the job's share directories to its user, whose processes create the region."""
-        here = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        here = os.open(self.path, statedir.DIR_FLAGS)
         try:
             for name in os.listdir(here):
                 if name.startswith(SHARE_DIR_PREFIX):
-                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                    share = os.open(name, flags, dir_fd=here)
+                    share = os.open(name, statedir.DIR_FLAGS, dir_fd=here)
                     try:
                         os.fchown(share, uid, gid)
                     finally:

@@ -26,7 +26,8 @@ SYSTEM_STATE_DIR = Path("/var/lib/gpupool")
 STATE_DIR_MODE = 0o700
 #: missing ancestors are made as `mkdir -p` makes them
 _PARENT_MODE = 0o755
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: a directory opened as itself, never through a link
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 ROOT_UID = 0
 
@@ -46,7 +47,7 @@ def prepare(state_dir: Path) -> Path:
     path = Path(os.path.abspath(state_dir))
     if len(path.parts) < 2:
         raise ConfigError("the state dir cannot be / itself: give a directory of its own")
-    fd = os.open("/", _DIR_FLAGS)
+    fd = os.open("/", DIR_FLAGS)
     try:
         for depth, name in enumerate(path.parts[1:], start=2):
             here = Path(*path.parts[:depth])
@@ -81,7 +82,7 @@ def _open_or_make(parent: int, name: str, here: Path, mode: int) -> int:
 
 def _open_dir(parent: int, name: str, here: Path) -> int:
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:
         raise
     except OSError as err:
@@ -126,6 +127,24 @@ def _who(found: os.stat_result) -> str:
     return " and ".join(w for w in (group, others) if w)
 
 
+def share(state_dir: Path, gid: int | None) -> None:
+    """Make `state_dir` 0750 owner:`gid`, so that the socket group can reach the socket (and its
+    members' jobs their job dirs), or 0700 without a socket group. Through a descriptor opened
+    without following a link, so the change lands on the directory itself."""
+    try:
+        fd = os.open(state_dir, DIR_FLAGS)
+    except OSError as err:
+        raise ConfigError(f"cannot open the state dir {state_dir}: {err.strerror}") from err
+    try:
+        if gid is not None:
+            os.fchown(fd, os.geteuid(), gid)
+        os.fchmod(fd, 0o750 if gid is not None else STATE_DIR_MODE)
+    except OSError as err:
+        raise ConfigError(f"cannot set the state dir {state_dir}'s mode: {err.strerror}") from err
+    finally:
+        os.close(fd)
+
+
 def hold(state_dir: Path) -> IO[str]:
     """Lock `state_dir` for this daemon (kept until the returned file closes or we die)."""
     try:
@@ -154,7 +173,7 @@ def hold(state_dir: Path) -> IO[str]:
 def private_dir(parent: Path, name: str, mode: int) -> Path:
     """`parent/name`, a directory of this user with `mode` exactly (made if missing, never
     through a link): for directories inside the state dir."""
-    parent_fd = os.open(parent, _DIR_FLAGS)
+    parent_fd = os.open(parent, DIR_FLAGS)
     try:
         with_mode = _open_or_make(parent_fd, name, parent / name, mode)
     finally:

@@ -71,24 +71,6 @@ class PeerCredProtocol(H11Protocol):
         self.app = app
 
 
-def share_state_dir(state_dir: Path, gid: int | None) -> None:
-    """Make `state_dir` 0750 owner:`gid`, so that the socket group can reach the socket (and its
-    members' jobs their job dirs), or 0700 without a socket group. Through a descriptor opened
-    without following a link, so the change lands on the directory itself."""
-    try:
-        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        raise ConfigError(f"cannot open the state dir {state_dir}: {err.strerror}") from err
-    try:
-        if gid is not None:
-            os.fchown(fd, os.geteuid(), gid)
-        os.fchmod(fd, 0o750 if gid is not None else 0o700)
-    except OSError as err:
-        raise ConfigError(f"cannot set the state dir {state_dir}'s mode: {err.strerror}") from err
-    finally:
-        os.close(fd)
-
-
 def unix_socket(path: Path, gid: int | None) -> socket.socket:
     """A listening Unix socket at `path`: 0660 owner:`gid`, or 0600 without a group. A stale file
     there is replaced (the caller holds the state dir's lock, so no live daemon owns it)."""

@@ -262,7 +262,7 @@ def register(app: typer.Typer) -> None:
             access=access,
         )
         lock = statedir.hold(root)
-        server.share_state_dir(root, socket_gid)
+        statedir.share(root, socket_gid)
         socket_path = root / statedir.SOCKET_NAME
         sockets = [server.unix_socket(socket_path, socket_gid)]
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
