@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpupool.agent.access import Access
 from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions
-from gpupool.agent.jobdir import DEFAULT_MAX_LOG_SIZE, MIN_LOG_SIZE
+from gpupool.agent.jobdir import MIN_LOG_SIZE
 from gpupool.agent.watchdog import Action
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.settings import DAEMON
@@ -35,11 +35,11 @@ class AgentConfig:
     #: leave the MIG instances created for jobs in place after them
     mig_keep_instances: bool = False
     #: each job's stdout and stderr keep at most this many bytes, the newest (0: no limit)
-    max_log_size: int = DEFAULT_MAX_LOG_SIZE
+    max_log_size: int = DAEMON.max_log_size
     #: who may act on whose jobs and drain the node (default: this process's user is the admin)
     access: Access = field(default_factory=lambda: Access(os.geteuid()))
     #: finished jobs, their events and directories are deleted this long after they finished
-    keep_finished_s: float = 14 * 86400
+    keep_finished_s: float = DAEMON.keep_finished_s
 
     def __post_init__(self) -> None:
         if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:

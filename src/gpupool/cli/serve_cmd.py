@@ -106,7 +106,9 @@ def _size(text: str | None, option: str) -> int | None:
         raise InvalidRequest(f"{option}: {err}") from None
 
 
-def _duration(text: str, option: str) -> float:
+def _duration(text: str | None, option: str) -> float | None:
+    if text is None:
+        return None
     try:
         return parse_duration(text)
     except InvalidRequest as err:
@@ -197,19 +199,21 @@ def register(app: typer.Typer) -> None:
             "executables (as readlink /proc/PID/exe shows them; never command names, which any "
             "process sets for itself) and uid:N (default: $GPUPOOL_WATCHDOG_EXEMPT).",
         ),
-        max_log_size: str = typer.Option(
-            "1Gi",
+        max_log_size: str | None = typer.Option(
+            None,
             "--max-log-size",
             metavar="SIZE",
-            help="Keep at most SIZE of each job's stdout and stderr (0: no limit): past it the "
-            "oldest half is dropped and the log starts with a line saying how many bytes were.",
+            help="Keep at most SIZE of each job's stdout and stderr (0: no limit; default "
+            f"{format_bytes(settings.DAEMON.max_log_size)}): past it the oldest half is dropped "
+            "and the log starts with a line saying how many bytes were.",
         ),
-        keep_finished: str = typer.Option(
-            "14d",
+        keep_finished: str | None = typer.Option(
+            None,
             "--keep-finished",
             metavar="DURATION",
             help="Delete finished jobs, their events, logs and directories this long after they "
-            "finished (e.g. 14d, 12h, 30m; gpupool prune does it at once).",
+            f"finished (e.g. 12h, 30m; default {settings.DAEMON.keep_finished_s / 86400:g}d; "
+            "gpupool prune does it at once).",
         ),
         mig_keep_instances: bool = typer.Option(
             False,
@@ -238,6 +242,7 @@ def register(app: typer.Typer) -> None:
             )
         reserve = _size(context_reserve, "--context-reserve")
         log_cap = _size(max_log_size, "--max-log-size")
+        keep_s = _duration(keep_finished, "--keep-finished")
         action = Action.parse(
             watchdog or settings.WATCHDOG.read(os.environ) or AgentConfig.watchdog
         )
@@ -257,8 +262,8 @@ def register(app: typer.Typer) -> None:
             watchdog=action,
             watchdog_exempt=exemptions,
             mig_keep_instances=mig_keep_instances,
-            max_log_size=log_cap or 0,
-            keep_finished_s=_duration(keep_finished, "--keep-finished"),
+            max_log_size=settings.DAEMON.max_log_size if log_cap is None else log_cap,
+            keep_finished_s=settings.DAEMON.keep_finished_s if keep_s is None else keep_s,
             access=access,
         )
         lock = statedir.hold(root)

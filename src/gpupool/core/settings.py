@@ -167,6 +167,10 @@ class DaemonDefaults:
     policy: str = "binpack"
     #: seconds from a cancel's SIGTERM to its SIGKILL
     cancel_grace_s: float = 10.0
+    #: bytes of each job's stdout and stderr kept, the newest (0: no limit)
+    max_log_size: int = 1 << 30
+    #: seconds after which a finished job, its events and its directory are deleted
+    keep_finished_s: float = 14 * 86400
 
 
 DAEMON = DaemonDefaults()
