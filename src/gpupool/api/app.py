@@ -31,7 +31,7 @@ from gpupool.api import admin_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
-from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy
+from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unauthorized
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
 
@@ -118,26 +118,22 @@ def create_app(
         if request.scope.get(OVER_TCP):
             given = bearer(request)
             if secret is None or not given or not hmac.compare_digest(given, secret):
-                raise _Unauthorized
+                raise Unauthorized("a bearer token is needed (GPUPOOL_TOKEN)")
             return access.daemon_uid
         uid = request.scope.get(PEER_UID)
         return int(uid) if uid is not None else access.daemon_uid
 
-    @app.exception_handler(_Unauthorized)
-    async def unauthorized(_: Request, __: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"error": "Unauthorized", "message": "a bearer token is needed (GPUPOOL_TOKEN)"},
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
     @app.exception_handler(GpupoolError)
     async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
         assert isinstance(err, GpupoolError)
-        # a locked store is let go within a second or so: say when to come back
-        retry = {"Retry-After": "1"} if isinstance(err, StoreBusy) else None
+        headers = None
+        if isinstance(err, StoreBusy):
+            # a locked store is let go within a second or so: say when to come back
+            headers = {"Retry-After": "1"}
+        elif isinstance(err, Unauthorized):
+            headers = {"WWW-Authenticate": "Bearer"}
         body = {"error": type(err).__name__, "message": str(err)}
-        return JSONResponse(body, status_code=err.http_status, headers=retry)
+        return JSONResponse(body, status_code=err.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: Exception) -> JSONResponse:
@@ -216,7 +212,3 @@ def create_app(
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(view, secret, sessions, caller))
     return Guard(app, access, host_names(allowed_hosts))
-
-
-class _Unauthorized(Exception):
-    """A TCP request without the right bearer token."""

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.view import NodeView
 from gpupool.api import dashboard_html
 from gpupool.api.guard import OVER_TCP
-from gpupool.core.errors import NotFound
+from gpupool.core.errors import NotFound, Unauthorized
 from gpupool.core.units import MILLI_PER_GPU
 
 COOKIE = "gpupool_session"
@@ -204,8 +204,7 @@ def dashboard_router(
         given = request.query_params.get("token")
         if given is not None:  # the one visit that opens a session; the token leaves the URL
             if token is None or not hmac.compare_digest(given.encode(), token):
-                message = "wrong token in ?token=: use the daemon's --token-file"
-                return JSONResponse({"error": "Unauthorized", "message": message}, 401)
+                raise Unauthorized("wrong token in ?token=: use the daemon's --token-file")
             moved = RedirectResponse("/", status_code=303)
             sessions.set_cookie(moved, access.daemon_uid)
             return moved
