@@ -17,7 +17,6 @@ import shutil
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 
@@ -33,6 +32,7 @@ from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
 from gpupool.agent.sampler import Sampler
 from gpupool.agent.store import Store
+from gpupool.agent.target import LiveTarget
 from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
 from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unschedulable
@@ -42,7 +42,7 @@ from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter import arbiter_dir, prepare_arbiters
 from gpupool.isolation.node import launch_node
-from gpupool.scheduler.gpu_placement import Target, check_possible
+from gpupool.scheduler.gpu_placement import check_possible
 
 __all__ = ["Agent", "AgentConfig"]
 
@@ -101,6 +101,8 @@ class Agent:
         )
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.sampler.capacity
+        #: the shapes the placement policy expects next (recent submissions)
+        self.target = LiveTarget(self.store)
         #: what the API, /metrics and the dashboard read
         self.view = NodeView(
             config,
@@ -112,6 +114,7 @@ class Agent:
             lambda job_id: self._waiting.get(job_id, ()),
             context_reserve=self.context_reserve,
             simulated=backend.simulated,
+            target_workload=self.target.describe,
         )
         self._pruned_at = -PRUNE_EVERY_S
         #: one prune at a time (the loop's and an admin's); rmtree of one dir twice would race
@@ -191,6 +194,7 @@ class Agent:
                 "gpupool serve --context-reserve)"
             ) from None
         job = self.store.add(spec, uid, user)
+        self.target.submitted(spec.request())
         self._wake.set()
         return job
 
@@ -317,11 +321,6 @@ class Agent:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pids.job, sig)
 
-    def _target(self, jobs: list[Job]) -> Target:
-        counts = Counter(job.spec.request() for job in jobs)
-        total = sum(counts.values())
-        return tuple((shape, n / total) for shape, n in counts.items())
-
     def schedule(self) -> None:
         """Start what the queue allows now (nothing while draining)."""
         if self.view.draining:  # `describe` says so; nothing else to work out
@@ -350,7 +349,7 @@ class Agent:
             free,
             capacity,
             self.config.policy,
-            self._target(queued + running),
+            self.target.target(),
             self.context_reserve,
         )
         mig_lines = tuple(f"GPU {i}: in MIG mode, for MIG jobs only" for i in sorted(mig_mode))

@@ -12,7 +12,7 @@ from gpupool.agent.jobdir import MIN_LOG_SIZE
 from gpupool.agent.watchdog import Action
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.settings import DAEMON
-from gpupool.scheduler.gpu_placement import GPU_POLICIES
+from gpupool.scheduler.names import check_policy
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,4 @@ class AgentConfig:
                 f"invalid maximum log size {self.max_log_size} bytes (--max-log-size): "
                 f"0 for no limit, or at least {MIN_LOG_SIZE // 1024}Ki"
             )
-        if self.policy not in GPU_POLICIES:
-            raise InvalidRequest(
-                f"unknown policy {self.policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
-            )
+        check_policy(self.policy)

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from gpupool.agent.jobs import Job, JobSpec, queue_order
 from gpupool.agent.node import as_seen_by, guaranteed_compute, held, opportunistic, share_on
 from gpupool.core.units import MILLI_PER_GPU
-from gpupool.scheduler.gpu_placement import Target, gpu_shortfalls, place
+from gpupool.scheduler.gpu_placement import gpu_shortfalls, place
 from gpupool.scheduler.gpus import GpuRequest, GpuView, take
+from gpupool.scheduler.workload import TargetWorkload
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def plan(
     now: Sequence[GpuView],
     capacity: Sequence[GpuView],
     policy: str,
-    target: Target = (),
+    target: TargetWorkload | None = None,
     reserve: int = 0,
 ) -> Plan:
     """Start what may start on `now` (free room) in queue order; `capacity` is the idle node,

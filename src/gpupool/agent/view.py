@@ -49,6 +49,7 @@ class NodeView:
         *,
         context_reserve: int,
         simulated: bool,
+        target_workload: Callable[[], list[dict[str, object]]] = list,
     ) -> None:
         self._config = config
         self._store = store
@@ -60,6 +61,7 @@ class NodeView:
         self._waiting = waiting
         self.context_reserve = context_reserve
         self.simulated = simulated
+        self._target_workload = target_workload
         #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
         #: see it, as others see it: no command)
         self._listed: dict[int, tuple[int, bytes, bytes]] = {}
@@ -238,6 +240,7 @@ class NodeView:
             )
         return {
             "policy": self.policy,
+            "target_workload": self._target_workload(),
             "draining": self.draining,
             "simulated": self.simulated,
             "context_reserve": reserve,

@@ -11,6 +11,7 @@ import typer
 
 from gpupool.cli import options
 from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.scheduler.names import DEFAULT_POLICY, POLICY_NAMES, check_policy
 
 k8s_app = typer.Typer(help="Kubernetes: device plugin, scheduler extender, webhook.")
 
@@ -99,7 +100,9 @@ def device_plugin(
 @k8s_app.command("extender")
 def extender(
     listen: str = typer.Option("0.0.0.0:8888", "--listen", metavar="HOST:PORT"),
-    policy: str = typer.Option("gpupool", "--policy", help="gpupool, binpack or spread."),
+    policy: str = typer.Option(
+        DEFAULT_POLICY, "--policy", help=f"Placement policy: {', '.join(POLICY_NAMES)}."
+    ),
     resync: float = typer.Option(
         30.0, "--resync", metavar="SECONDS", help="How often to re-read nodes and pods."
     ),
@@ -107,7 +110,6 @@ def extender(
     """Run the scheduler extender (filter, prioritize, bind) over HTTP."""
     from gpupool.k8s.extender import Extender
     from gpupool.k8s.extender_http import create_app
-    from gpupool.k8s.fleet import check_policy
     from gpupool.k8s.kubeclient import OfficialKube
 
     _logging()

@@ -14,7 +14,7 @@ from gpupool.cli import options
 from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes, parse_duration
-from gpupool.scheduler.gpu_placement import GPU_POLICIES
+from gpupool.scheduler.names import POLICY_NAMES, check_policy
 
 #: the socket group a root daemon uses when --socket-group is not given and the group exists
 DEFAULT_SOCKET_GROUP = "gpupool"
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
             settings.DAEMON.policy,
             "--policy",
             metavar="NAME",
-            help="GPU choice: binpack, spread or gpupool.",
+            help=f"Placement policy: {', '.join(POLICY_NAMES)}.",
         ),
         cancel_grace: float = typer.Option(
             settings.DAEMON.cancel_grace_s,
@@ -236,10 +236,7 @@ def register(app: typer.Typer) -> None:
         logs.configure()
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
-        if policy not in GPU_POLICIES:
-            raise InvalidRequest(
-                f"unknown policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
-            )
+        check_policy(policy)
         reserve = _size(context_reserve, "--context-reserve")
         log_cap = _size(max_log_size, "--max-log-size")
         keep_s = _duration(keep_finished, "--keep-finished")

@@ -163,8 +163,9 @@ MIG_KEEP_INSTANCES = Setting(
 class DaemonDefaults:
     """What the node daemon does when neither an option of `gpupool serve` nor a setting says."""
 
-    #: how a job's GPUs are chosen (scheduler.gpu_placement.GPU_POLICIES)
-    policy: str = "binpack"
+    #: how a job's GPUs are chosen (scheduler.registry.POLICY_NAMES): the policy the trace
+    #: benchmark measures
+    policy: str = "gpupool"
     #: seconds from a cancel's SIGTERM to its SIGKILL
     cancel_grace_s: float = 10.0
     #: bytes of each job's stdout and stderr kept, the newest (0: no limit)

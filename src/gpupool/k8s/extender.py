@@ -275,6 +275,7 @@ class Extender:
             held = guaranteed_compute(ask.priority, ask.compute)
             charge = Charge(node, gpus, memory, held, ask.exclusive)
             self.fleet.charge(charge)
+            self.fleet.bound(ask)
             self._held[node][uid] = charge
         try:
             self.api.patch_pod_annotations(namespace, name, self._annotations(charge, ask))
@@ -284,6 +285,15 @@ class Extender:
                 self.fleet.charge(charge, -1)
                 self._held[node].pop(uid, None)
             raise
+
+    def debug(self) -> dict[str, Any]:
+        """The policy and the target workload it scores against (GET /debug/placement)."""
+        with self._lock:
+            return {
+                "policy": self.policy,
+                "nodes": len(self.fleet.names),
+                "target_workload": self.fleet.recent.describe(),
+            }
 
     @staticmethod
     def _annotations(charge: Charge, ask: GpuAsk) -> dict[str, str]:

@@ -104,6 +104,7 @@ def _fastapi(extender: Extender) -> FastAPI:
 
     app.add_api_route("/bind", bind, methods=["POST"])
     app.add_api_route("/healthz", lambda: {"ok": True}, methods=["GET"])
+    app.add_api_route("/debug/placement", extender.debug, methods=["GET"])
     return app
 
 

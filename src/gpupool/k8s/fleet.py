@@ -1,15 +1,15 @@
-"""The GPUs of every node the extender knows, as arrays: fit, why-not, score, GPU choice.
+"""The GPUs of every node the extender knows, as the placement engine's state: fit, why-not,
+node scores and GPU choice.
 
-One column per node, one row per GPU slot (padded), kept up to date as nodes and pods come and
-go (`set_node`, `charge`: one node's column recomputed), so that a pod's filter and prioritize
-over 10,000 nodes are a few vector operations (gpu_arrays) answered within milliseconds; filter
-and prioritize of one pod share one `PodAnswer`. The answers are scheduler/gpu_placement's,
-node by node; `choose` (at bind) calls gpu_placement itself. Policies, as gpu_placement names
-them: `binpack` fills the fullest node and GPU, `spread` the emptiest, `gpupool` (the default)
-takes the GPUs where the pod grows the fragment least, so whole GPUs stay whole for the pods
-that need them (the fragmentation the trace policy measures). A `low` pod is opportunistic
-(scheduler/opportunistic.py): it is answered over the GPUs as it sees them, every GPU's compute
-free, and what it holds (its `Charge`) is its memory and no compute.
+The nodes are one `ClusterState` (scheduler/state.py: rows are nodes, slots GPU indices) and
+the policy is the registry's object (scheduler/registry.py), so filter, prioritize and bind
+run the code the trace replay measures and the node daemon runs. What pods hold is counted
+here (`charge`) and written into the state one node at a time; a node whose inventory changes
+makes the state be built again before the next answer. A `low` pod is opportunistic
+(scheduler/opportunistic.py): it is answered over a second state where no pod's compute is
+counted, and what it holds (its `Charge`) is its memory and no compute. A GPU is advertised to
+the kubelet as SLOTS_PER_GPU device slots, so a GPU whose slots are all held takes no pod (its
+free room is shown to the engine as none).
 """
 
 from __future__ import annotations
@@ -22,43 +22,38 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import NodeSpec
 from gpupool.core.units import MILLI_PER_GPU
-from gpupool.k8s.gpu_arrays import (
-    F64,
-    I64,
-    MAX_EXTENDER_PRIORITY,
-    MAX_GPUS_PER_NODE,
-    Bool,
-    GpuArrays,
-    PodAnswer,
-    priorities,
-)
 from gpupool.k8s.inventory import GpuInfo
+from gpupool.k8s.names import SLOTS_PER_GPU
 from gpupool.k8s.podspec import GpuAsk
-from gpupool.scheduler.gpu_placement import Shortfall, never_fits, place
+from gpupool.scheduler import ClusterState, Demand, Policy, demand_of, make_policy
+from gpupool.scheduler.gpu_placement import Shortfall, never_fits, shortfalls
 from gpupool.scheduler.gpus import GpuRequest, GpuView
-from gpupool.scheduler.opportunistic import as_seen_by, opportunistic
+from gpupool.scheduler.names import DEFAULT_POLICY, check_policy
+from gpupool.scheduler.opportunistic import opportunistic
+from gpupool.scheduler.recent import RecentShapes
+from gpupool.scheduler.state import GpuSlots
 
-POLICIES = ("gpupool", "binpack", "spread")
-DEFAULT_POLICY = "gpupool"
+__all__ = ["DEFAULT_POLICY", "Charge", "Fleet", "check_policy", "gpu_request"]
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+Bool = npt.NDArray[np.bool_]
+
+#: the kube-scheduler extender API's top score (k8s.io/kube-scheduler/extender/v1)
+MAX_EXTENDER_PRIORITY = 10
+#: the GPU indices a node's inventory may use
+MAX_GPUS_PER_NODE = 32
 #: why a node the extender has no inventory for fails the filter (until a re-read learns it)
 UNKNOWN_NODE = "gpupool knows no GPUs on this node"
+#: binds between two updates of the target workload the policy scores against (each update
+#: makes the fragment index anew over every node)
+TARGET_EVERY = 64
 
 _LOOKUPS_KEPT = 4
-_ANSWERS_KEPT = 8
 #: the filter's passing list is the candidates less those that fail when fewer fail than this
 _FEW_FAIL = 64
-_NEVER_KEPT = 1 << 16
-#: changes logged; an answer older than the log is made anew
-_LOG_KEPT = 1 << 14
-#: an answer with more than this part of the nodes changed since is made anew
-_UPDATE_AT_MOST = 0.125
-#: more nodes changed than this since a low pod was answered: the GPUs as low pods see them are
-#: made again for every node at once (0.9 ms for 10,000), not node by node (23 us each)
-_STALE_ONE_BY_ONE = 32
-#: a candidate list at least this part of the fleet is answered over the whole fleet's arrays
-#: (no copies; the filter's and the prioritize's lists then share one answer)
-_WHOLE_FLEET = 0.5
 
 
 def _host_head(name: str) -> str:
@@ -73,10 +68,16 @@ def gpu_request(ask: GpuAsk) -> GpuRequest:
     return GpuRequest(ask.gpus, ask.compute, ask.memory, models)
 
 
-def check_policy(name: str) -> str:
-    if name not in POLICIES:
-        raise InvalidRequest(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
-    return name
+def priorities(scores: F64) -> I64:
+    """Policy scores (any scale, higher better) as the extender API's 0..MAX_EXTENDER_PRIORITY:
+    the best candidate MAX, the worst 0, linear between (all MAX when they tie)."""
+    if scores.size == 0:
+        return np.zeros(0, np.int64)
+    low, high = float(scores.min()), float(scores.max())
+    if high == low:
+        return np.full(scores.size, MAX_EXTENDER_PRIORITY, np.int64)
+    scaled: I64 = np.rint((scores - low) / (high - low) * MAX_EXTENDER_PRIORITY).astype(np.int64)
+    return scaled
 
 
 @dataclass
@@ -112,32 +113,22 @@ class Fleet:
         self.rows: dict[str, int] = {}
         self.names: list[str] = []
         self.models: dict[str, int] = {}
-        self.gpus = GpuArrays.empty(1, 1)  # (GPU slot, node)
-        #: the same GPUs as a `low` pod sees them (every GPU's compute free), brought up to date
-        #: only when a low pod is answered, on the nodes changed since (`_opportunistic_stale`):
-        #: binds and re-reads of high pods do not pay for it
-        self.opportunistic_gpus = GpuArrays.empty(1, 1)
-        self._opportunistic_stale: set[int] = set()
-        #: what pods hold, summed (may pass the GPU for a moment while a node is re-read)
-        self._memory_used: I64 = np.zeros((1, 1), np.int64)
-        self._milli_used: I64 = np.zeros((1, 1), np.int64)
-        #: recent candidate lists and their rows (filter's list, then prioritize's shorter one)
-        self._lookups: list[_Lookup] = []
-        #: bumped on every change, so that cached answers know when they are stale
-        self.version = 0
-        #: the node changed by each version after `_log_start` (what pods hold on it)
-        self._log: list[int] = []
-        self._log_start = 0
         self._inventory: dict[str, tuple[GpuInfo, ...]] = {}
-        #: the whole fleet's answers to the last few requests, at the version they are true for:
-        #: a pod like one before (replicas of one workload) updates only the nodes changed since
-        self._answers: dict[tuple[GpuRequest, bool], tuple[int, PodAnswer]] = {}
-        #: (ask, version, candidates, answer) of the last pod asked about a few nodes
-        self._answer: tuple[GpuAsk, int, _Lookup, PodAnswer] | None = None
-        #: never_fits's line per (request, row), until a node's inventory changes
-        self._never: dict[tuple[GpuRequest, int], str | None] = {}
+        # (node, slot): what pods hold, summed, and how many pods (device slots) on each GPU
+        self._memory_used: I64 = np.zeros((0, 1), np.int64)
+        self._milli_used: I64 = np.zeros((0, 1), np.int64)
+        self._shares: I64 = np.zeros((0, 1), np.int64)
+        self._classes: I64 = np.zeros((0, 2), np.int64)
+        #: the state as `high` pods see it and as `low` pods see it (None: to be built)
+        self._states: tuple[ClusterState, ClusterState] | None = None
+        self._lookups: list[_Lookup] = []
+        self.recent = RecentShapes()
+        self._binds = 0
+        self._policies: dict[str, Policy] = {}
         #: (MAX_EXTENDER_PRIORITY + 1, rows): each node's HostPriority entry for each score
         self._entries: npt.NDArray[np.object_] | None = None
+
+    # -- candidates ---------------------------------------------------------------------------
 
     def lookup(self, names: list[str]) -> I64:
         """Row of each name, -1 for a node without inventory."""
@@ -162,7 +153,7 @@ class Fleet:
         self._lookups = [found, *self._lookups[: _LOOKUPS_KEPT - 1]]
         return found
 
-    # -- changes --------------------------------------------------------------------------------
+    # -- changes ------------------------------------------------------------------------------
 
     def set_node(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         """Add a node or replace its inventory; what pods hold on it is kept."""
@@ -175,146 +166,161 @@ class Fleet:
                 f"{MAX_GPUS_PER_NODE} GPUs"
             )
         self._inventory[name] = tuple(gpus)
-        row = self.rows.get(name)
-        if row is None:
-            row = len(self.names)
-            self.rows[name] = row
+        for gpu in gpus:
+            self.models.setdefault(gpu.model, len(self.models))
+        if name not in self.rows:
+            self.rows[name] = len(self.names)
             self.names.append(name)
             self._lookups.clear()
             self._entries = None  # made again (all nodes) by the next prioritize
-        self.version += 1
-        # answers older than the log are made anew: what the GPUs are changed
-        self._log, self._log_start = [], self.version
-        self._never.clear()
-        g, n = self.gpus.present.shape
-        if row >= n or width > g:
-            self._grow(width, max(row + 1, 2 * n))
-        arrays = self.gpus
-        arrays.present[:, row] = False
-        arrays.healthy[:, row] = False
-        arrays.memory_total[:, row] = 0
-        arrays.model[:, row] = -1
-        for gpu in gpus:
-            model = self.models.setdefault(gpu.model, len(self.models))
-            arrays.present[gpu.index, row] = True
-            arrays.healthy[gpu.index, row] = gpu.healthy and gpu.memory > 0
-            arrays.memory_total[gpu.index, row] = gpu.memory
-            arrays.model[gpu.index, row] = model
-        self._refresh(row)
+        n, g = self._memory_used.shape
+        if len(self.names) > n or width > g:
+            self._grow(max(width, g), max(len(self.names), 2 * n))
+        self._states = None
 
     def _grow(self, g: int, n: int) -> None:
-        self.gpus = self.gpus.grown(g, n)
-        self.opportunistic_gpus = self.opportunistic_gpus.grown(g, n)
-        og, on = self._memory_used.shape
-        for attr in ("_memory_used", "_milli_used"):
-            bigger = np.zeros(self.gpus.present.shape, np.int64)
-            bigger[:og, :on] = getattr(self, attr)
+        for attr in ("_memory_used", "_milli_used", "_shares"):
+            old = getattr(self, attr)
+            bigger = np.zeros((n, g), np.int64)
+            bigger[: old.shape[0], : old.shape[1]] = old
             setattr(self, attr, bigger)
+        classes = np.zeros((n, g + 1), np.int64)
+        classes[: self._classes.shape[0], : self._classes.shape[1]] = self._classes
+        self._classes = classes
 
     def charge(self, charge: Charge, sign: int = 1) -> None:
         """Take (sign 1) or give back (sign -1) what a pod holds."""
         row = self.rows[charge.node]
         cols = list(charge.gpus)
-        self._memory_used[cols, row] += sign * charge.memory
-        self._milli_used[cols, row] += sign * charge.milli
-        self.gpus.shares[cols, row] += sign
-        self.version += 1
-        self._log.append(row)
-        if len(self._log) > _LOG_KEPT:
-            del self._log[: _LOG_KEPT // 2]
-            self._log_start = self.version - len(self._log)
-        self._refresh(row)
+        self._memory_used[row, cols] += sign * charge.memory
+        self._milli_used[row, cols] += sign * charge.milli
+        self._shares[row, cols] += sign
+        whole = charge.exclusive or charge.milli == MILLI_PER_GPU
+        self._classes[row, len(cols) if whole else 0] += sign
+        if self._states is not None:
+            self._write(row)
 
-    def _changed_since(self, version: int) -> I64 | None:
-        """The nodes changed since `version`; None when too many to update an answer (or
-        when the log does not reach back that far)."""
-        if version < self._log_start:
-            return None
-        changed = np.unique(np.array(self._log[version - self._log_start :], np.int64))
-        return None if len(changed) > _UPDATE_AT_MOST * len(self.names) else changed
+    def _write(self, row: int) -> None:
+        """Node `row`'s free room into both states."""
+        assert self._states is not None
+        high, low = self._states
+        width = high.max_gpus
+        full = self._shares[row, :width] >= SLOTS_PER_GPU
+        memory = np.where(full, 0, high.gpu_mem_total[row] - self._memory_used[row, :width])
+        compute = np.where(full, 0, MILLI_PER_GPU - self._milli_used[row, :width])
+        classes = self._classes[row, : width + 1]
+        high.set_free(row, compute, memory, classes)
+        low.set_free(row, np.where(full, 0, MILLI_PER_GPU), memory, classes)
 
-    def _refresh(self, row: int) -> None:
-        arrays = self.gpus
-        total = arrays.memory_total[:, row]
-        compute_free = np.clip(MILLI_PER_GPU - self._milli_used[:, row], 0, MILLI_PER_GPU)
-        arrays.compute_free[:, row] = compute_free
-        arrays.memory_free[:, row] = np.clip(total - self._memory_used[:, row], 0, total)
-        arrays.refresh(row)
-        self._opportunistic_stale.add(row)
+    def states(self) -> tuple[ClusterState, ClusterState]:
+        """The state as high pods and as low pods see it, built if the inventory changed."""
+        if self._states is None:
+            self._states = (self._build(), self._build())
+            self._policies.clear()
+            for row in range(len(self.names)):
+                self._write(row)
+        return self._states
 
-    # -- one pod's answers ----------------------------------------------------------------------
+    def _build(self) -> ClusterState:
+        n = len(self.names)
+        width = max(
+            1, max((gpu.index + 1 for gpus in self._inventory.values() for gpu in gpus), default=1)
+        )
+        model = np.full((n, width), -1, np.int64)
+        memory = np.zeros((n, width), np.int64)
+        healthy = np.zeros((n, width), np.bool_)
+        for name, gpus in self._inventory.items():
+            row = self.rows[name]
+            for gpu in gpus:
+                model[row, gpu.index] = self.models[gpu.model]
+                memory[row, gpu.index] = gpu.memory
+                healthy[row, gpu.index] = gpu.healthy
+        names = tuple(sorted(self.models, key=self.models.__getitem__))
+        nodes = [NodeSpec(name, 0, 0, 0) for name in self.names]
+        return ClusterState.of_gpus(nodes, GpuSlots(model, memory, healthy, names))
 
-    def _seen_by(self, ask: GpuAsk) -> GpuArrays:
-        """The GPUs as the pod's placement sees them (scheduler/opportunistic.py), up to date."""
-        if not opportunistic(ask.priority):
-            return self.gpus
-        stale, arrays = self._opportunistic_stale, self.opportunistic_gpus
-        if len(stale) > _STALE_ONE_BY_ONE:
-            arrays.refresh_opportunistic(self.gpus, slice(0, len(self.names)))
-        else:
-            for row in stale:
-                arrays.refresh_opportunistic(self.gpus, row)
-        stale.clear()
-        return arrays
+    # -- policy -------------------------------------------------------------------------------
 
-    def _pod(self, ask: GpuAsk, found: _Lookup) -> tuple[PodAnswer, I64 | None]:
-        """The pod's answer over the candidates, and the rows to read it at (None: it is per
-        candidate already)."""
-        rows = np.where(found.known, found.rows, 0)
-        arrays = self._seen_by(ask)
-        if len(found.names) >= _WHOLE_FLEET * len(self.names):
-            return self._whole_fleet(ask, arrays), rows
-        cached = self._answer
-        if cached and cached[0] == ask and cached[1] == self.version and cached[2] is found:
-            return cached[3], None
-        answer = PodAnswer(gpu_request(ask), arrays.nodes(rows), self.models)
-        self._answer = (ask, self.version, found, answer)
-        return answer, None
+    def policy(self, name: str) -> Policy:
+        """The registry's policy `name`, scoring against the recent pods' shapes."""
+        found = self._policies.get(name)
+        if found is None:
+            self.states()
+            found = make_policy(name, seed=0, target_workload=self.recent.target())
+            self._policies[name] = found
+        return found
 
-    def _whole_fleet(self, ask: GpuAsk, arrays: GpuArrays) -> PodAnswer:
-        """The answer to the pod's request over every node's `arrays` (as it sees them): the
-        one from before, brought up to date where nodes changed since, or a new one."""
-        request = gpu_request(ask)
-        key = (request, opportunistic(ask.priority))
-        known = self._answers.pop(key, None)
-        changed = None if known is None else self._changed_since(known[0])
-        if known is None or changed is None:
-            answer = PodAnswer(request, arrays.head(len(self.names)), self.models)
-        else:
-            answer = known[1]
-            if len(changed):
-                answer.update(changed)
-        self._answers[key] = (self.version, answer)
-        while len(self._answers) > _ANSWERS_KEPT:
-            del self._answers[next(iter(self._answers))]
-        return answer
+    def bound(self, ask: GpuAsk) -> None:
+        """A pod of this ask was bound: weigh its shape into the target workload (the policy
+        takes it up every TARGET_EVERY binds)."""
+        self.recent.add(gpu_request(ask))
+        self._binds += 1
+        if self._binds % TARGET_EVERY == 0:
+            for state in self._states or ():
+                state.drop_observers()
+            self._policies.clear()
+
+    # -- one pod's answers --------------------------------------------------------------------
+
+    def _state(self, ask: GpuAsk) -> ClusterState:
+        high, low = self.states()
+        return low if opportunistic(ask.priority) else high
+
+    def _never(self, request: GpuRequest, rows: I64) -> Bool:
+        """For these rows: the pod could not fit even on the idle node (too few GPUs, of the
+        model, with the memory)."""
+        state = self.states()[0]
+        demand = demand_of(request)
+        present = state.present[rows]
+        allowed = present
+        if demand.gpu_models:
+            ids = [self.models[m] for m in demand.gpu_models if m in self.models]
+            allowed = present & np.isin(state.gpu_model[rows], ids)
+        total = np.array(
+            [[gpu.memory for gpu in self._by_slot(self.names[r], state.max_gpus)] for r in rows],
+            np.int64,
+        ).reshape(len(rows), state.max_gpus)
+        need = demand.memory_on(total) if demand.asks_memory else np.zeros_like(total)
+        k = demand.gpus
+        never: Bool = (
+            (present.sum(axis=1) < k)
+            | (allowed.sum(axis=1) < k)
+            | ((allowed & (need <= total)).sum(axis=1) < k)
+        )
+        return never
+
+    def _by_slot(self, name: str, width: int) -> list[GpuInfo]:
+        slots = [GpuInfo(i, "", "", 0, False) for i in range(width)]
+        for gpu in self._inventory[name]:
+            slots[gpu.index] = gpu
+        return slots
 
     def filter(
         self, ask: GpuAsk, names: list[str]
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """The nodes where the pod fits now; why each other one does not now (gpu_placement's
-        shortfall of GPUs); why each never could (gpu_placement.never_fits)."""
+        """The nodes where the pod fits now; why each other one does not now (the shortfall of
+        GPUs); why each never could (gpu_placement.never_fits)."""
         found = self._lookup(names)
-        answer, at = self._pod(ask, found)
-        fits, able = answer.fits, answer.able
-        if at is not None:
-            fits, able = fits[at], able[at]
-        fits = fits & found.known
+        request = gpu_request(ask)
+        fits = self._fits(ask, found)
         if fits.all():
             return list(names), {}, {}
         failing = np.flatnonzero(~fits)
-        nodes = failing if at is None else at[failing]
-        never = answer.never(nodes).tolist()
+        rows = found.rows[failing]
+        known = rows >= 0
+        never = np.zeros(len(failing), np.bool_)
+        if known.any():
+            never[known] = self._never(request, rows[known])
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for i, never_here in zip(failing.tolist(), never, strict=True):
-            row = int(found.rows[i])
+        for i, row, never_here in zip(failing.tolist(), rows.tolist(), never.tolist(), strict=True):
             if row < 0:
                 unresolvable[names[i]] = UNKNOWN_NODE
             elif never_here:
-                unresolvable[names[i]] = self.never_fits(ask, row)
+                reason = never_fits(request, self.gpu_views(self.names[row]))
+                unresolvable[names[i]] = reason or "the pod never fits this node"
             else:
-                failed[names[i]] = str(Shortfall(-1, "gpus", ask.gpus, int(able[i])))
+                failed[names[i]] = str(self._shortfall(ask, request, row))
         kept = np.flatnonzero(fits)
         if len(failing) < _FEW_FAIL:  # cheaper than a list of 10,000 names picked one by one
             fit = list(names)
@@ -326,29 +332,40 @@ class Fleet:
         self._lookups = [_Lookup(list(fit), found.rows[kept]), *self._lookups[: _LOOKUPS_KEPT - 1]]
         return fit, failed, unresolvable
 
+    def _shortfall(self, ask: GpuAsk, request: GpuRequest, row: int) -> Shortfall:
+        state = self._state(ask)
+        able = int(state.gpu_fits(demand_of(request), np.array([row])).sum())
+        return Shortfall(-1, "gpus", request.gpus, able)
+
+    def _fits(self, ask: GpuAsk, found: _Lookup) -> Bool:
+        """Per candidate: known, and the pod fits there now."""
+        feasible = self._state(ask).feasible(demand_of(gpu_request(ask)))
+        fits: Bool = found.known & feasible[np.where(found.known, found.rows, 0)]
+        return fits
+
     def never_fits(self, ask: GpuAsk, row: int) -> str:
-        """gpu_placement.never_fits's line for a node the vectors found the pod never fits."""
-        key = (gpu_request(ask), row)
-        if key not in self._never:
-            if len(self._never) >= _NEVER_KEPT:  # many pod shapes: start again
-                self._never.clear()
-            self._never[key] = never_fits(key[0], self.gpu_views(self.names[row]))
-        return self._never[key] or "the pod never fits this node"
+        """gpu_placement.never_fits's line for a node the pod never fits."""
+        reason = never_fits(gpu_request(ask), self.gpu_views(self.names[row]))
+        return reason or "the pod never fits this node"
 
     def node_scores(self, ask: GpuAsk, names: list[str], policy: str) -> tuple[Bool, F64]:
-        """Per node: the pod fits now, and gpu_placement.node_score (0..100; meaningless where
-        it does not fit)."""
+        """Per node: the pod fits now, and the policy's score (meaningless where it does not
+        fit; higher is better)."""
         found = self._lookup(names)
-        answer, at = self._pod(ask, found)
-        fits, scores = answer.fits, answer.scores(policy)
-        if at is not None:
-            fits, scores = fits[at], scores[at]
-        return fits & found.known, scores
+        fits = self._fits(ask, found)
+        scores = np.zeros(len(names), np.float64)
+        rows = found.rows[fits]
+        if rows.size:
+            chooser = self.policy(policy)
+            demand = demand_of(gpu_request(ask))
+            scores[fits] = chooser.scores(self._state(ask), demand, rows).astype(np.float64)
+        return fits, scores
 
     def scores(self, ask: GpuAsk, names: list[str], policy: str) -> I64:
         """0..MAX_EXTENDER_PRIORITY per node (0 where the pod does not fit)."""
         fits, scores = self.node_scores(ask, names, policy)
-        result: I64 = np.where(fits, priorities(scores), 0)
+        result = np.zeros(len(names), np.int64)
+        result[fits] = priorities(scores[fits])
         return result
 
     def priority_json(self, names: list[str], scores: I64) -> str:
@@ -376,29 +393,36 @@ class Fleet:
         row = self.rows.get(node)
         if row is None:
             raise InvalidRequest(f"node {node}: gpupool knows no GPU inventory for it")
-        model_names = {number: name for name, number in self.models.items()}
-        a = self.gpus
-        return [
-            GpuView(
-                int(g),
-                model_names[int(a.model[g, row])],
-                int(a.memory_total[g, row]),
-                int(a.memory_free[g, row]),
-                int(a.compute_free[g, row]),
-                bool(a.usable[g, row]),
-            )
-            for g in np.flatnonzero(a.present[:, row])
-        ]
+        views = []
+        for gpu in self._inventory[node]:
+            i = gpu.index
+            memory = int(np.clip(gpu.memory - self._memory_used[row, i], 0, gpu.memory))
+            compute = int(np.clip(MILLI_PER_GPU - self._milli_used[row, i], 0, MILLI_PER_GPU))
+            usable = gpu.healthy and gpu.memory > 0 and self._shares[row, i] < SLOTS_PER_GPU
+            views.append(GpuView(i, gpu.model, gpu.memory, memory, compute, usable))
+        return views
 
     def choose(self, ask: GpuAsk, node: str, policy: str) -> tuple[int, ...]:
-        """The GPU indices the pod takes on `node`: scheduler/gpu_placement's choice, the one the
-        node daemon makes, so a pod lands on the GPUs a `gpupool submit` of it would get."""
-        views = as_seen_by(ask.priority, self.gpu_views(node))
-        placement = place(gpu_request(ask), views, policy)
-        if placement.gpus is None:
-            why = "; ".join(str(s) for s in placement.why_not)
+        """The GPU indices the pod takes on `node`: the policy's choice on the engine's state,
+        the one the node daemon makes, so a pod lands on the GPUs a `gpupool submit` would."""
+        row = self.rows.get(node)
+        if row is None:
+            raise InvalidRequest(f"node {node}: gpupool knows no GPU inventory for it")
+        request = gpu_request(ask)
+        demand: Demand = demand_of(request)
+        state = self._state(ask)
+        if not state.feasible(demand)[row]:
+            views = self.gpu_views(node)
+            if opportunistic(ask.priority):
+                views = [
+                    GpuView(
+                        v.index, v.model, v.memory_total, v.memory_free, MILLI_PER_GPU, v.healthy
+                    )
+                    for v in views
+                ]
+            why = "; ".join(str(s) for s in shortfalls(request, views))
             raise InvalidRequest(f"node {node}: {why}")
-        return placement.gpus
+        return self.policy(policy).gpus_on(state, demand, row).gpus
 
     def memory_of(self, ask: GpuAsk, node: str, gpus: Sequence[int]) -> int:
         """Bytes the pod holds on each of its GPUs (the smallest GPU's share when proportional)."""

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.resources import Request
+from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.demand import Demand, demand_of
 from gpupool.scheduler.fragment import FragmentIndex, fragment_index
-from gpupool.scheduler.policy import Policy
-from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
+from gpupool.scheduler.policy import Policy, Scores
+from gpupool.scheduler.state import Asked, ClusterState, Placement
+from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload
 
 
@@ -18,7 +20,7 @@ class FragmentOptions:
     """The fragment each feasible node would have after the placement, with the GPU used."""
 
     nodes: IntArray
-    gpus: IntArray  # chosen GPU per node for a share; -1 otherwise
+    gpus: IntArray  # chosen GPU per node for a one-GPU demand; -1 otherwise
     before: FloatArray
     after: FloatArray
 
@@ -39,15 +41,15 @@ def distinct_fitting(free: IntArray, milli: int) -> tuple[IntArray, IntArray]:
     return rows.astype(np.int64), cols.astype(np.int64)
 
 
-def fragment_options(index: FragmentIndex, request: Request, nodes: IntArray) -> FragmentOptions:
-    """F after placing `request` on each node of `nodes` (the best GPU per node for a share:
-    lowest F after, lowest index on ties).
+def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> FragmentOptions:
+    """F after placing `request` on each node of `nodes` (the best GPU per node for a one-GPU
+    demand: lowest F after, lowest index on ties; the fullest GPUs for more).
 
     Pods repeat a few shapes, and a placement changes one node, so the answer per (shape, node)
     is cached and only nodes changed since the shape was last asked about are recomputed.
     """
-    milli = request.compute if request.gpus else 0
-    cache = index.after_cache((request.cpu, milli, request.gpus))
+    request = demand_of(asked)
+    cache = index.after_cache(request.shape)
     stale = nodes[cache.seen[nodes] != index.version[nodes]]
     if stale.size:
         after, gpus = _after(index, request, stale)
@@ -57,7 +59,19 @@ def fragment_options(index: FragmentIndex, request: Request, nodes: IntArray) ->
     return FragmentOptions(nodes, cache.gpus[nodes], index.frag[nodes], cache.after[nodes])
 
 
-def _after(index: FragmentIndex, request: Request, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
+    """(nodes, slots): the `request.gpus` fullest fitting GPUs of each node (as
+    ClusterState.ordered_gpus orders them)."""
+    fits = state.gpu_fits(request, nodes)
+    slots = np.broadcast_to(np.arange(fits.shape[1]), fits.shape)
+    order = np.lexsort((slots, state.gpu_mem_free[nodes], state.gpu_free[nodes], ~fits), axis=-1)
+    chosen = np.zeros(fits.shape, np.bool_)
+    np.put_along_axis(chosen, order[:, : request.gpus], True, axis=1)
+    result: BoolArray = chosen & fits
+    return result
+
+
+def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[FloatArray, IntArray]:
     state = index.state
     no_gpu = np.full(nodes.size, -1, np.int64)
     if request.gpus == 0:
@@ -65,10 +79,20 @@ def _after(index: FragmentIndex, request: Request, nodes: IntArray) -> tuple[Flo
             nodes, index.cnt[nodes], index.less[nodes], state.gpu_free_total[nodes], request.cpu
         )
         return after, no_gpu
-    if not request.is_fractional:
+    plain = index.simple and not request.asks_memory
+    if plain and request.compute == MILLI_PER_GPU:
         return index.after_whole(nodes, request.gpus, request.cpu), no_gpu
-    rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
-    cand_after = index.after_share(nodes[rows], cols, request.compute, request.cpu)
+    if request.gpus > 1:
+        chosen = fullest(state, request, nodes)
+        memory = request.memory_on(state.gpu_mem_total[nodes])
+        after = index.after_taking(nodes, chosen, request.compute, memory, request.cpu)
+        return after, no_gpu
+    if plain and not request.gpu_models:
+        rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
+    else:
+        rows, cols = (x.astype(np.int64) for x in np.nonzero(state.gpu_fits(request, nodes)))
+    memory = request.memory_on(state.gpu_mem_total[nodes[rows], cols])
+    cand_after = index.after_share(nodes[rows], cols, request.compute, memory, request.cpu)
     # per row (nonzero is row-major, so each row's candidates are contiguous, by column)
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     best_after = np.minimum.reduceat(cand_after, starts)
@@ -79,29 +103,48 @@ def _after(index: FragmentIndex, request: Request, nodes: IntArray) -> tuple[Flo
 
 
 def placement_for(
-    state: ClusterState, request: Request, options: FragmentOptions, at: int
+    state: ClusterState, request: Demand, options: FragmentOptions, at: int
 ) -> Placement:
     """The placement that `options` scored at position `at`."""
     node = int(options.nodes[at])
-    if request.is_fractional:
+    if request.gpus == 1 and options.gpus[at] >= 0:
         return Placement(node, (int(options.gpus[at]),), request.compute)
     return state.best_gpu_placement(node, request)
 
 
-class FgdPolicy(Policy):
-    """score = int(100 * sigmoid(delta / 1000)); highest wins, ties go to node order."""
-
-    name = "fgd"
+class TargetedPolicy(Policy):
+    """A policy that scores nodes by FGD's fragment of a target workload."""
 
     def __init__(self, *, seed: int, target: TargetWorkload) -> None:
         super().__init__(seed=seed)
         self.target = target
 
-    def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        options = fragment_options(fragment_index(state, self.target), request, feasible)
-        return placement_for(
-            state, request, options, self.best_index(state, feasible, fgd_scores(options))
-        )
+    def options(self, state: ClusterState, request: Demand, nodes: IntArray) -> FragmentOptions:
+        return fragment_options(fragment_index(state, self.target), request, nodes)
+
+    def gpus_on(self, state: ClusterState, demand: Demand, node: int) -> Placement:
+        nodes = np.array([node], np.int64)
+        return placement_for(state, demand, self.options(state, demand, nodes), 0)
+
+    def choose(self, state: ClusterState, demand: Demand, feasible: IntArray) -> Placement:
+        options = self.options(state, demand, feasible)
+        scores = self.scores_of(state, demand, options)
+        return placement_for(state, demand, options, self.best_index(state, feasible, scores))
+
+    def scores(self, state: ClusterState, demand: Demand, nodes: IntArray) -> FloatArray:
+        scores = self.scores_of(state, demand, self.options(state, demand, nodes))
+        result: FloatArray = scores.astype(np.float64)
+        return result
+
+    def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
+        """Score per node of `options` (higher wins): FGD's, by default."""
+        return fgd_scores(options)
+
+
+class FgdPolicy(TargetedPolicy):
+    """score = int(100 * sigmoid(delta / 1000)); highest wins, ties go to node order."""
+
+    name = "fgd"
 
 
 def fgd_scores(options: FragmentOptions) -> IntArray:

@@ -1,14 +1,17 @@
 """FGD's node fragment F_n for a target workload, cached per node and scored as array operations.
 
-For spec m (cpu c_m, per-GPU milli u_m, k_m GPUs, allowed models) and node n (free CPU c, free
-milli g_1..g_k, G = sum g_i), fragment_n(m) is G when m needs no GPU, when n's model is not
-allowed, or when m does not fit (c < c_m or fewer than k_m GPUs with g_i >= u_m); otherwise it is
-the sum of the g_i < u_m. F_n = sum_m p_m fragment_n(m).
+For spec m (cpu c_m, per-GPU milli u_m, k_m GPUs, allowed models, GPU memory v_m) and node n
+(free CPU c, free milli g_1..g_k, G = sum g_i), a GPU "holds" m when its model is allowed and
+g_i >= u_m and its free memory >= v_m. fragment_n(m) is G when m needs no GPU or does not fit
+(c < c_m or fewer than k_m GPUs hold it); otherwise it is the sum of the g_i of the GPUs that
+do not hold m. F_n = sum_m p_m fragment_n(m). A GPU that is not usable (unhealthy) is no one's
+fragment. The trace's pods ask no GPU memory and its nodes are one model each: there a GPU holds
+m exactly when g_i >= u_m and its node's model is allowed (the paper's definition).
 
-Two per-(node, spec) counters make this incremental: cnt[n, m] = #{i: g_i >= u_m} and
-less[n, m] = sum{g_i: g_i < u_m}. Changing one GPU from g to g' shifts each by a term that
-depends only on g, g' and u_m, so the fragment after a hypothetical placement on many
-candidate (node, GPU) pairs is a few (K, M) array operations.
+Two per-(node, spec) counters make this incremental: cnt[n, m] = #{i: GPU i holds m} and
+less[n, m] = sum{g_i: GPU i does not hold m}. Changing one GPU shifts each by a term that
+depends only on that GPU, so the fragment after a hypothetical placement on many candidate
+(node, GPU) pairs is a few (K, M) array operations.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.units import MILLI_PER_GPU
-from gpupool.scheduler.state import ClusterState, FloatArray, IntArray
+from gpupool.scheduler.state import ClusterState
+from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload
 
 #: request shapes whose per-node answers are kept (oldest dropped first); the trace has ~150
@@ -45,20 +49,26 @@ class FragmentIndex:
         self.spec_cpu: IntArray = np.array([s.cpu for s in specs], np.int64)
         self.spec_milli: IntArray = np.array([s.gpu_milli for s in specs], np.int64)
         self.spec_gpus: IntArray = np.array([s.gpus for s in specs], np.int64)
+        self.spec_memory: IntArray = np.array([s.memory for s in specs], np.int64)
+        self.spec_share: FloatArray = np.array([s.memory_share for s in specs], np.float64)
+        self.spec_proportional: BoolArray = np.array([s.proportional for s in specs], np.bool_)
         self.prob: FloatArray = np.array(target.probabilities, np.float64)
-        # model_ok[model id, m]: spec m needs a GPU and accepts that model
-        model_ok = np.zeros((len(state.model_names), len(specs)), np.bool_)
+        # model_ok[model id, m]: spec m needs a GPU and accepts that model; the last row (id -1)
+        # is no GPU at all
+        model_ok = np.zeros((len(state.model_names) + 1, len(specs)), np.bool_)
         for j, spec in enumerate(specs):
             for i, model in enumerate(state.model_names):
                 model_ok[i, j] = spec.gpus > 0 and (not spec.gpu_models or model in spec.gpu_models)
         self.model_ok = model_ok
+        #: the trace's case: holding is compute alone, models per node (the fast formulas)
+        self.simple = state.simple and not any(s.asks_memory for s in specs)
         n, m = state.n_nodes, len(specs)
         self.cnt: IntArray = np.zeros((n, m), np.int64)
         self.less: IntArray = np.zeros((n, m), np.int64)
         self.frag: FloatArray = np.zeros(n, np.float64)
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
-        self._after: dict[tuple[int, int, int], AfterCache] = {}
+        self._after: dict[tuple[object, ...], AfterCache] = {}
         self._refresh_rows(np.arange(n))
 
     @property
@@ -71,8 +81,8 @@ class FragmentIndex:
         self.version[node] += 1
         self._refresh_rows(np.array([node]))
 
-    def after_cache(self, shape: tuple[int, int, int]) -> AfterCache:
-        """The cache of per-node answers for a request shape (cpu, per-GPU milli, GPUs)."""
+    def after_cache(self, shape: tuple[object, ...]) -> AfterCache:
+        """The cache of per-node answers for a request shape."""
         cache = self._after.get(shape)
         if cache is None:
             if len(self._after) >= MAX_CACHED_SHAPES:
@@ -82,14 +92,52 @@ class FragmentIndex:
             self._after[shape] = cache
         return cache
 
+    def holds(self, nodes: IntArray, gpus: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
+        """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,
+        holds spec m (general form)."""
+        state = self.state
+        total = state.gpu_mem_total[nodes, gpus][:, None]
+        need = np.where(
+            self.spec_proportional[None, :],
+            total * self.spec_milli[None, :] // MILLI_PER_GPU,
+            self.spec_memory[None, :] + (total * self.spec_share[None, :]).astype(np.int64),
+        )
+        ok: BoolArray = (
+            state.usable[nodes, gpus][:, None]
+            & self.model_ok[state.gpu_model[nodes, gpus]]
+            & (free[:, None] >= self.spec_milli[None, :])
+            & (memory[:, None] >= need)
+        )
+        return ok
+
+    def counters(
+        self, nodes: IntArray, free: IntArray, memory: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """cnt and less of rows `nodes` whose GPUs have `free` milli and `memory` bytes free
+        ((K, slots) arrays, the rows as they are or as a placement would leave them)."""
+        k, width = free.shape
+        if self.simple:
+            f = free[:, :, None]
+            u = self.spec_milli[None, None, :]
+            present = f >= 0
+            return (
+                np.count_nonzero(present & (f >= u), axis=1).astype(np.int64),
+                np.where(present & (f < u), f, 0).sum(axis=1),
+            )
+        rows = np.repeat(nodes, width)
+        slots = np.tile(np.arange(width), k)
+        held = self.holds(rows, slots, free.ravel(), memory.ravel()).reshape(k, width, -1)
+        usable = self.state.usable[nodes][:, :, None]
+        less = np.where(usable & ~held, free[:, :, None], 0).sum(axis=1)
+        return held.sum(axis=1).astype(np.int64), less
+
     def _refresh_rows(self, rows: IntArray) -> None:
-        free = self.state.gpu_free[rows][:, :, None]  # (R, G, 1)
-        thresholds = self.spec_milli[None, None, :]  # (1, 1, M)
-        present = free >= 0
-        self.cnt[rows] = np.count_nonzero(present & (free >= thresholds), axis=1)
-        self.less[rows] = np.where(present & (free < thresholds), free, 0).sum(axis=1)
+        state = self.state
+        self.cnt[rows], self.less[rows] = self.counters(
+            rows, state.gpu_free[rows], state.gpu_mem_free[rows]
+        )
         self.frag[rows] = self.fragment(
-            rows, self.cnt[rows], self.less[rows], self.state.gpu_free_total[rows], 0
+            rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
 
     def fragment(
@@ -103,8 +151,12 @@ class FragmentIndex:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
         milli-CPU is taken from each."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
+        if self.simple:
+            wanted = self.model_ok[self.state.model_id[nodes]]
+        else:  # models are judged per GPU, in cnt
+            wanted = np.broadcast_to(self.spec_gpus[None, :] > 0, cnt.shape)
         fits = (
-            self.model_ok[self.state.model_id[nodes]]
+            wanted
             & (cpu_left[:, None] >= self.spec_cpu[None, :])
             & (cnt >= self.spec_gpus[None, :])
         )
@@ -113,19 +165,28 @@ class FragmentIndex:
         return result
 
     def after_share(
-        self, nodes: IntArray, gpus: IntArray, milli: int, cpu_request: int
+        self, nodes: IntArray, gpus: IntArray, milli: int, memory: IntArray, cpu_request: int
     ) -> FloatArray:
-        """F of each candidate (nodes[j], gpus[j]) after a share of `milli` lands on that GPU."""
-        old = self.state.gpu_free[nodes, gpus][:, None]
+        """F of each candidate (nodes[j], gpus[j]) after a share of `milli` and `memory[j]`
+        bytes lands on that GPU."""
+        state = self.state
+        old = state.gpu_free[nodes, gpus]
         new = old - milli
-        u = self.spec_milli[None, :]
-        cnt = self.cnt[nodes] - (old >= u) + (new >= u)
-        less = self.less[nodes] - np.where(old < u, old, 0) + np.where(new < u, new, 0)
-        total = self.state.gpu_free_total[nodes] - milli
+        if self.simple:
+            u = self.spec_milli[None, :]
+            was, now = old[:, None] >= u, new[:, None] >= u
+        else:
+            mold = state.gpu_mem_free[nodes, gpus]
+            was = self.holds(nodes, gpus, old, mold)
+            now = self.holds(nodes, gpus, new, mold - memory)
+        cnt = self.cnt[nodes] - was + now
+        less = self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
+        total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
     def after_whole(self, nodes: IntArray, gpus: int, cpu_request: int) -> FloatArray:
-        """F of each node in `nodes` after `gpus` completely free GPUs (and the CPU) are taken.
+        """F of each node in `nodes` after `gpus` completely free GPUs (and the CPU) are taken
+        (the simple case).
 
         A free GPU (1000 milli) counts in cnt for every spec (u_m <= 1000) and becomes 0, which
         adds nothing to `less`; so only cnt and the total move.
@@ -134,8 +195,20 @@ class FragmentIndex:
         total = self.state.gpu_free_total[nodes] - gpus * MILLI_PER_GPU
         return self.fragment(nodes, cnt, self.less[nodes], total, cpu_request)
 
+    def after_taking(
+        self, nodes: IntArray, chosen: BoolArray, milli: int, memory: IntArray, cpu_request: int
+    ) -> FloatArray:
+        """F of each node after `milli` and `memory` (per slot) are taken on its `chosen`
+        slots ((K, slots) masks; the general case)."""
+        state = self.state
+        free = state.gpu_free[nodes] - chosen * milli
+        mem = state.gpu_mem_free[nodes] - chosen * memory
+        cnt, less = self.counters(nodes, free, mem)
+        total = np.where(state.usable[nodes], np.maximum(free, 0), 0).sum(axis=1)
+        return self.fragment(nodes, cnt, less, total, cpu_request)
+
 
 def fragment_index(state: ClusterState, target: TargetWorkload) -> FragmentIndex:
     """The fragment index of `state` for `target`, built once, then kept current by the state's
-    allocate/release (only the changed node is recomputed)."""
+    changes (only the changed node is recomputed)."""
     return state.observer(("fragment", target), lambda: FragmentIndex(state, target))

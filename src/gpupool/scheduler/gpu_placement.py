@@ -1,52 +1,36 @@
-"""Live placement on one node's GPUs: fits or not, why not, never, which GPUs, and a node score.
+"""Live placement on one node's GPUs: fits or not, why not, never, and which GPUs.
 
-The API (stable: the node daemon and the Kubernetes scheduler extender build on it):
+The choice itself is the engine's: `place` builds the node as a one-row `ClusterState`
+(scheduler/state.py) and asks the policy from the one registry (scheduler/registry.py), the
+same objects the trace replay measures and the Kubernetes extender ranks nodes with. What is
+here besides is explanation, for users: why a share does not fit now (`shortfalls`) or never
+could (`never_fits`).
 
 - `never_fits(request, gpus) -> str | None`: why `request` can never fit this node whatever
   else runs on it (more GPUs than it has, a model it lacks, a share larger than any allowed
   GPU); None when it could. `check_possible` raises `Unschedulable` with that line.
 - `shortfalls(request, gpus) -> tuple[Shortfall, ...]`: for each GPU that cannot take the share
   now, what it lacks (`model`, `health`, `compute` milli, `memory` bytes), needed against free.
-- `place(request, gpus, policy, target=()) -> GpuPlacement`: the chosen GPU indices (None when
-  the share does not fit now), the shortfalls when it does not, and the node's score.
-- `node_score(request, gpus, policy, target=()) -> float | None`: 0..100, higher is better,
-  None when the share does not fit now; comparable between nodes for one request and policy,
-  so an extender can rank nodes with it.
-
-Policies (`GPU_POLICIES`), the GPU-level forms of those the trace simulator measures:
-- `binpack` (default): the fullest GPUs that fit (least free compute, then memory, then index);
-  the node score is how full the node is after the placement, so full nodes fill first.
-- `spread`: the emptiest GPUs that fit; the node score is how empty the node stays.
-- `gpupool`: fragmentation-aware, FGD at GPU level with memory and models. For a target
-  workload M of shapes with weights p_m, the fragment of a node is
-  F = sum_m p_m * (free compute of the healthy GPUs that cannot hold shape m), counting every
-  healthy GPU when fewer than m's GPU count can; a GPU "holds" m when its model is allowed and
-  both m's compute and m's memory fit. GPUs are taken one at a time, each the one whose use
-  grows F least (ties go as binpack); the node score is 50 + 50 * (F before - F after) /
-  (compute taken), clipped to 0..100. M is the caller's (the daemon passes the shapes of its
-  queued and running jobs), else `DEFAULT_TARGET`.
+- `place(request, gpus, policy, target) -> GpuPlacement`: the chosen GPU indices (None when
+  the share does not fit now) and the shortfalls when it does not. `target` is the target
+  workload the fragmentation-aware policies score against (default: the built-in prior).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupool.core.errors import InvalidRequest, Unschedulable
-from gpupool.core.units import MILLI_PER_GPU, format_bytes
-from gpupool.scheduler.gpus import GpuRequest, GpuView, take
+import numpy as np
 
-GPU_POLICIES: tuple[str, ...] = ("binpack", "spread", "gpupool")
-DEFAULT_GPU_POLICY = "binpack"
-
-#: the target workload of `gpupool` when the caller has none: a quarter, a half, a whole GPU
-DEFAULT_TARGET: tuple[tuple[GpuRequest, float], ...] = (
-    (GpuRequest(1, 250), 1 / 3),
-    (GpuRequest(1, 500), 1 / 3),
-    (GpuRequest(1, MILLI_PER_GPU), 1 / 3),
-)
-
-Target = Sequence[tuple[GpuRequest, float]]
+from gpupool.core.errors import Unschedulable
+from gpupool.core.resources import NodeSpec
+from gpupool.core.units import format_bytes
+from gpupool.scheduler.demand import demand_of
+from gpupool.scheduler.gpus import GpuRequest, GpuView
+from gpupool.scheduler.registry import DEFAULT_POLICY, make_policy
+from gpupool.scheduler.state import ClusterState, GpuSlots
+from gpupool.scheduler.workload import PRIOR, TargetWorkload
 
 
 @dataclass(frozen=True)
@@ -78,11 +62,10 @@ class Shortfall:
 
 @dataclass(frozen=True)
 class GpuPlacement:
-    """The answer of `place`: GPU indices or None, why not, and the node score (None: no fit)."""
+    """The answer of `place`: GPU indices or None, and why not."""
 
     gpus: tuple[int, ...] | None
     why_not: tuple[Shortfall, ...] = ()
-    score: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -145,119 +128,38 @@ def fitting(request: GpuRequest, gpus: Sequence[GpuView]) -> list[GpuView]:
     return [gpu for gpu in gpus if not gpu_shortfalls(request, gpu)]
 
 
-def _fullness(gpu: GpuView) -> float:
-    compute = 1 - gpu.compute_free / MILLI_PER_GPU
-    memory = 1 - gpu.memory_free / gpu.memory_total if gpu.memory_total else 1.0
-    return (compute + memory) / 2
-
-
-def _node_fullness(gpus: Sequence[GpuView]) -> float:
-    return sum(_fullness(gpu) for gpu in gpus) / len(gpus) if gpus else 0.0
-
-
-def _binpack_key(gpu: GpuView) -> tuple[int, int, int]:
-    return (gpu.compute_free, gpu.memory_free, gpu.index)
-
-
-def _spread_key(gpu: GpuView) -> tuple[int, int, int]:
-    return (-gpu.compute_free, -gpu.memory_free, gpu.index)
-
-
-def fragment(gpus: Sequence[GpuView], target: Target) -> float:
-    """F of the node for `target` (see the module docstring), in milli."""
-    total = 0.0
-    for shape, weight in target:
-        holds = [not gpu_shortfalls(shape, gpu) for gpu in gpus]
-        if sum(holds) < shape.gpus:
-            lost = sum(gpu.compute_free for gpu in gpus if gpu.healthy)
-        else:
-            # a GPU that is not healthy is no fragment: no shape can use it, held or not
-            lost = sum(
-                gpu.compute_free
-                for gpu, ok in zip(gpus, holds, strict=True)
-                if gpu.healthy and not ok
-            )
-        total += weight * lost
-    return total
-
-
-def _choose_gpupool(
-    request: GpuRequest, gpus: Sequence[GpuView], target: Target
-) -> tuple[int, ...]:
-    chosen: list[int] = []
-    now = tuple(gpus)
-    for _ in range(request.gpus):
-        candidates = [gpu for gpu in fitting(request, now) if gpu.index not in chosen]
-        best = min(
-            candidates,
-            key=lambda gpu: (fragment(take(now, request, [gpu.index]), target), _binpack_key(gpu)),
-        )
-        chosen.append(best.index)
-        now = take(now, request, [best.index])
-    return tuple(sorted(chosen))
-
-
-def _resolve(policy: str) -> str:
-    if policy not in GPU_POLICIES:
-        raise InvalidRequest(
-            f"unknown GPU policy {policy!r}; valid policies: {', '.join(GPU_POLICIES)}"
-        )
-    return policy
-
-
-def _choose(
-    request: GpuRequest, gpus: Sequence[GpuView], policy: str, target: Target
-) -> tuple[int, ...]:
-    if policy == "gpupool":
-        return _choose_gpupool(request, gpus, target)
-    key: Callable[[GpuView], tuple[int, int, int]] = (
-        _binpack_key if policy == "binpack" else _spread_key
+def node_state(gpus: Sequence[GpuView]) -> ClusterState:
+    """The node as the engine's state: one row, one slot per GPU of `gpus`, in their order."""
+    names = tuple(sorted({gpu.model for gpu in gpus}))
+    ids = {name: i for i, name in enumerate(names)}
+    slots = GpuSlots(
+        np.array([[ids[gpu.model] for gpu in gpus]], np.int64).reshape(1, len(gpus)),
+        np.array([[gpu.memory_total for gpu in gpus]], np.int64).reshape(1, len(gpus)),
+        np.array([[gpu.healthy for gpu in gpus]], np.bool_).reshape(1, len(gpus)),
+        names,
     )
-    ordered = sorted(fitting(request, gpus), key=key)
-    return tuple(sorted(gpu.index for gpu in ordered[: request.gpus]))
-
-
-def _score(
-    request: GpuRequest,
-    gpus: Sequence[GpuView],
-    chosen: tuple[int, ...],
-    policy: str,
-    target: Target,
-) -> float:
-    after = take(gpus, request, chosen)
-    if policy == "binpack":
-        return round(100 * _node_fullness(after), 6)
-    if policy == "spread":
-        return round(100 * (1 - _node_fullness(after)), 6)
-    delta = fragment(gpus, target) - fragment(after, target)
-    raw = 50 + 50 * delta / (request.compute * request.gpus)
-    return round(min(100.0, max(0.0, raw)), 6)
+    state = ClusterState.of_gpus([NodeSpec("node", 0, 0, len(gpus))], slots)
+    compute = np.array([gpu.compute_free for gpu in gpus], np.int64)
+    memory = np.array([gpu.memory_free for gpu in gpus], np.int64)
+    state.set_free(0, compute, memory, state.class_pods[0])
+    return state
 
 
 def place(
     request: GpuRequest,
     gpus: Sequence[GpuView],
-    policy: str = DEFAULT_GPU_POLICY,
-    target: Target = (),
+    policy: str = DEFAULT_POLICY,
+    target: TargetWorkload | None = None,
 ) -> GpuPlacement:
     """Where `request` goes on `gpus` now under `policy`, or why it does not fit now.
 
     It does not check `never_fits`: a share that can never fit also does not fit now, and its
     shortfalls say so GPU by GPU; callers refuse it at submit with `check_possible`.
     """
-    policy = _resolve(policy)
-    shapes = target if target else DEFAULT_TARGET
-    if len(fitting(request, gpus)) < request.gpus:
+    chooser = make_policy(policy, seed=0, target_workload=target or PRIOR)
+    demand = demand_of(request)
+    state = node_state(gpus)
+    if not gpus or not state.feasible(demand)[0]:
         return GpuPlacement(None, shortfalls(request, gpus))
-    chosen = _choose(request, gpus, policy, shapes)
-    return GpuPlacement(chosen, (), _score(request, gpus, chosen, policy, shapes))
-
-
-def node_score(
-    request: GpuRequest,
-    gpus: Sequence[GpuView],
-    policy: str = DEFAULT_GPU_POLICY,
-    target: Target = (),
-) -> float | None:
-    """0..100 (higher is better) for placing `request` on this node; None if it does not fit."""
-    return place(request, gpus, policy, target).score
+    chosen = chooser.choose(state, demand, np.zeros(1, np.int64))
+    return GpuPlacement(tuple(sorted(gpus[slot].index for slot in chosen.gpus)))

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpupool.core.resources import Request
-from gpupool.scheduler.fgd import fgd_scores, fragment_options, placement_for
-from gpupool.scheduler.fragment import fragment_index
-from gpupool.scheduler.policy import Policy
-from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
+from gpupool.scheduler.demand import Demand
+from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
+from gpupool.scheduler.policy import Scores
+from gpupool.scheduler.state import ClusterState, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload
 
 #: weight of the stranded-GPU term against FGD's fragment decrease (both in GPU milli);
@@ -54,39 +53,37 @@ def stranded_milli(
     return stranded
 
 
-class GpupoolPolicy(Policy):
+class GpupoolPolicy(TargetedPolicy):
     """Highest fragment decrease net of newly stranded GPU milli; ties go to node order."""
 
     name = "gpupool"
 
     def __init__(self, *, seed: int, target: TargetWorkload) -> None:
-        super().__init__(seed=seed)
-        self.target = target
+        super().__init__(seed=seed, target=target)
         self.model_bound = any(spec.gpu_models for spec in target.specs)
         largest = max((spec.gpus for spec in target.specs), default=0)
         #: idle nodes with at least this many GPUs are kept for multi-GPU pods (0: none)
         self.keep_idle_gpus = largest if largest > 1 else 0
 
-    def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        options = fragment_options(fragment_index(state, self.target), request, feasible)
+    def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
-            scores = fgd_scores(options)
-            return placement_for(state, request, options, self.best_index(state, feasible, scores))
-        gpu = state.gpu_free_total[feasible]
-        cpu = state.cpu_free[feasible]
-        memory = state.mem_free[feasible]
+            return fgd_scores(options)
+        nodes = options.nodes
+        gpu = state.gpu_free_total[nodes]
+        cpu = state.cpu_free[nodes]
+        memory = state.mem_free[nodes]
         before = stranded_milli(gpu, cpu, memory, self.target)
         after = stranded_milli(
-            gpu - request.total_gpu_milli,
-            cpu - request.cpu,
-            memory - request.host_memory,
+            gpu - demand.total_gpu_milli,
+            cpu - demand.cpu,
+            memory - demand.host_memory,
             self.target,
         )
         change = after - before
         if self.keep_idle_gpus:
-            count = state.gpu_count[feasible]
-            kept = (state.full_free[feasible] == count) & (count >= self.keep_idle_gpus)
+            count = state.gpu_count[nodes]
+            kept = (state.full_free[nodes] == count) & (count >= self.keep_idle_gpus)
             change = np.where(kept, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
-        scores = np.round(options.delta - STRANDING_WEIGHT * change, 6)
-        return placement_for(state, request, options, self.best_index(state, feasible, scores))
+        scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)
+        return scores

@@ -6,14 +6,13 @@ the integer scores decide ties and ties decide the curves.
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
 import numpy as np
 
-from gpupool.core.resources import Request
 from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.policy import Policy
 from gpupool.scheduler.state import ClusterState, IntArray, Placement, pod_class
+from gpupool.scheduler.types import FloatArray
 
 #: the paper's normalisers: the largest node has 128 cores and 8 GPUs
 MAX_CPU_MILLI = 128_000
@@ -30,48 +29,47 @@ class RandomPolicy(Policy):
         super().__init__(seed=seed)
         self._rng = np.random.default_rng(seed)
 
-    def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        node = int(feasible[self._rng.integers(feasible.size)])
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> FloatArray:
+        """A random score per node (the extender ranks by it)."""
+        drawn: FloatArray = self._rng.random(nodes.size)
+        return drawn
+
+    def gpus_on(self, state: ClusterState, request: Demand, node: int) -> Placement:
         if not request.is_fractional:
             return state.best_gpu_placement(node, request)
         gpus = state.fitting_gpus(node, request)
-        return Placement(node, (int(gpus[self._rng.integers(gpus.size)]),), request.compute)
-
-
-class ScoredPolicy(Policy):
-    """A policy that scores every feasible node, takes the best, then the best GPU in it."""
-
-    @abstractmethod
-    def scores(self, state: ClusterState, request: Request, nodes: IntArray) -> IntArray:
-        """Integer score per node of `nodes` (higher wins)."""
-
-    def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        node = int(
-            feasible[self.best_index(state, feasible, self.scores(state, request, feasible))]
+        picked = (
+            self._rng.choice(gpus, size=request.gpus, replace=False)
+            if request.gpus > 1
+            else ([gpus[self._rng.integers(gpus.size)]])
         )
-        return state.best_gpu_placement(node, request)
+        return Placement(node, tuple(sorted(int(g) for g in picked)), request.compute)
+
+    def choose(self, state: ClusterState, request: Demand, feasible: IntArray) -> Placement:
+        node = int(feasible[self._rng.integers(feasible.size)])
+        return self.gpus_on(state, request, node)
 
 
-class DotProdPolicy(ScoredPolicy):
+class DotProdPolicy(Policy):
     """Tetris-style: the smallest dot product of the node's free vector and the pod's demand."""
 
     name = "dotprod"
 
-    def scores(self, state: ClusterState, request: Request, nodes: IntArray) -> IntArray:
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> IntArray:
         dot = (request.cpu / MAX_CPU_MILLI) * (state.cpu_free[nodes] / MAX_CPU_MILLI) + (
             request.total_gpu_milli / MAX_GPU_MILLI
         ) * (state.gpu_free_total[nodes] / MAX_GPU_MILLI)
         return np.floor(MAX_SCORE * (1 - dot / 2)).astype(np.int64)
 
 
-class ClusteringPolicy(ScoredPolicy):
+class ClusteringPolicy(Policy):
     """Put pods of one class (share, 1-GPU, 2-GPU, ...) together, in four tiers of 25 points:
     only this class > mixed with this class > empty node > other classes only. Within a tier,
     25 * (8000 - free GPU milli) // 8000 (the less free, the higher). CPU-only pods: 0."""
 
     name = "clustering"
 
-    def scores(self, state: ClusterState, request: Request, nodes: IntArray) -> IntArray:
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> IntArray:
         if request.gpus == 0:
             return np.zeros(nodes.size, np.int64)
         within = (MAX_SCORE // 4) * (MAX_GPU_MILLI - state.gpu_free_total[nodes]) // MAX_GPU_MILLI
@@ -85,12 +83,12 @@ class ClusteringPolicy(ScoredPolicy):
         return result
 
 
-class PackingPolicy(ScoredPolicy):
+class PackingPolicy(Policy):
     """Prefer partly used GPUs, then free GPUs on a node in use, then an idle node."""
 
     name = "packing"
 
-    def scores(self, state: ClusterState, request: Request, nodes: IntArray) -> IntArray:
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> IntArray:
         if request.gpus == 0:
             return np.zeros(nodes.size, np.int64)
         gpu_count = state.gpu_count[nodes]
@@ -108,12 +106,12 @@ class PackingPolicy(ScoredPolicy):
         return result
 
 
-class BestFitPolicy(ScoredPolicy):
+class BestFitPolicy(Policy):
     """The least CPU and GPU left after placement, min-max normalised to 0..100 per pod."""
 
     name = "bestfit"
 
-    def scores(self, state: ClusterState, request: Request, nodes: IntArray) -> IntArray:
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> IntArray:
         left = (state.cpu_free[nodes] - request.cpu) / MAX_CPU_MILLI * 0.5 + (
             state.gpu_free_total[nodes] - request.total_gpu_milli
         ) / MAX_GPU_MILLI * 0.5

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpupool.core.resources import Request
+from gpupool.scheduler.demand import demand_of
 from gpupool.scheduler.policy import Policy
-from gpupool.scheduler.state import ClusterState, Placement
+from gpupool.scheduler.state import Asked, ClusterState, Placement
 
 
-def place(state: ClusterState, request: Request, policy: Policy) -> Placement | None:
+def place(state: ClusterState, request: Asked, policy: Policy) -> Placement | None:
     """Ask `policy` for a placement among the nodes of `state` where `request` fits; None when
     nothing fits."""
-    feasible = np.flatnonzero(state.feasible(request))
+    demand = demand_of(request)
+    feasible = np.flatnonzero(state.feasible(demand))
     if feasible.size == 0:
         return None
-    return policy.choose(state, request, feasible)
+    return policy.choose(state, demand, feasible)

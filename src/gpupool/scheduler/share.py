@@ -3,20 +3,21 @@
 Following HAMi and Alibaba's GPU-share scheduler: a node's usage is the fraction of its GPU milli
 in use (of its CPU for a CPU-only request). `binpack` takes the most used feasible node and, in it,
 the fullest GPU that still fits; `spread` takes the least used node and its emptiest fitting GPU.
-Ties go to node order, then lowest GPU index. Whole-GPU requests take the first free GPUs by index
-(every free GPU is equally full).
+Ties go to node order; between GPUs, to free memory (least for binpack, most for spread), then
+the lowest slot. Whole-GPU requests take the first free GPUs by slot (every free GPU is equally
+full).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpupool.core.resources import Request
+from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.policy import Policy
 from gpupool.scheduler.state import ClusterState, FloatArray, IntArray, Placement
 
 
-def node_usage(state: ClusterState, request: Request, nodes: IntArray) -> FloatArray:
+def node_usage(state: ClusterState, request: Demand, nodes: IntArray) -> FloatArray:
     """Fraction in use of the resource the request cares most about, per node."""
     if request.gpus == 0:
         cpu: FloatArray = 1.0 - state.cpu_free[nodes] / np.maximum(state.cpu_capacity[nodes], 1)
@@ -28,16 +29,12 @@ def node_usage(state: ClusterState, request: Request, nodes: IntArray) -> FloatA
 class _SharePolicy(Policy):
     fullest_first = True
 
-    def choose(self, state: ClusterState, request: Request, feasible: IntArray) -> Placement:
-        usage = node_usage(state, request, feasible)
-        scores = usage if self.fullest_first else -usage
-        node = int(feasible[self.best_index(state, feasible, scores)])
-        if not request.is_fractional:
-            return state.best_gpu_placement(node, request)
-        free = state.gpu_free[node]
-        fitting = np.flatnonzero(free >= request.compute)
-        pick = np.argmin(free[fitting]) if self.fullest_first else np.argmax(free[fitting])
-        return Placement(node, (int(fitting[pick]),), request.compute)
+    def scores(self, state: ClusterState, request: Demand, nodes: IntArray) -> FloatArray:
+        usage = node_usage(state, request, nodes)
+        return usage if self.fullest_first else -usage
+
+    def gpus_on(self, state: ClusterState, request: Demand, node: int) -> Placement:
+        return state.gpus_in_order(node, request, emptiest=not self.fullest_first)
 
 
 class BinpackPolicy(_SharePolicy):

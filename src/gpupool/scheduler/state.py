@@ -1,4 +1,11 @@
-"""Cluster state as numpy arrays: free resources per node and GPU, feasibility, GPU choice."""
+"""Cluster state as numpy arrays over nodes x GPUs: free resources, feasibility, GPU choice.
+
+One state serves every entry point: the trace replay builds it from the trace's nodes, the node
+daemon from its one node's GPUs (one row), the Kubernetes extender from every node it knows.
+Per GPU it holds free compute (milli), memory (bytes), model and health; per node, free CPU and
+host memory. The trace's nodes are one model each with no GPU memory asked: `simple` states and
+memoryless demands take column-wise shortcuts that give the same answers.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +14,24 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import NodeSpec, Request
 from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.demand import Demand, demand_of
+from gpupool.scheduler.gpus import GpuRequest
+from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["BoolArray", "ClusterState", "FloatArray", "IntArray", "Placement"]
 
-#: value of an absent GPU slot in the padded (nodes, max_gpus) array
+#: value of an absent (or unusable) GPU slot in the free-compute array
 NO_GPU = -1
 #: class of a pod for clustering: 0 = a fractional share, k = k whole GPUs
 SHARE_CLASS = 0
+#: GPU memory of a trace node, whose GPUs' memory no pod asks for
+UNBOUNDED_MEMORY = 1 << 50
+
+Asked = Request | GpuRequest | Demand
 
 
 class NodeObserver(Protocol):
@@ -35,46 +46,86 @@ _Observer = TypeVar("_Observer", bound=NodeObserver)
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a request goes: a node index, the GPU indices on it, and milli taken on each GPU."""
+    """Where a demand goes: a node index, the GPU slots on it, and milli taken on each GPU."""
 
     node: int
     gpus: tuple[int, ...]
     milli: int
 
 
-def pod_class(request: Request) -> int:
-    """Clustering class of a GPU request: 0 for a fractional share, else its GPU count."""
-    return SHARE_CLASS if request.is_fractional else request.gpus
+def pod_class(demand: Demand) -> int:
+    """Clustering class of a GPU demand: 0 for a fractional share, else its GPU count."""
+    return SHARE_CLASS if demand.is_fractional else demand.gpus
+
+
+@dataclass(frozen=True)
+class GpuSlots:
+    """What the GPUs of a set of nodes are: (nodes, slots) arrays; `model` -1 for no GPU."""
+
+    model: IntArray
+    memory: IntArray
+    healthy: BoolArray
+    model_names: tuple[str, ...]
 
 
 class ClusterState:
-    """Free resources of every node, updated in place by allocate/release (one node per call).
-
-    GPUs live in an (N, max_gpus) array of free milli, padded with NO_GPU, so that whole-cluster
-    scoring is a handful of array operations. Derived per-node columns (free GPU total, fully free
-    GPU count, largest free GPU) are kept up to date so feasibility is O(N) vector work.
-    """
+    """Free resources of every node, updated in place (allocate/release, or set_free)."""
 
     def __init__(self, nodes: Sequence[NodeSpec]) -> None:
         if not nodes:
             raise InvalidRequest("invalid cluster: no nodes")
-        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
-        n = len(self.nodes)
-        self.max_gpus = max(1, max(node.gpu_count for node in self.nodes))
-        self.model_names: tuple[str, ...] = tuple(sorted({node.gpu_model for node in self.nodes}))
-        model_index = {name: i for i, name in enumerate(self.model_names)}
-        self.model_id: IntArray = np.array([model_index[x.gpu_model] for x in self.nodes], np.int64)
-        self.gpu_count: IntArray = np.array([x.gpu_count for x in self.nodes], np.int64)
-        self.cpu_capacity: IntArray = np.array([x.cpu for x in self.nodes], np.int64)
-        self.mem_capacity: IntArray = np.array([x.host_memory for x in self.nodes], np.int64)
-        self.gpu_capacity: IntArray = self.gpu_count * MILLI_PER_GPU
-        slots = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
+        width = max(1, max(node.gpu_count for node in nodes))
+        names = tuple(sorted({node.gpu_model for node in nodes}))
+        index = {name: i for i, name in enumerate(names)}
+        count = np.array([x.gpu_count for x in nodes], np.int64)
+        present = np.arange(width)[None, :] < count[:, None]
+        model = np.where(present, np.array([index[x.gpu_model] for x in nodes])[:, None], -1)
+        memory = np.array([x.gpu_memory or UNBOUNDED_MEMORY for x in nodes], np.int64)
+        slots = GpuSlots(
+            model.astype(np.int64), np.where(present, memory[:, None], 0), present.copy(), names
+        )
+        self._setup(tuple(nodes), slots)
+
+    @classmethod
+    def of_gpus(cls, nodes: Sequence[NodeSpec], slots: GpuSlots) -> ClusterState:
+        """A state whose GPUs are given slot by slot (a live node: models, memory, health
+        per GPU); `nodes` give CPU and host memory (gpu_count and gpu_model are ignored)."""
+        state = cls.__new__(cls)
+        state._setup(tuple(nodes), slots)
+        return state
+
+    def _setup(self, nodes: tuple[NodeSpec, ...], slots: GpuSlots) -> None:
+        self.nodes = nodes
+        n, width = slots.model.shape
+        self.max_gpus = max(1, width)
+        self.model_names = slots.model_names
+        self.gpu_model: IntArray = slots.model
+        self.present: BoolArray = slots.model >= 0
+        self.usable: BoolArray = self.present & slots.healthy & (slots.memory > 0)
+        first = np.argmax(self.present, axis=1)
+        self.model_id: IntArray = np.where(
+            self.present.any(axis=1), slots.model[np.arange(n), first], -1
+        ).astype(np.int64)
+        #: every GPU usable and of its node's model: feasibility by column shortcuts
+        self.simple = bool(
+            (self.usable == self.present).all()
+            and (
+                np.where(self.present, slots.model, -1)
+                == np.where(self.present, self.model_id[:, None], -1)
+            ).all()
+        )
+        self.gpu_count: IntArray = self.present.sum(axis=1).astype(np.int64)
+        self.cpu_capacity: IntArray = np.array([x.cpu for x in nodes], np.int64)
+        self.mem_capacity: IntArray = np.array([x.host_memory for x in nodes], np.int64)
         self.cpu_free: IntArray = self.cpu_capacity.copy()
         self.mem_free: IntArray = self.mem_capacity.copy()
-        self.gpu_free: IntArray = np.where(slots, MILLI_PER_GPU, NO_GPU).astype(np.int64)
+        self.gpu_mem_total: IntArray = np.where(self.usable, slots.memory, 0).astype(np.int64)
+        self.gpu_mem_free: IntArray = self.gpu_mem_total.copy()
+        self.gpu_free: IntArray = np.where(self.usable, MILLI_PER_GPU, NO_GPU).astype(np.int64)
+        self.gpu_capacity: IntArray = self.usable.sum(axis=1).astype(np.int64) * MILLI_PER_GPU
         self.gpu_free_total: IntArray = self.gpu_capacity.copy()
-        self.full_free: IntArray = self.gpu_count.copy()
-        self.max_free: IntArray = np.where(self.gpu_count > 0, MILLI_PER_GPU, NO_GPU)
+        self.full_free: IntArray = self.usable.sum(axis=1).astype(np.int64)
+        self.max_free: IntArray = self.gpu_free.max(axis=1)
         # pods per (node, class); the class axis holds shares (0) and 1..max_gpus whole GPUs
         self.class_pods: IntArray = np.zeros((n, self.max_gpus + 1), np.int64)
         self.total_gpu_milli = int(self.gpu_capacity.sum())
@@ -91,106 +142,170 @@ class ClusterState:
     # -- feasibility and GPU choice ---------------------------------------------------------
 
     def model_mask(self, models: Sequence[str]) -> BoolArray:
-        """Nodes whose GPU model is one of `models` (all nodes when `models` is empty)."""
+        """Nodes whose (first) GPU model is one of `models` (all nodes when `models` is empty)."""
         if not models:
             return np.ones(self.n_nodes, np.bool_)
-        ids = [i for i, name in enumerate(self.model_names) if name in models]
-        return np.isin(self.model_id, np.array(ids, np.int64))
+        return np.isin(self.model_id, self._model_ids(models))
 
-    def feasible(self, request: Request) -> BoolArray:
-        """Nodes where `request` fits now (CPU, host memory, GPU model, GPU capacity)."""
-        ok = (self.cpu_free >= request.cpu) & (self.mem_free >= request.host_memory)
-        if request.gpus == 0:
+    def _model_ids(self, models: Sequence[str]) -> IntArray:
+        return np.array([i for i, name in enumerate(self.model_names) if name in models], np.int64)
+
+    def gpu_fits(self, demand: Demand, rows: IntArray | slice = slice(None)) -> BoolArray:
+        """(rows, slots): the GPUs that can take one GPU of `demand` now."""
+        ok: BoolArray = self.gpu_free[rows] >= demand.compute
+        if demand.gpu_models:
+            ok &= np.isin(self.gpu_model[rows], self._model_ids(demand.gpu_models))
+        if demand.asks_memory:
+            ok &= self.gpu_mem_free[rows] >= demand.memory_on(self.gpu_mem_total[rows])
+        return ok
+
+    def feasible(self, request: Asked) -> BoolArray:
+        """Nodes where the demand fits now (CPU, host memory, GPU model, compute, memory)."""
+        demand = demand_of(request)
+        ok = (self.cpu_free >= demand.cpu) & (self.mem_free >= demand.host_memory)
+        if demand.gpus == 0:
             return ok
-        ok &= self.model_mask(request.gpu_models)
-        if request.is_fractional:
-            return ok & (self.max_free >= request.compute)
-        return ok & (self.full_free >= request.gpus)
+        if self.simple and not demand.asks_memory:
+            ok &= self.model_mask(demand.gpu_models)
+            if demand.compute == MILLI_PER_GPU:
+                return ok & (self.full_free >= demand.gpus)
+            if demand.gpus == 1:
+                return ok & (self.max_free >= demand.compute)
+        count = self.gpu_fits(demand).sum(axis=1)
+        result: BoolArray = ok & (count >= demand.gpus)
+        return result
 
-    def fitting_gpus(self, node: int, request: Request) -> IntArray:
-        """Indices of the GPUs on `node` with at least the request's per-GPU milli free."""
-        return np.flatnonzero(self.gpu_free[node] >= request.compute)
+    def fitting_gpus(self, node: int, request: Asked) -> IntArray:
+        """Slots of the GPUs on `node` that can take one GPU of the demand now."""
+        return np.flatnonzero(self.gpu_fits(demand_of(request), np.array([node]))[0])
 
-    def best_gpu_placement(self, node: int, request: Request) -> Placement:
-        """The paper's GPU choice: least free milli that still fits (lowest index on ties) for a
-        share; the first completely free GPUs by index for whole GPUs; none for CPU-only."""
-        if request.gpus == 0:
+    def ordered_gpus(self, node: int, request: Asked, *, emptiest: bool = False) -> IntArray:
+        """The fitting GPUs of `node`, fullest first (least free compute, then memory, then
+        slot), or emptiest first."""
+        fits = self.fitting_gpus(node, request)
+        compute, memory = self.gpu_free[node, fits], self.gpu_mem_free[node, fits]
+        keys = (-compute, -memory) if emptiest else (compute, memory)
+        order = np.lexsort((fits, keys[1], keys[0]))
+        result: IntArray = fits[order]
+        return result
+
+    def best_gpu_placement(self, node: int, request: Asked) -> Placement:
+        """The paper's GPU choice: the fullest GPUs that fit (least free milli, lowest slot on
+        ties); completely free GPUs by slot for whole GPUs; none for CPU-only."""
+        demand = demand_of(request)
+        if self.simple and not demand.asks_memory and demand.gpus and not demand.gpu_models:
+            # the trace's shapes (memory is the same on every GPU, the node feasible)
+            free = self.gpu_free[node]
+            if demand.compute == MILLI_PER_GPU:
+                whole = np.flatnonzero(free == MILLI_PER_GPU)[: demand.gpus]
+                return Placement(node, tuple(int(g) for g in whole), MILLI_PER_GPU)
+            if demand.gpus == 1:
+                masked = np.where(free >= demand.compute, free, np.iinfo(np.int64).max)
+                return Placement(node, (int(np.argmin(masked)),), demand.compute)
+        return self.gpus_in_order(node, demand, emptiest=False)
+
+    def gpus_in_order(self, node: int, request: Asked, *, emptiest: bool) -> Placement:
+        """The first GPUs of `ordered_gpus` (as many as the demand asks)."""
+        demand = demand_of(request)
+        if demand.gpus == 0:
             return Placement(node, (), 0)
-        if not request.is_fractional:
-            return self.whole_gpu_placement(node, request)
-        free = self.gpu_free[node]
-        masked = np.where(free >= request.compute, free, np.iinfo(np.int64).max)
-        return Placement(node, (int(np.argmin(masked)),), request.compute)
-
-    def whole_gpu_placement(self, node: int, request: Request) -> Placement:
-        """The first `request.gpus` completely free GPUs of `node`, by index."""
-        free = np.flatnonzero(self.gpu_free[node] == MILLI_PER_GPU)[: request.gpus]
-        return Placement(node, tuple(int(g) for g in free), MILLI_PER_GPU)
+        chosen = self.ordered_gpus(node, demand, emptiest=emptiest)[: demand.gpus]
+        return Placement(node, tuple(sorted(int(g) for g in chosen)), demand.compute)
 
     # -- incremental updates ------------------------------------------------------------------
 
-    def allocate(self, request: Request, placement: Placement) -> None:
-        """Take `request`'s resources on `placement`; InvalidRequest (state unchanged) if they
+    def allocate(self, request: Asked, placement: Placement) -> None:
+        """Take the demand's resources on `placement`; InvalidRequest (state unchanged) if they
         are not free."""
-        self._check(request, placement)
-        n = placement.node
+        demand = demand_of(request)
+        self._check(demand, placement)
+        n, gpus = placement.node, list(placement.gpus)
+        memory = demand.memory_on(self.gpu_mem_total[n, gpus]) if demand.asks_memory else 0
         for gpu in placement.gpus:
             if self.gpu_free[n, gpu] < placement.milli:
                 raise InvalidRequest(f"invalid placement: GPU {gpu} of node {n} lacks milli")
-        if self.cpu_free[n] < request.cpu or self.mem_free[n] < request.host_memory:
+        if gpus and (self.gpu_mem_free[n, gpus] < memory).any():
+            raise InvalidRequest(f"invalid placement: a GPU of node {n} lacks memory")
+        if self.cpu_free[n] < demand.cpu or self.mem_free[n] < demand.host_memory:
             raise InvalidRequest(f"invalid placement: node {n} lacks CPU or host memory")
-        self._apply(request, placement, sign=-1)
+        self._apply(demand, placement, memory, sign=-1)
 
-    def release(self, request: Request, placement: Placement) -> None:
+    def release(self, request: Asked, placement: Placement) -> None:
         """Give back what `allocate(request, placement)` took."""
-        self._check(request, placement)
-        n = placement.node
+        demand = demand_of(request)
+        self._check(demand, placement)
+        n, gpus = placement.node, list(placement.gpus)
+        memory = demand.memory_on(self.gpu_mem_total[n, gpus]) if demand.asks_memory else 0
         for gpu in placement.gpus:
             if self.gpu_free[n, gpu] + placement.milli > MILLI_PER_GPU:
                 raise InvalidRequest(f"invalid release: GPU {gpu} of node {n} is not that used")
-        cls = pod_class(request)
-        if request.gpus and self.class_pods[n, cls] == 0:
+        if gpus and (self.gpu_mem_free[n, gpus] + memory > self.gpu_mem_total[n, gpus]).any():
+            raise InvalidRequest(f"invalid release: a GPU of node {n} has not that memory used")
+        cls = pod_class(demand)
+        if demand.gpus and self.class_pods[n, cls] == 0:
             raise InvalidRequest(f"invalid release: node {n} holds no pod of that kind")
         if (
-            self.cpu_free[n] + request.cpu > self.cpu_capacity[n]
-            or self.mem_free[n] + request.host_memory > self.mem_capacity[n]
+            self.cpu_free[n] + demand.cpu > self.cpu_capacity[n]
+            or self.mem_free[n] + demand.host_memory > self.mem_capacity[n]
         ):
             raise InvalidRequest(f"invalid release: node {n} has not that much CPU or memory used")
-        self._apply(request, placement, sign=+1)
+        self._apply(demand, placement, memory, sign=+1)
 
-    def _check(self, request: Request, placement: Placement) -> None:
+    def _check(self, demand: Demand, placement: Placement) -> None:
         n = placement.node
         if not 0 <= n < self.n_nodes:
             raise InvalidRequest(f"invalid placement: node {n} out of range 0..{self.n_nodes - 1}")
-        if len(placement.gpus) != request.gpus or len(set(placement.gpus)) != request.gpus:
+        if len(placement.gpus) != demand.gpus or len(set(placement.gpus)) != demand.gpus:
             raise InvalidRequest(
-                f"invalid placement: {placement.gpus} for a request of {request.gpus} GPUs"
+                f"invalid placement: {placement.gpus} for a request of {demand.gpus} GPUs"
             )
-        if request.gpus and placement.milli != request.compute:
+        if demand.gpus and placement.milli != demand.compute:
             raise InvalidRequest(f"invalid placement: milli {placement.milli} != request compute")
         for gpu in placement.gpus:
-            if not 0 <= gpu < self.gpu_count[n]:
+            if not (0 <= gpu < self.max_gpus and self.usable[n, gpu]):
                 raise InvalidRequest(f"invalid placement: node {n} has no GPU {gpu}")
 
-    def _apply(self, request: Request, placement: Placement, *, sign: int) -> None:
+    def _apply(
+        self, demand: Demand, placement: Placement, memory: IntArray | int, *, sign: int
+    ) -> None:
         n = placement.node
-        self.cpu_free[n] += sign * request.cpu
-        self.mem_free[n] += sign * request.host_memory
+        self.cpu_free[n] += sign * demand.cpu
+        self.mem_free[n] += sign * demand.host_memory
         if placement.gpus:
-            self.gpu_free[n, list(placement.gpus)] += sign * placement.milli
-            row = self.gpu_free[n]
-            self.gpu_free_total[n] = int(row[row > 0].sum())
-            self.full_free[n] = int(np.count_nonzero(row == MILLI_PER_GPU))
-            self.max_free[n] = int(row.max())
-            self.class_pods[n, pod_class(request)] -= sign
+            gpus = list(placement.gpus)
+            self.gpu_free[n, gpus] += sign * placement.milli
+            self.gpu_mem_free[n, gpus] += sign * memory
+            self.class_pods[n, pod_class(demand)] -= sign
+            self._derive(n)
         for observer in self._observers.values():
             observer.refresh_node(n)
 
+    def set_free(self, node: int, compute: IntArray, memory: IntArray, classes: IntArray) -> None:
+        """Set a node's free compute and memory per slot and its pods per class (a live cache
+        that counts what pods hold itself); unusable slots stay unusable."""
+        usable = self.usable[node]
+        self.gpu_free[node] = np.where(usable, np.clip(compute, 0, MILLI_PER_GPU), NO_GPU)
+        self.gpu_mem_free[node] = np.where(usable, np.clip(memory, 0, self.gpu_mem_total[node]), 0)
+        self.class_pods[node] = classes
+        self._derive(node)
+        for observer in self._observers.values():
+            observer.refresh_node(node)
+
+    def _derive(self, n: int) -> None:
+        row = self.gpu_free[n]
+        self.gpu_free_total[n] = int(row[row > 0].sum())
+        self.full_free[n] = int(np.count_nonzero(row == MILLI_PER_GPU))
+        self.max_free[n] = int(row.max())
+
     # -- derived caches ----------------------------------------------------------------------
+
+    def drop_observers(self) -> None:
+        """Forget every derived cache (their inputs changed, e.g. a new target workload)."""
+        self._observers.clear()
 
     def observer(self, key: Hashable, make: Callable[[], _Observer]) -> _Observer:
         """The observer registered under `key`, made by `make()` and registered the first time;
-        from then on allocate/release refresh it for each changed node."""
+        from then on every change refreshes it for each changed node."""
         found = self._observers.get(key)
         if found is None:
             found = self._observers[key] = make()

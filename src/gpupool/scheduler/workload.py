@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
-from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.demand import Demand, demand_of
+from gpupool.scheduler.gpus import GpuRequest
 
 #: FGD keeps the most popular specs until they cover this share of the pods
 DEFAULT_COVERAGE = 0.95
@@ -16,20 +17,37 @@ DEFAULT_COVERAGE = 0.95
 
 @dataclass(frozen=True)
 class PodSpec:
-    """One spec of the target workload (memory is ignored, as FGD does)."""
+    """One spec of the target workload. GPU memory per GPU, as a Demand asks it (bytes, a share
+    of the GPU's memory, or in proportion to compute), counts for live shares; the trace's pods
+    ask none (FGD ignores memory)."""
 
     cpu: int
     gpu_milli: int
     gpus: int
     gpu_models: tuple[str, ...]
+    memory: int = 0
+    memory_share: float = 0.0
+    proportional: bool = False
+
+    @property
+    def asks_memory(self) -> bool:
+        return self.gpus > 0 and (self.proportional or self.memory > 0 or self.memory_share > 0)
 
 
-def spec_of(request: Request) -> PodSpec:
+def spec_of(request: Request | GpuRequest | Demand) -> PodSpec:
     """The spec of a request; a whole-GPU or CPU-only request has gpu_milli 1000 / 0."""
-    if request.gpus == 0:
-        return PodSpec(request.cpu, 0, 0, request.gpu_models)
-    milli = request.compute if request.is_fractional else MILLI_PER_GPU
-    return PodSpec(request.cpu, milli, request.gpus, request.gpu_models)
+    demand = demand_of(request)
+    if demand.gpus == 0:
+        return PodSpec(demand.cpu, 0, 0, demand.gpu_models)
+    return PodSpec(
+        demand.cpu,
+        demand.compute,
+        demand.gpus,
+        demand.gpu_models,
+        demand.memory,
+        demand.memory_share,
+        demand.proportional,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,13 +70,14 @@ class TargetWorkload:
 
     @classmethod
     def from_requests(
-        cls, requests: Sequence[Request], coverage: float = DEFAULT_COVERAGE
+        cls, requests: Sequence[Request | GpuRequest | Demand], coverage: float = DEFAULT_COVERAGE
     ) -> TargetWorkload:
         """Group `requests` by spec, keep the most popular until they cover `coverage` of them,
         and renormalise (ties in popularity are ordered by spec, so the result is stable)."""
         if not 0 < coverage <= 1:
             raise InvalidRequest(f"invalid coverage {coverage!r}: must be in (0, 1]")
-        counts = Counter(spec_of(r) for r in requests)
+        demands = [demand_of(r) for r in requests]
+        counts = Counter(spec_of(r) for r in demands)
         ranked = sorted(counts.items(), key=lambda item: (-item[1], _spec_key(item[0])))
         kept: list[tuple[PodSpec, int]] = []
         covered = 0
@@ -68,16 +87,33 @@ class TargetWorkload:
             kept.append((spec, count))
             covered += count
         total = sum(count for _, count in kept)
-        gpu_milli = sum(r.total_gpu_milli for r in requests)
+        gpu_milli = sum(r.total_gpu_milli for r in demands)
         return cls(
             specs=tuple(spec for spec, _ in kept),
             probabilities=tuple(count / total for _, count in kept),
-            cpu_per_gpu_milli=sum(r.cpu for r in requests) / gpu_milli if gpu_milli else 0.0,
+            cpu_per_gpu_milli=sum(r.cpu for r in demands) / gpu_milli if gpu_milli else 0.0,
             memory_per_gpu_milli=(
-                sum(r.host_memory for r in requests) / gpu_milli if gpu_milli else 0.0
+                sum(r.host_memory for r in demands) / gpu_milli if gpu_milli else 0.0
             ),
         )
 
 
-def _spec_key(spec: PodSpec) -> tuple[int, int, int, str]:
-    return (spec.gpus, spec.gpu_milli, spec.cpu, "|".join(spec.gpu_models))
+def _spec_key(spec: PodSpec) -> tuple[int, int, int, str, int, float, bool]:
+    models = "|".join(spec.gpu_models)
+    return (
+        spec.gpus,
+        spec.gpu_milli,
+        spec.cpu,
+        models,
+        spec.memory,
+        spec.memory_share,
+        spec.proportional,
+    )
+
+
+#: the live target workload before any share was submitted: a quarter, a half and a whole GPU,
+#: memory in proportion to compute, equally likely
+PRIOR = TargetWorkload(
+    specs=tuple(PodSpec(0, milli, 1, (), proportional=True) for milli in (250, 500, 1000)),
+    probabilities=(1 / 3, 1 / 3, 1 / 3),
+)

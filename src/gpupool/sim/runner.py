@@ -17,7 +17,7 @@ import numpy as np
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import NodeSpec, Request
-from gpupool.scheduler import POLICY_NAMES, TargetWorkload
+from gpupool.scheduler import TargetWorkload, check_policy
 from gpupool.sim import procedure, synthetic, trace
 from gpupool.sim.metrics import Curves, curves
 from gpupool.sim.replay import replay
@@ -154,10 +154,7 @@ def run_one(scenario: Scenario, spec: RunSpec) -> RunResult:
 def check_policies(policies: Sequence[str]) -> None:
     """Raise InvalidRequest, listing the valid names, for an unknown policy."""
     for name in policies:
-        if name not in POLICY_NAMES:
-            raise InvalidRequest(
-                f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}"
-            )
+        check_policy(name)
 
 
 def plan(workloads: Sequence[str], policies: Sequence[str], seeds: Sequence[int]) -> list[RunSpec]:

@@ -1,0 +1,98 @@
+"""The live target workload: the shapes recently submitted, in a decaying window over a prior.
+
+A replay knows its whole workload in advance; a daemon or an extender only knows what was asked
+of it so far. Each submitted share adds 1 to its shape's weight after every weight has been
+multiplied by `DECAY`, so a shape asked N submissions ago weighs DECAY**N (half-life
+HALF_LIFE submissions); the built-in prior starts with PRIOR_WEIGHT spread over its shapes and
+decays the same way. The weights are a small JSON document the daemon keeps in its store, so a
+restarted daemon resumes the window where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import Request
+from gpupool.scheduler.demand import Demand
+from gpupool.scheduler.gpus import GpuRequest
+from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, spec_of
+
+#: submissions after which a shape's weight has halved
+HALF_LIFE = 200
+DECAY = 0.5 ** (1 / HALF_LIFE)
+#: the prior's total weight at the start (as many submissions' worth)
+PRIOR_WEIGHT = 20.0
+#: shapes kept; the lightest go first (a hostile stream of distinct shapes stays bounded)
+MAX_SHAPES = 64
+#: weights below this are forgotten
+FORGET_BELOW = 1e-3
+
+
+class RecentShapes:
+    """Decaying weights of the shapes submitted; `target()` is the target workload they make."""
+
+    def __init__(self, weights: dict[PodSpec, float] | None = None) -> None:
+        if weights is None:
+            share = PRIOR_WEIGHT / len(PRIOR.specs)
+            weights = dict.fromkeys(PRIOR.specs, share)
+        self.weights = weights
+        self._target: TargetWorkload | None = None
+
+    def add(self, request: Request | GpuRequest | Demand) -> None:
+        """One more submission of `request`'s shape."""
+        spec = spec_of(request)
+        for known in list(self.weights):
+            self.weights[known] *= DECAY
+            if self.weights[known] < FORGET_BELOW:
+                del self.weights[known]
+        self.weights[spec] = self.weights.get(spec, 0.0) + 1.0
+        while len(self.weights) > MAX_SHAPES:
+            del self.weights[min(self.weights, key=self.weights.__getitem__)]
+        self._target = None
+
+    def target(self) -> TargetWorkload:
+        """The target workload: each shape with its share of the total weight (cached until
+        the next `add`)."""
+        if self._target is None:
+            ranked = sorted(self.weights.items(), key=lambda item: -item[1])
+            total = sum(weight for _, weight in ranked)
+            self._target = TargetWorkload(
+                tuple(spec for spec, _ in ranked), tuple(w / total for _, w in ranked)
+            )
+        return self._target
+
+    def describe(self, limit: int = 8) -> list[dict[str, object]]:
+        """The heaviest shapes and their probability, for `describe` and the debug routes."""
+        target = self.target()
+        return [
+            {**asdict(spec), "gpu_models": list(spec.gpu_models), "probability": round(p, 4)}
+            for spec, p in list(zip(target.specs, target.probabilities, strict=True))[:limit]
+        ]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            [
+                {**asdict(spec), "gpu_models": list(spec.gpu_models), "weight": w}
+                for spec, w in self.weights.items()
+            ]
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RecentShapes:
+        """The window saved by `to_json`; InvalidRequest for anything else."""
+        try:
+            rows = json.loads(text)
+            weights = {}
+            for row in rows[:MAX_SHAPES]:
+                weight = float(row.pop("weight"))
+                row["gpu_models"] = tuple(str(m) for m in row["gpu_models"])
+                spec = PodSpec(**row)
+                if not math.isfinite(weight) or weight <= 0:
+                    raise ValueError("weight")
+                weights[spec] = weight
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise InvalidRequest(f"invalid saved target workload: {err}") from err
+        return cls(weights) if weights else cls()
