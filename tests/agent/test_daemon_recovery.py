@@ -129,7 +129,7 @@ def test_an_unknown_policy_or_lone_listen_is_one_line(tmp_path: Path) -> None:
         str(tmp_path / "state"),
     ]
     for extra, words in (
-        (["--policy", "fgd"], "unknown policy 'fgd'; valid policies: binpack, spread, gpupool"),
+        (["--policy", "best"], "unknown policy 'best'; valid policies: random, dotprod, "),
         (["--listen", "127.0.0.1:1"], "--listen needs --token-file"),
     ):
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)

@@ -8,15 +8,21 @@ from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 from gpupool.core.units import GiB, MemoryShare
-from gpupool.scheduler.gpu_placement import (
-    GPU_POLICIES,
-    check_possible,
-    fragment,
-    never_fits,
-    node_score,
-    place,
-)
+from gpupool.scheduler import POLICY_NAMES, fragment_index
+from gpupool.scheduler.gpu_placement import check_possible, never_fits, node_state, place
 from gpupool.scheduler.gpus import GpuRequest, GpuView, take
+from gpupool.scheduler.workload import TargetWorkload, spec_of
+
+
+def target_of(*weighted: tuple[GpuRequest, float]) -> TargetWorkload:
+    return TargetWorkload(
+        tuple(spec_of(request) for request, _ in weighted), tuple(w for _, w in weighted)
+    )
+
+
+def fragment(node: tuple[GpuView, ...], target: TargetWorkload) -> float:
+    """F of the node for `target`, from the engine's fragment index."""
+    return fragment_index(node_state(node), target).total
 
 
 def mixed_node() -> tuple[GpuView, ...]:
@@ -116,7 +122,7 @@ def test_gpupool_keeps_a_whole_gpu_free_for_whole_gpu_work() -> None:
     # GPU 0 has 500 free, GPU 1 is idle; a 500 share on GPU 1 would leave no whole GPU
     node = tuple(GpuView.idle(i, "A100", 40 * GiB) for i in range(2))
     node = take(node, GpuRequest(1, 500, 1 * GiB), [0])
-    target = [(GpuRequest(1, 1000), 0.5), (GpuRequest(1, 500, 1 * GiB), 0.5)]
+    target = target_of((GpuRequest(1, 1000), 0.5), (GpuRequest(1, 500, 1 * GiB), 0.5))
     assert place(GpuRequest(1, 500, 1 * GiB), node, "gpupool", target).gpus == (0,)
     assert fragment(node, target) == pytest.approx(250.0)
 
@@ -127,28 +133,14 @@ def test_gpupool_counts_memory_stranded_compute_as_fragment() -> None:
         GpuView(0, "A100", 40 * GiB, 2 * GiB, 600),
         GpuView(1, "A100", 40 * GiB, 30 * GiB, 600),
     )
-    target = [(GpuRequest(1, 300, 8 * GiB), 1.0)]
+    target = target_of((GpuRequest(1, 300, 8 * GiB), 1.0))
     assert fragment(node, target) == pytest.approx(600.0)
     assert place(GpuRequest(1, 300, 1 * GiB), node, "gpupool", target).gpus == (0,)
 
 
-def test_node_score_ranks_nodes_for_each_policy() -> None:
-    empty = tuple(GpuView.idle(i, "A100", 40 * GiB) for i in range(2))
-    busy = take(empty, GpuRequest(1, 700, 20 * GiB), [0])
-    request = GpuRequest(1, 200, 4 * GiB)
-    binpack = [node_score(request, n, "binpack") for n in (empty, busy)]
-    spread = [node_score(request, n, "spread") for n in (empty, busy)]
-    assert binpack[1] > binpack[0]  # type: ignore[operator]
-    assert spread[0] > spread[1]  # type: ignore[operator]
-    assert node_score(GpuRequest(3), empty, "binpack") is None
-    for policy in GPU_POLICIES:
-        score = node_score(request, busy, policy)
-        assert score is not None and 0 <= score <= 100
-
-
 def test_bad_policy_and_bad_requests_are_invalid() -> None:
-    with pytest.raises(InvalidRequest, match="unknown GPU policy"):
-        place(GpuRequest(), mixed_node(), "fgd")
+    with pytest.raises(InvalidRequest, match="unknown policy 'best'; valid policies: random, "):
+        place(GpuRequest(), mixed_node(), "best")
     with pytest.raises(InvalidRequest, match="compute"):
         GpuRequest(1, 0)
     with pytest.raises(InvalidRequest, match="GPU count"):
@@ -172,7 +164,7 @@ requests = st.builds(
 
 
 @settings(max_examples=200, deadline=None)
-@given(gpu_views, requests, st.sampled_from(GPU_POLICIES))
+@given(gpu_views, requests, st.sampled_from(POLICY_NAMES))
 def test_a_placement_always_fits_and_a_refusal_is_explained(
     views: list[tuple[int, int, str]], request: GpuRequest, policy: str
 ) -> None:
