@@ -1,0 +1,37 @@
+"""The daemon's live target workload: learnt from submissions, shown by GET /v1/node, kept in
+the store across a kill -9, and used by the default `gpupool` policy to keep whole GPUs whole."""
+
+from __future__ import annotations
+
+from tests.agent.daemon_support import Daemon
+
+from gpupool.scheduler.workload import PRIOR
+
+
+def test_submissions_shape_the_target_which_survives_kill_9(daemon: Daemon) -> None:
+    first = daemon.call("GET", "/v1/node")
+    assert first["policy"] == "gpupool"
+    assert [s["gpu_milli"] for s in first["target_workload"]] == [
+        spec.gpu_milli for spec in PRIOR.specs
+    ]
+    for _ in range(30):
+        job = daemon.submit(["true"], gpus=2, compute=100)
+        daemon.wait(job)
+    learnt = daemon.call("GET", "/v1/node")["target_workload"]
+    assert learnt[0]["gpus"] == 2 and learnt[0]["gpu_milli"] == 1000
+    assert learnt[0]["probability"] > 0.5
+    daemon.kill()
+    daemon.start()
+    assert daemon.call("GET", "/v1/node")["target_workload"] == learnt
+
+
+def test_gpupool_puts_a_small_share_beside_another_not_on_an_idle_gpu(daemon: Daemon) -> None:
+    # the target (whole GPUs, learnt) wants a GPU left whole: the second share joins the first
+    for _ in range(10):
+        daemon.wait(daemon.submit(["true"], gpus=1, compute=100))
+    first = daemon.submit(["sleep", "30"], compute=30)
+    second = daemon.submit(["sleep", "30"], compute=30)
+    gpus = [daemon.wait(j, ("running",))["gpus"] for j in (first, second)]
+    assert gpus[0] == gpus[1]
+    for job in (first, second):
+        daemon.call("POST", f"/v1/jobs/{job}/cancel", json={})

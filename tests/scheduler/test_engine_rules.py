@@ -1,0 +1,119 @@
+"""The engine's rules beyond the paper's: random's draw, GPUs of several models, memory and
+health per GPU (live nodes), the live target workload, and node scores as extender priorities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.scheduler.helpers import share, three_nodes
+
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import NodeSpec
+from gpupool.core.units import GiB
+from gpupool.k8s.fleet import priorities
+from gpupool.scheduler import ClusterState, Placement, fragment_index, make_policy, place
+from gpupool.scheduler.gpu_placement import node_state
+from gpupool.scheduler.gpus import GpuRequest, GpuView
+from gpupool.scheduler.recent import MAX_SHAPES, PRIOR_WEIGHT, RecentShapes
+from gpupool.scheduler.state import GpuSlots
+from gpupool.scheduler.workload import PRIOR, TargetWorkload, spec_of
+
+
+def test_random_takes_only_feasible_nodes_and_reaches_each_of_them() -> None:
+    state = ClusterState(three_nodes())
+    state.allocate(share(800), Placement(0, (0,), 800))
+    state.allocate(share(800), Placement(0, (1,), 800))  # n0 cannot take a 500 share now
+    seen = set()
+    for seed in range(40):
+        placement = place(state, share(500), make_policy("random", seed=seed))
+        assert placement is not None and placement.node != 0
+        seen.add((placement.node, placement.gpus))
+    assert {node for node, _ in seen} == {1, 2}
+    assert len({gpus for node, gpus in seen if node == 2}) > 2  # a random fitting GPU
+
+
+def two_model_node() -> ClusterState:
+    """One node: slots 0-1 model A (24 GiB), slot 2 model B (80 GiB), slot 3 absent."""
+    slots = GpuSlots(
+        np.array([[0, 0, 1, -1]]),
+        np.array([[24 * GiB, 24 * GiB, 80 * GiB, 0]]),
+        np.array([[True, True, True, False]]),
+        ("A", "B"),
+    )
+    return ClusterState.of_gpus([NodeSpec("n", 0, 0, 0)], slots)
+
+
+def test_models_and_memory_are_judged_per_gpu() -> None:
+    state = two_model_node()
+    assert state.feasible(GpuRequest(1, 100, None, ("B",)))[0]
+    assert not state.feasible(GpuRequest(2, 100, None, ("B",)))[0]
+    assert not state.feasible(GpuRequest(1, 100, 30 * GiB, ("A",)))[0]
+    for name in ("binpack", "spread", "fgd", "gpupool", "bestfit"):
+        chosen = place(state, GpuRequest(1, 100, 30 * GiB), make_policy(name, seed=0))
+        assert chosen is not None and chosen.gpus == (2,), name  # only B has 30 GiB
+    with pytest.raises(InvalidRequest, match="no GPU 3"):
+        state.allocate(GpuRequest(1, 100), Placement(0, (3,), 100))
+
+
+def test_an_unhealthy_gpu_takes_nothing_and_is_no_fragment() -> None:
+    healthy = node_state([GpuView.idle(0, "A", 40 * GiB), GpuView.idle(1, "A", 40 * GiB)])
+    broken = node_state(
+        [GpuView.idle(0, "A", 40 * GiB), GpuView.idle(1, "A", 40 * GiB, healthy=False)]
+    )
+    assert int(broken.gpu_free_total[0]) == 1000 and int(healthy.gpu_free_total[0]) == 2000
+    assert not broken.feasible(GpuRequest(2, 100))[0]
+    target = TargetWorkload((spec_of(GpuRequest(1, 1000)),), (1.0,))
+    assert fragment_index(broken, target).total == 0.0
+
+
+def test_binpack_and_spread_break_compute_ties_by_memory() -> None:
+    gpus = [
+        GpuView(0, "A", 40 * GiB, 30 * GiB, 500),
+        GpuView(1, "A", 40 * GiB, 10 * GiB, 500),
+        GpuView(2, "A", 40 * GiB, 20 * GiB, 500),
+    ]
+    request = GpuRequest(1, 100, 1 * GiB)
+    state = node_state(gpus)
+    assert place(state, request, make_policy("binpack", seed=0)) == Placement(0, (1,), 100)
+    assert place(state, request, make_policy("spread", seed=0)) == Placement(0, (0,), 100)
+
+
+@pytest.mark.parametrize("name", ["fgd", "gpupool"])
+def test_fragment_policies_keep_the_gpu_that_has_memory_for_the_target(name: str) -> None:
+    # target: 300-milli shares of 20 GiB. GPU 0 has the memory for one; GPU 1 has too little
+    # memory for any, so a small share there strands nothing the target could use
+    gpus = [GpuView(0, "A", 40 * GiB, 24 * GiB, 700), GpuView(1, "A", 40 * GiB, 6 * GiB, 700)]
+    target = TargetWorkload((spec_of(GpuRequest(1, 300, 20 * GiB)),), (1.0,))
+    chosen = place(
+        node_state(gpus),
+        GpuRequest(1, 200, 5 * GiB),
+        make_policy(name, seed=0, target_workload=target),
+    )
+    assert chosen == Placement(0, (1,), 200)
+
+
+def test_recent_shapes_decay_from_the_prior_and_stay_bounded() -> None:
+    recent = RecentShapes()
+    assert recent.target().specs == PRIOR.specs
+    assert sum(recent.weights.values()) == pytest.approx(PRIOR_WEIGHT)
+    for _ in range(200):
+        recent.add(GpuRequest(2, 1000))
+    top = recent.target()
+    assert top.specs[0] == spec_of(GpuRequest(2, 1000)) and top.probabilities[0] > 0.8
+    for milli in range(1, 200):
+        recent.add(GpuRequest(1, milli))
+    assert len(recent.weights) <= MAX_SHAPES
+    again = RecentShapes.from_json(recent.to_json())
+    assert again.weights == pytest.approx(recent.weights)
+
+
+@pytest.mark.parametrize("text", ["", "{}", "[1]", '[{"weight": -1}]', '[{"cpu": 1}]'])
+def test_a_bad_saved_window_is_refused_with_one_line(text: str) -> None:
+    with pytest.raises(InvalidRequest, match="invalid saved target workload"):
+        RecentShapes.from_json(text)
+
+
+def test_policy_scores_become_extender_priorities_best_ten() -> None:
+    assert priorities(np.array([3.0, 1.0, 2.0])).tolist() == [10, 0, 5]
+    assert priorities(np.array([7.0, 7.0])).tolist() == [10, 10]
+    assert priorities(np.array([])).tolist() == []
