@@ -1,0 +1,122 @@
+"""Break each placement policy's documented rule once and check that a test fails.
+
+Each mutant flips one rule in the engine (scheduler/), runs the policy tests, and puts the file
+back. Prints which test caught each mutant; exits 1 if one was not caught. Run from the
+checkout: `PYTHONPATH=src python tools/policy_mutants.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+R = str(Path(__file__).resolve().parents[1]) + "/"
+T = [
+    "tests/scheduler/test_policies.py",
+    "tests/scheduler/test_engine_rules.py",
+    "tests/scheduler/test_gpu_placement.py",
+    "tests/scheduler/test_state.py",
+]
+MUTANTS = [
+    (
+        "random",
+        "src/gpupool/scheduler/paper.py",
+        "node = int(feasible[self._rng.integers(feasible.size)])",
+        "node = int(feasible[0])",
+    ),
+    (
+        "dotprod",
+        "src/gpupool/scheduler/paper.py",
+        "return np.floor(MAX_SCORE * (1 - dot / 2)).astype(np.int64)",
+        "return np.floor(MAX_SCORE * (1 + dot / 2)).astype(np.int64)",
+    ),
+    (
+        "clustering",
+        "src/gpupool/scheduler/paper.py",
+        "np.where(has_own, np.where(classes == 1, 3, 2), np.where(classes == 0, 1, 0))",
+        "np.where(has_own, np.where(classes == 1, 2, 3), np.where(classes == 0, 1, 0))",
+    ),
+    (
+        "packing",
+        "src/gpupool/scheduler/paper.py",
+        "idle_score = np.maximum(MAX_SCORE // 3 - gpu_count, gpu_count)",
+        "idle_score = np.maximum(MAX_SCORE // 2 - gpu_count, gpu_count)",
+    ),
+    (
+        "bestfit",
+        "src/gpupool/scheduler/paper.py",
+        "raw = np.floor((1.0 - left) * MAX_SCORE).astype(np.int64)",
+        "raw = np.floor((1.0 + left) * MAX_SCORE).astype(np.int64)",
+    ),
+    (
+        "fgd",
+        "src/gpupool/scheduler/fgd.py",
+        "scores: IntArray = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)",
+        "scores: IntArray = (100.0 / (1.0 + np.exp(options.delta / 1000.0))).astype(np.int64)",
+    ),
+    (
+        "fgd-memory",
+        "src/gpupool/scheduler/fragment.py",
+        "            & (memory[:, None] >= need)\n",
+        "\n",
+    ),
+    (
+        "gpupool",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)",
+        "scores: FloatArray = np.round(options.delta + STRANDING_WEIGHT * change, 6)",
+    ),
+    (
+        "binpack",
+        "src/gpupool/scheduler/share.py",
+        "return usage if self.fullest_first else -usage",
+        "return -usage if self.fullest_first else -usage",
+    ),
+    (
+        "spread",
+        "src/gpupool/scheduler/share.py",
+        "return state.gpus_in_order(node, request, emptiest=not self.fullest_first)",
+        "return state.gpus_in_order(node, request, emptiest=False)",
+    ),
+    (
+        "gpu-memory",
+        "src/gpupool/scheduler/state.py",
+        "keys = (-compute, -memory) if emptiest else (compute, memory)",
+        "keys = (-compute, memory) if emptiest else (compute, -memory)",
+    ),
+]
+
+
+def main() -> int:
+    ok = True
+    for name, path, old, new in MUTANTS:
+        ok &= _caught(name, R + path, old, new)
+    print("all caught" if ok else "SOME NOT CAUGHT")
+    return 0 if ok else 1
+
+
+def _caught(name: str, path: str, old: str, new: str) -> bool:
+    text = Path(path).read_text()
+    assert text.count(old) == 1, (name, old)
+    Path(path).write_text(text.replace(old, new))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *T],
+            cwd=R,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": R + "src"},
+        )
+    finally:
+        Path(path).write_text(text)
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    caught = done.returncode != 0
+    by = failed[0].split("::")[-1].split(" ")[0] if failed else "an error"
+    print(f"{name:12} {'caught by ' + by if caught else 'NOT CAUGHT'}")
+    return caught
+
+
+if __name__ == "__main__":
+    sys.exit(main())
