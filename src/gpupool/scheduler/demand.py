@@ -8,6 +8,7 @@ node daemon and the extender run the same code on the same values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,12 +46,12 @@ class Demand:
         """GPU milli asked for over all GPUs (0 for a CPU-only demand)."""
         return self.gpus * self.compute if self.gpus else 0
 
-    @property
+    @cached_property
     def asks_memory(self) -> bool:
         """True when the demand takes GPU memory."""
         return self.gpus > 0 and (self.proportional or self.memory > 0 or self.memory_share > 0)
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, int, int, int, float, bool, tuple[str, ...]]:
         """What decides where it fits and what it leaves (a cache key)."""
         milli = self.compute if self.gpus else 0

@@ -220,12 +220,14 @@ class ClusterState:
         demand = demand_of(request)
         self._check(demand, placement)
         n, gpus = placement.node, list(placement.gpus)
-        memory = demand.memory_on(self.gpu_mem_total[n, gpus]) if demand.asks_memory else 0
         for gpu in placement.gpus:
             if self.gpu_free[n, gpu] < placement.milli:
                 raise InvalidRequest(f"invalid placement: GPU {gpu} of node {n} lacks milli")
-        if gpus and (self.gpu_mem_free[n, gpus] < memory).any():
-            raise InvalidRequest(f"invalid placement: a GPU of node {n} lacks memory")
+        memory: IntArray | int = 0
+        if demand.asks_memory:
+            memory = demand.memory_on(self.gpu_mem_total[n, gpus])
+            if (self.gpu_mem_free[n, gpus] < memory).any():
+                raise InvalidRequest(f"invalid placement: a GPU of node {n} lacks memory")
         if self.cpu_free[n] < demand.cpu or self.mem_free[n] < demand.host_memory:
             raise InvalidRequest(f"invalid placement: node {n} lacks CPU or host memory")
         self._apply(demand, placement, memory, sign=-1)
@@ -235,12 +237,14 @@ class ClusterState:
         demand = demand_of(request)
         self._check(demand, placement)
         n, gpus = placement.node, list(placement.gpus)
-        memory = demand.memory_on(self.gpu_mem_total[n, gpus]) if demand.asks_memory else 0
         for gpu in placement.gpus:
             if self.gpu_free[n, gpu] + placement.milli > MILLI_PER_GPU:
                 raise InvalidRequest(f"invalid release: GPU {gpu} of node {n} is not that used")
-        if gpus and (self.gpu_mem_free[n, gpus] + memory > self.gpu_mem_total[n, gpus]).any():
-            raise InvalidRequest(f"invalid release: a GPU of node {n} has not that memory used")
+        memory: IntArray | int = 0
+        if demand.asks_memory:
+            memory = demand.memory_on(self.gpu_mem_total[n, gpus])
+            if (self.gpu_mem_free[n, gpus] + memory > self.gpu_mem_total[n, gpus]).any():
+                raise InvalidRequest(f"invalid release: a GPU of node {n} has not that memory")
         cls = pod_class(demand)
         if demand.gpus and self.class_pods[n, cls] == 0:
             raise InvalidRequest(f"invalid release: node {n} holds no pod of that kind")
@@ -274,7 +278,8 @@ class ClusterState:
         if placement.gpus:
             gpus = list(placement.gpus)
             self.gpu_free[n, gpus] += sign * placement.milli
-            self.gpu_mem_free[n, gpus] += sign * memory
+            if demand.asks_memory:
+                self.gpu_mem_free[n, gpus] += sign * memory
             self.class_pods[n, pod_class(demand)] -= sign
             self._derive(n)
         for observer in self._observers.values():

@@ -10,7 +10,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.resources import NodeSpec, Request
-from gpupool.scheduler import ClusterState, TargetWorkload, fragment_index, make_policy, place
+from gpupool.scheduler import (
+    ClusterState,
+    TargetWorkload,
+    demand_of,
+    fragment_index,
+    make_policy,
+    place,
+)
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,10 @@ def replay(
     placed = np.zeros(count, np.bool_)
     in_use = 0
     for i, pod in enumerate(pods):
-        placement = place(state, pod, policy)
+        demand = demand_of(pod)
+        placement = place(state, demand, policy)
         if placement is not None:
-            state.allocate(pod, placement)
+            state.allocate(demand, placement)
             in_use += pod.total_gpu_milli
             placed[i] = True
         allocated[i] = in_use
