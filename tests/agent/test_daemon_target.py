@@ -1,9 +1,10 @@
-"""The daemon's live target workload: learnt from submissions, shown by GET /v1/node, kept in
+"""The daemon's live target workload: learnt from submissions, shown by GET /v1/node and
+`gpupool gpus`, kept in
 the store across a kill -9, and used by the default `gpupool` policy to keep whole GPUs whole."""
 
 from __future__ import annotations
 
-from tests.agent.daemon_support import Daemon
+from tests.agent.daemon_support import Daemon, cli
 
 from gpupool.scheduler.workload import PRIOR
 
@@ -20,6 +21,8 @@ def test_submissions_shape_the_target_which_survives_kill_9(daemon: Daemon) -> N
     learnt = daemon.call("GET", "/v1/node")["target_workload"]
     assert learnt[0]["gpus"] == 2 and learnt[0]["gpu_milli"] == 1000
     assert learnt[0]["probability"] > 0.5
+    shown = cli("gpus", "--node-dir", str(daemon.node_dir), url=daemon.url, check=True).stdout
+    assert "Placement (node daemon): policy gpupool" in shown and "2 GPU x 100%" in shown
     daemon.kill()
     daemon.start()
     assert daemon.call("GET", "/v1/node")["target_workload"] == learnt

@@ -150,6 +150,24 @@ def mps_table(node: dict[str, Any] | None) -> list[str] | None:
     return ["MPS servers (node daemon)", *texttable.lines(header, rows, right={0, 1})]
 
 
+def placement_lines(node: dict[str, Any] | None) -> list[str] | None:
+    """The daemon's placement policy and the target workload it learnt (`node`, its view);
+    None when no daemon answered."""
+    if node is None or "policy" not in node:
+        return None
+    lines = [f"Placement (node daemon): policy {node['policy']}"]
+    shapes = node.get("target_workload") or []
+    if shapes:
+        lines.append("target workload (recent shapes):")
+    for shape in shapes:
+        models = f" of {', '.join(shape['gpu_models'])}" if shape.get("gpu_models") else ""
+        lines.append(
+            f"  {shape['gpus']} GPU x {shape['gpu_milli'] / 10:g}%{models}: "
+            f"{shape['probability'] * 100:.1f}%"
+        )
+    return lines
+
+
 def render(
     snapshot: NodeSnapshot,
     url: str | None = None,
@@ -168,7 +186,7 @@ def render(
     marks, why_not = daemon_marks(url) if busy else (None, "")
     processes = process_table(snapshot, marks)
     parts.append([*processes, why_not] if why_not else processes)
-    for table in (mps_table(node), shares_table(shares or [])):
+    for table in (mps_table(node), shares_table(shares or []), placement_lines(node)):
         if table is not None:
             parts.append(table)
     return "\n\n".join("\n".join(part) for part in parts)
