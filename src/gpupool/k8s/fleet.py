@@ -34,6 +34,7 @@ from gpupool.scheduler.names import DEFAULT_POLICY, check_policy
 from gpupool.scheduler.opportunistic import opportunistic
 from gpupool.scheduler.recent import RecentShapes
 from gpupool.scheduler.state import GpuSlots
+from gpupool.scheduler.workload import TargetWorkload
 
 __all__ = ["DEFAULT_POLICY", "Charge", "Fleet", "check_policy", "gpu_request"]
 
@@ -50,10 +51,13 @@ UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 #: binds between two updates of the target workload the policy scores against (each update
 #: makes the fragment index anew over every node)
 TARGET_EVERY = 64
+#: a target whose shapes' probabilities all moved less than this is not taken up
+TARGET_MOVED = 0.05
 
 _LOOKUPS_KEPT = 4
 #: the filter's passing list is the candidates less those that fail when fewer fail than this
 _FEW_FAIL = 64
+_NEVER_KEPT = 1 << 16
 
 
 def _host_head(name: str) -> str:
@@ -125,6 +129,9 @@ class Fleet:
         self.recent = RecentShapes()
         self._binds = 0
         self._policies: dict[str, Policy] = {}
+        self._inventory_memory: I64 = np.zeros((0, 1), np.int64)
+        #: never_fits's line per (request, row), until an inventory changes
+        self._never_lines: dict[tuple[GpuRequest, int], str] = {}
         #: (MAX_EXTENDER_PRIORITY + 1, rows): each node's HostPriority entry for each score
         self._entries: npt.NDArray[np.object_] | None = None
 
@@ -177,6 +184,7 @@ class Fleet:
         if len(self.names) > n or width > g:
             self._grow(max(width, g), max(len(self.names), 2 * n))
         self._states = None
+        self._never_lines.clear()
 
     def _grow(self, g: int, n: int) -> None:
         for attr in ("_memory_used", "_milli_used", "_shares"):
@@ -235,6 +243,8 @@ class Fleet:
                 model[row, gpu.index] = self.models[gpu.model]
                 memory[row, gpu.index] = gpu.memory
                 healthy[row, gpu.index] = gpu.healthy
+        #: each GPU's memory as the inventory says, healthy or not (for "never fits")
+        self._inventory_memory = memory
         names = tuple(sorted(self.models, key=self.models.__getitem__))
         nodes = [NodeSpec(name, 0, 0, 0) for name in self.names]
         return ClusterState.of_gpus(nodes, GpuSlots(model, memory, healthy, names))
@@ -251,14 +261,30 @@ class Fleet:
         return found
 
     def bound(self, ask: GpuAsk) -> None:
-        """A pod of this ask was bound: weigh its shape into the target workload (the policy
-        takes it up every TARGET_EVERY binds)."""
+        """A pod of this ask was bound: weigh its shape into the target workload. Every
+        TARGET_EVERY binds the policies take the new target up, if it moved (another shape, or
+        a probability by more than TARGET_MOVED): the fragment index is then made anew over
+        every node, which a steady workload should not pay for."""
         self.recent.add(gpu_request(ask))
         self._binds += 1
-        if self._binds % TARGET_EVERY == 0:
-            for state in self._states or ():
-                state.drop_observers()
-            self._policies.clear()
+        if self._binds % TARGET_EVERY or not self._moved(self.recent.target()):
+            return
+        for state in self._states or ():
+            state.drop_observers()
+        self._policies.clear()
+
+    def _moved(self, target: TargetWorkload) -> bool:
+        for policy in self._policies.values():
+            used = getattr(policy, "target", None)
+            if not isinstance(used, TargetWorkload):
+                continue
+            if used.specs != target.specs:
+                return True
+            pairs = zip(used.probabilities, target.probabilities, strict=True)
+            moves = (abs(a - b) for a, b in pairs)
+            if max(moves, default=0.0) > TARGET_MOVED:
+                return True
+        return False
 
     # -- one pod's answers --------------------------------------------------------------------
 
@@ -276,10 +302,7 @@ class Fleet:
         if demand.gpu_models:
             ids = [self.models[m] for m in demand.gpu_models if m in self.models]
             allowed = present & np.isin(state.gpu_model[rows], ids)
-        total = np.array(
-            [[gpu.memory for gpu in self._by_slot(self.names[r], state.max_gpus)] for r in rows],
-            np.int64,
-        ).reshape(len(rows), state.max_gpus)
+        total = self._inventory_memory[rows]
         need = demand.memory_on(total) if demand.asks_memory else np.zeros_like(total)
         k = demand.gpus
         never: Bool = (
@@ -288,12 +311,6 @@ class Fleet:
             | ((allowed & (need <= total)).sum(axis=1) < k)
         )
         return never
-
-    def _by_slot(self, name: str, width: int) -> list[GpuInfo]:
-        slots = [GpuInfo(i, "", "", 0, False) for i in range(width)]
-        for gpu in self._inventory[name]:
-            slots[gpu.index] = gpu
-        return slots
 
     def filter(
         self, ask: GpuAsk, names: list[str]
@@ -311,16 +328,21 @@ class Fleet:
         never = np.zeros(len(failing), np.bool_)
         if known.any():
             never[known] = self._never(request, rows[known])
+        able = np.zeros(len(failing), np.int64)
+        if known.any():
+            fits_now = self._state(ask).gpu_fits(demand_of(request), rows[known])
+            able[known] = fits_now.sum(axis=1)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for i, row, never_here in zip(failing.tolist(), rows.tolist(), never.tolist(), strict=True):
+        for i, row, never_here, count in zip(
+            failing.tolist(), rows.tolist(), never.tolist(), able.tolist(), strict=True
+        ):
             if row < 0:
                 unresolvable[names[i]] = UNKNOWN_NODE
             elif never_here:
-                reason = never_fits(request, self.gpu_views(self.names[row]))
-                unresolvable[names[i]] = reason or "the pod never fits this node"
+                unresolvable[names[i]] = self.never_fits(ask, row)
             else:
-                failed[names[i]] = str(self._shortfall(ask, request, row))
+                failed[names[i]] = str(Shortfall(-1, "gpus", request.gpus, count))
         kept = np.flatnonzero(fits)
         if len(failing) < _FEW_FAIL:  # cheaper than a list of 10,000 names picked one by one
             fit = list(names)
@@ -332,21 +354,23 @@ class Fleet:
         self._lookups = [_Lookup(list(fit), found.rows[kept]), *self._lookups[: _LOOKUPS_KEPT - 1]]
         return fit, failed, unresolvable
 
-    def _shortfall(self, ask: GpuAsk, request: GpuRequest, row: int) -> Shortfall:
-        state = self._state(ask)
-        able = int(state.gpu_fits(demand_of(request), np.array([row])).sum())
-        return Shortfall(-1, "gpus", request.gpus, able)
-
     def _fits(self, ask: GpuAsk, found: _Lookup) -> Bool:
-        """Per candidate: known, and the pod fits there now."""
-        feasible = self._state(ask).feasible(demand_of(gpu_request(ask)))
-        fits: Bool = found.known & feasible[np.where(found.known, found.rows, 0)]
+        """Per candidate: known, and the pod fits there now (judged on the candidates only)."""
+        rows = np.where(found.known, found.rows, 0)
+        feasible = self._state(ask).feasible(demand_of(gpu_request(ask)), rows)
+        fits: Bool = found.known & feasible
         return fits
 
     def never_fits(self, ask: GpuAsk, row: int) -> str:
-        """gpu_placement.never_fits's line for a node the pod never fits."""
-        reason = never_fits(gpu_request(ask), self.gpu_views(self.names[row]))
-        return reason or "the pod never fits this node"
+        """gpu_placement.never_fits's line for a node the pod never fits (kept per shape and
+        node until an inventory changes: a pod no node takes is asked about again and again)."""
+        key = (gpu_request(ask), row)
+        if key not in self._never_lines:
+            if len(self._never_lines) >= _NEVER_KEPT:
+                self._never_lines.clear()
+            reason = never_fits(key[0], self.gpu_views(self.names[row]))
+            self._never_lines[key] = reason or "the pod never fits this node"
+        return self._never_lines[key]
 
     def node_scores(self, ask: GpuAsk, names: list[str], policy: str) -> tuple[Bool, F64]:
         """Per node: the pod fits now, and the policy's score (meaningless where it does not

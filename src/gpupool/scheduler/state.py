@@ -159,19 +159,21 @@ class ClusterState:
             ok &= self.gpu_mem_free[rows] >= demand.memory_on(self.gpu_mem_total[rows])
         return ok
 
-    def feasible(self, request: Asked) -> BoolArray:
-        """Nodes where the demand fits now (CPU, host memory, GPU model, compute, memory)."""
+    def feasible(self, request: Asked, rows: IntArray | slice = slice(None)) -> BoolArray:
+        """Nodes (all, or `rows`) where the demand fits now (CPU, host memory, GPU model,
+        compute, memory)."""
         demand = demand_of(request)
-        ok = (self.cpu_free >= demand.cpu) & (self.mem_free >= demand.host_memory)
+        ok = (self.cpu_free[rows] >= demand.cpu) & (self.mem_free[rows] >= demand.host_memory)
         if demand.gpus == 0:
             return ok
         if self.simple and not demand.asks_memory:
-            ok &= self.model_mask(demand.gpu_models)
+            if demand.gpu_models:
+                ok &= np.isin(self.model_id[rows], self._model_ids(demand.gpu_models))
             if demand.compute == MILLI_PER_GPU:
-                return ok & (self.full_free >= demand.gpus)
+                return ok & (self.full_free[rows] >= demand.gpus)
             if demand.gpus == 1:
-                return ok & (self.max_free >= demand.compute)
-        count = self.gpu_fits(demand).sum(axis=1)
+                return ok & (self.max_free[rows] >= demand.compute)
+        count = self.gpu_fits(demand, rows).sum(axis=1)
         result: BoolArray = ok & (count >= demand.gpus)
         return result
 

@@ -1,0 +1,46 @@
+"""The extender's target workload: learnt from the pods it binds, shown by /debug/placement, and
+taken up by the policy once it has moved."""
+
+from __future__ import annotations
+
+from k8s_support import ExtenderServer, gpu_pod
+
+from gpupool.core.units import GiB
+from gpupool.k8s import names
+from gpupool.k8s.extender import Extender
+from gpupool.k8s.fleet import TARGET_EVERY
+from gpupool.k8s.inventory import GpuInfo, encode
+from gpupool.k8s.kubeapi import InMemoryKube
+from gpupool.scheduler.gpupool_policy import GpupoolPolicy
+from gpupool.scheduler.workload import PRIOR, TargetWorkload
+
+
+def target_of(extender: Extender) -> TargetWorkload:
+    """The target workload the extender's policy scores against now."""
+    policy = extender.fleet.policy("gpupool")
+    assert isinstance(policy, GpupoolPolicy)
+    return policy.target
+
+
+def test_bound_pods_become_the_target_the_policy_scores_against() -> None:
+    api = InMemoryKube()
+    inventory = [GpuInfo(i, f"GPU-{i}", "H100", 80 * GiB) for i in range(8)]
+    for n in range(TARGET_EVERY // 4 + 1):
+        api.add_node(f"node-{n}", {names.ANN_NODE_GPUS: encode(inventory)})
+    for i in range(TARGET_EVERY):
+        api.add_pod(gpu_pod(f"p{i}", gpus="2", annotations={names.ANN_MODE: "exclusive"}))
+    extender = Extender(api)
+    with ExtenderServer(extender) as http:
+        before = http.get("/debug/placement").json()
+        assert before["policy"] == "gpupool" and before["nodes"] == TARGET_EVERY // 4 + 1
+        assert [s["gpu_milli"] for s in before["target_workload"]] == [
+            spec.gpu_milli for spec in PRIOR.specs
+        ]
+        http.post("/filter", json={"pod": api.pods[("default", "p0")], "nodenames": ["node-0"]})
+        assert target_of(extender).specs == PRIOR.specs
+        for i in range(TARGET_EVERY):
+            args = {"podName": f"p{i}", "podNamespace": "default", "podUID": f"uid-default-p{i}"}
+            assert http.post("/bind", json={**args, "node": f"node-{i // 4}"}).json() == {}
+        after = http.get("/debug/placement").json()["target_workload"]
+    assert after[0]["gpus"] == 2 and after[0]["probability"] > 0.5
+    assert target_of(extender).specs[0].gpus == 2
