@@ -21,6 +21,12 @@ T = [
 ]
 MUTANTS = [
     (
+        "gpupool-reserve",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None",
+        "return None",
+    ),
+    (
         "random",
         "src/gpupool/scheduler/paper.py",
         "node = int(feasible[self._rng.integers(feasible.size)])",

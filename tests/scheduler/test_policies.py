@@ -10,7 +10,7 @@ import pytest
 from tests.scheduler.helpers import cpu_only, share, small_target, three_nodes, whole
 
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.resources import NodeSpec
+from gpupool.core.resources import NodeSpec, Request
 from gpupool.core.units import GiB
 from gpupool.scheduler import (
     DEFAULT_POLICY,
@@ -244,3 +244,25 @@ def test_gpupool_keeps_idle_big_nodes_when_the_target_has_multi_gpu_specs() -> N
         reward = make_policy("gpupool", seed=seed, target_workload=single_only)
         # no multi-GPU spec: big earns 250 + 0.5 * 1000 against 250 + 0.5 * 500
         assert place(ClusterState([big, small]), request, reward) == Placement(0, (0,), 1000)
+
+
+def test_gpupool_keeps_the_last_idle_nodes_that_can_take_the_widest_pod() -> None:
+    # n0: 8 GPUs and the CPU for the widest pod; n1: 8 GPUs, too little CPU for it
+    nodes = [
+        NodeSpec("n0", cpu=128_000, host_memory=512 * GiB, gpu_count=8, gpu_model="A"),
+        NodeSpec("n1", cpu=64_000, host_memory=512 * GiB, gpu_count=8, gpu_model="A"),
+    ]
+    wide = Request(gpus=8, compute=1000, cpu=120_000, host_memory=64 * GiB)
+    small = whole(1, cpu=1000)
+    target = TargetWorkload.from_requests([small] * 20 + [wide])
+    assert target.widest.gpus == 8 and target.widest.cpu == 120_000
+    for seed in range(6):  # whatever the node order, the small pod leaves n0 whole
+        placement = place(
+            ClusterState(nodes), small, make_policy("gpupool", seed=seed, target_workload=target)
+        )
+        assert placement is not None and placement.node == 1
+    # when only n0 can take it, it goes there all the same
+    full = ClusterState(nodes)
+    full.allocate(whole(8, cpu=1000), Placement(1, tuple(range(8)), 1000))
+    placement = place(full, small, make_policy("gpupool", seed=0, target_workload=target))
+    assert placement is not None and placement.node == 0

@@ -27,7 +27,14 @@ from gpupool.core.units import MILLI_PER_GPU
 from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.names import SLOTS_PER_GPU
 from gpupool.k8s.podspec import GpuAsk
-from gpupool.scheduler import ClusterState, Demand, Policy, demand_of, make_policy
+from gpupool.scheduler import (
+    ClusterState,
+    Demand,
+    Policy,
+    demand_of,
+    fragment_index,
+    make_policy,
+)
 from gpupool.scheduler.gpu_placement import Shortfall, never_fits, shortfalls
 from gpupool.scheduler.gpus import GpuRequest, GpuView
 from gpupool.scheduler.names import DEFAULT_POLICY, check_policy
@@ -269,9 +276,16 @@ class Fleet:
         self._binds += 1
         if self._binds % TARGET_EVERY or not self._moved(self.recent.target()):
             return
+        used = list(self._policies)
         for state in self._states or ():
             state.drop_observers()
         self._policies.clear()
+        # made now, in bind, rather than by the next prioritize, whose answer is awaited
+        target = self.recent.target()
+        for name in used:
+            self.policy(name)
+            for state in self.states():
+                fragment_index(state, target)
 
     def _moved(self, target: TargetWorkload) -> bool:
         for policy in self._policies.values():

@@ -18,7 +18,7 @@ from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.gpus import GpuRequest
-from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, spec_of
+from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, Widest, spec_of
 
 #: submissions after which a shape's weight has halved
 HALF_LIFE = 200
@@ -59,8 +59,11 @@ class RecentShapes:
         if self._target is None:
             ranked = sorted(self.weights.items(), key=lambda item: -item[1])
             total = sum(weight for _, weight in ranked)
+            widest = max((spec.gpus for spec, _ in ranked), default=0)
             self._target = TargetWorkload(
-                tuple(spec for spec, _ in ranked), tuple(w / total for _, w in ranked)
+                tuple(spec for spec, _ in ranked),
+                tuple(w / total for _, w in ranked),
+                widest=Widest(widest),
             )
         return self._target
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
@@ -50,6 +50,26 @@ def spec_of(request: Request | GpuRequest | Demand) -> PodSpec:
     )
 
 
+@dataclass(frozen=True)
+class Widest:
+    """The widest pods of a workload: their GPU count, and the most CPU (milli) and host memory
+    (bytes) any of them asks."""
+
+    gpus: int = 0
+    cpu: int = 0
+    host_memory: int = 0
+
+    @classmethod
+    def of(cls, demands: Sequence[Demand]) -> Widest:
+        gpus = max((d.gpus for d in demands), default=0)
+        wide = [d for d in demands if d.gpus == gpus]
+        return cls(
+            gpus,
+            max((d.cpu for d in wide), default=0),
+            max((d.host_memory for d in wide), default=0),
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class TargetWorkload:
     """Specs and their probabilities p_m (summing to 1); hashed by identity, as a cache key.
@@ -63,6 +83,9 @@ class TargetWorkload:
     probabilities: tuple[float, ...]
     cpu_per_gpu_milli: float = 0.0
     memory_per_gpu_milli: float = 0.0
+    #: the widest pod of the workload (most GPUs; the most CPU and host memory any of the pods
+    #: that wide asks), rare pods included: `gpupool` keeps a few idle nodes able to take it
+    widest: Widest = field(default_factory=lambda: Widest())
 
     def __post_init__(self) -> None:
         if len(self.specs) != len(self.probabilities):
@@ -95,6 +118,7 @@ class TargetWorkload:
             memory_per_gpu_milli=(
                 sum(r.host_memory for r in demands) / gpu_milli if gpu_milli else 0.0
             ),
+            widest=Widest.of(demands),
         )
 
 
