@@ -14,7 +14,6 @@ free room is shown to the engine as none).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import numpy.typing as npt
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import NodeSpec
 from gpupool.core.units import MILLI_PER_GPU
+from gpupool.k8s.hostlist import MAX_EXTENDER_PRIORITY, HostList, Lookup
 from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.names import SLOTS_PER_GPU
 from gpupool.k8s.podspec import GpuAsk
@@ -49,8 +49,6 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Bool = npt.NDArray[np.bool_]
 
-#: the kube-scheduler extender API's top score (k8s.io/kube-scheduler/extender/v1)
-MAX_EXTENDER_PRIORITY = 10
 #: the GPU indices a node's inventory may use
 MAX_GPUS_PER_NODE = 32
 #: why a node the extender has no inventory for fails the filter (until a re-read learns it)
@@ -61,14 +59,9 @@ TARGET_EVERY = 64
 #: a target whose shapes' probabilities all moved less than this is not taken up
 TARGET_MOVED = 0.05
 
-_LOOKUPS_KEPT = 4
 #: the filter's passing list is the candidates less those that fail when fewer fail than this
 _FEW_FAIL = 64
 _NEVER_KEPT = 1 << 16
-
-
-def _host_head(name: str) -> str:
-    return f'{{"host":{json.dumps(name)},"score":'
 
 
 def gpu_request(ask: GpuAsk) -> GpuRequest:
@@ -89,21 +82,6 @@ def priorities(scores: F64) -> I64:
         return np.full(scores.size, MAX_EXTENDER_PRIORITY, np.int64)
     scaled: I64 = np.rint((scores - low) / (high - low) * MAX_EXTENDER_PRIORITY).astype(np.int64)
     return scaled
-
-
-@dataclass
-class _Lookup:
-    """A candidate list and its rows (-1: a node without inventory)."""
-
-    names: list[str]
-    rows: I64
-    #: the list object last found equal to `names` (the extender never changes one it got)
-    seen: list[str] | None = None
-
-    @property
-    def known(self) -> Bool:
-        known: Bool = self.rows >= 0
-        return known
 
 
 @dataclass(frozen=True)
@@ -132,40 +110,27 @@ class Fleet:
         self._classes: I64 = np.zeros((0, 2), np.int64)
         #: the state as `high` pods see it and as `low` pods see it (None: to be built)
         self._states: tuple[ClusterState, ClusterState] | None = None
-        self._lookups: list[_Lookup] = []
+        #: the candidate lists kube-scheduler sends, and each node's HostPriority entries
+        self.hosts = HostList()
         self.recent = RecentShapes()
         self._binds = 0
         self._policies: dict[str, Policy] = {}
         self._inventory_memory: I64 = np.zeros((0, 1), np.int64)
         #: never_fits's line per (request, row), until an inventory changes
         self._never_lines: dict[tuple[GpuRequest, int], str] = {}
-        #: (MAX_EXTENDER_PRIORITY + 1, rows): each node's HostPriority entry for each score
-        self._entries: npt.NDArray[np.object_] | None = None
 
     # -- candidates ---------------------------------------------------------------------------
 
     def lookup(self, names: list[str]) -> I64:
         """Row of each name, -1 for a node without inventory."""
-        return self._lookup(names).rows
+        return self.hosts.lookup(names, self.rows).rows
 
-    def _lookup(self, names: list[str]) -> _Lookup:
-        """The rows of a candidate list.
+    def _lookup(self, names: list[str]) -> Lookup:
+        return self.hosts.lookup(names, self.rows)
 
-        kube-scheduler sends the same candidate lists cycle after cycle: recent answers are kept
-        (comparing two lists of strings is far cheaper than 10,000 dict look-ups).
-        """
-        for known in self._lookups:
-            # one request's list is looked up several times: the same object, not compared
-            if known.seen is names or (len(known.names) == len(names) and known.names == names):
-                known.seen = names
-                return known
-        try:
-            rows = np.array([self.rows.get(n, -1) for n in names], np.int64)
-        except TypeError as err:  # a name that is a list or an object
-            raise InvalidRequest(f"invalid node names: {err}") from err
-        found = _Lookup(list(names), rows)
-        self._lookups = [found, *self._lookups[: _LOOKUPS_KEPT - 1]]
-        return found
+    def priority_json(self, names: list[str], scores: I64) -> str:
+        """The HostPriorityList as JSON (see HostList.priority_json)."""
+        return self.hosts.priority_json(self._lookup(names), names, scores, self.names)
 
     # -- changes ------------------------------------------------------------------------------
 
@@ -185,8 +150,7 @@ class Fleet:
         if name not in self.rows:
             self.rows[name] = len(self.names)
             self.names.append(name)
-            self._lookups.clear()
-            self._entries = None  # made again (all nodes) by the next prioritize
+            self.hosts.forget()
         n, g = self._memory_used.shape
         if len(self.names) > n or width > g:
             self._grow(max(width, g), max(len(self.names), 2 * n))
@@ -365,10 +329,10 @@ class Fleet:
         else:
             fit = [names[i] for i in kept.tolist()]
         # kube-scheduler sends prioritize these names: their rows are known already
-        self._lookups = [_Lookup(list(fit), found.rows[kept]), *self._lookups[: _LOOKUPS_KEPT - 1]]
+        self.hosts.remember(Lookup(list(fit), found.rows[kept]))
         return fit, failed, unresolvable
 
-    def _fits(self, ask: GpuAsk, found: _Lookup) -> Bool:
+    def _fits(self, ask: GpuAsk, found: Lookup) -> Bool:
         """Per candidate: known, and the pod fits there now (judged on the candidates only)."""
         rows = np.where(found.known, found.rows, 0)
         feasible = self._state(ask).feasible(demand_of(gpu_request(ask)), rows)
@@ -405,23 +369,6 @@ class Fleet:
         result = np.zeros(len(names), np.int64)
         result[fits] = priorities(scores[fits])
         return result
-
-    def priority_json(self, names: list[str], scores: I64) -> str:
-        """The HostPriorityList as JSON, from each node's prepared entries (10,000 in well
-        under a millisecond)."""
-        found = self._lookup(names)
-        if self._entries is None:
-            heads = [_host_head(name) for name in self.names]
-            self._entries = np.array(
-                [[f"{head}{s}}}" for head in heads] for s in range(MAX_EXTENDER_PRIORITY + 1)],
-                dtype=object,
-            )
-        known = found.known
-        entries: list[str] = self._entries[scores[known], found.rows[known]].tolist()
-        if not known.all():
-            unknown = np.flatnonzero(~known).tolist()
-            entries += [f"{_host_head(names[i])}{scores[i]}}}" for i in unknown]
-        return "[" + ",".join(entries) + "]"
 
     # -- one node, for bind ---------------------------------------------------------------------
 
