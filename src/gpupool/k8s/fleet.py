@@ -179,8 +179,8 @@ class Fleet:
         if self._states is not None:
             self._write(row)
 
-    def _write(self, row: int) -> None:
-        """Node `row`'s free room into both states."""
+    def _write(self, row: int | I64) -> None:
+        """The free room of node `row` (or of rows) into both states."""
         assert self._states is not None
         high, low = self._states
         width = high.max_gpus
@@ -196,8 +196,7 @@ class Fleet:
         if self._states is None:
             self._states = (self._build(), self._build())
             self._policies.clear()
-            for row in range(len(self.names)):
-                self._write(row)
+            self._write(np.arange(len(self.names)))
         return self._states
 
     def _build(self) -> ClusterState:

@@ -287,22 +287,27 @@ class ClusterState:
         for observer in self._observers.values():
             observer.refresh_node(n)
 
-    def set_free(self, node: int, compute: IntArray, memory: IntArray, classes: IntArray) -> None:
-        """Set a node's free compute and memory per slot and its pods per class (a live cache
-        that counts what pods hold itself); unusable slots stay unusable."""
-        usable = self.usable[node]
-        self.gpu_free[node] = np.where(usable, np.clip(compute, 0, MILLI_PER_GPU), NO_GPU)
-        self.gpu_mem_free[node] = np.where(usable, np.clip(memory, 0, self.gpu_mem_total[node]), 0)
-        self.class_pods[node] = classes
-        self._derive(node)
+    def set_free(
+        self, nodes: int | IntArray, compute: IntArray, memory: IntArray, classes: IntArray
+    ) -> None:
+        """Set the free compute and memory per slot and the pods per class of a node (or of
+        rows `nodes`, arrays one row each): a live cache that counts what pods hold itself.
+        Unusable slots stay unusable."""
+        usable = self.usable[nodes]
+        self.gpu_free[nodes] = np.where(usable, np.clip(compute, 0, MILLI_PER_GPU), NO_GPU)
+        total = self.gpu_mem_total[nodes]
+        self.gpu_mem_free[nodes] = np.where(usable, np.clip(memory, 0, total), 0)
+        self.class_pods[nodes] = classes
+        self._derive(nodes)
         for observer in self._observers.values():
-            observer.refresh_node(node)
+            for node in np.atleast_1d(nodes).tolist():
+                observer.refresh_node(node)
 
-    def _derive(self, n: int) -> None:
-        row = self.gpu_free[n]
-        self.gpu_free_total[n] = int(row[row > 0].sum())
-        self.full_free[n] = int(np.count_nonzero(row == MILLI_PER_GPU))
-        self.max_free[n] = int(row.max())
+    def _derive(self, n: int | IntArray) -> None:
+        rows = self.gpu_free[n]
+        self.gpu_free_total[n] = np.where(rows > 0, rows, 0).sum(axis=-1)
+        self.full_free[n] = np.count_nonzero(rows == MILLI_PER_GPU, axis=-1)
+        self.max_free[n] = rows.max(axis=-1)
 
     # -- derived caches ----------------------------------------------------------------------
 
