@@ -237,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if published_csv is None:
         print(f"no published results at {report.DEFAULT_PUBLISHED_RELPATH}")
         return 2
-    scenario = Scenario(trace_dir=trace_dir)
+    # the tables and the plot use the unallocated curve only: no fragment curve to keep
+    scenario = Scenario(trace_dir=trace_dir, fragment_curves=False)
     seeds = parse_int_range(args.seeds, "seed range")
     workload_seeds = parse_int_range(args.workload_seeds or args.seeds, "seed range")
     workers = min(os.cpu_count() or 1, args.jobs or os.cpu_count() or 1)

@@ -17,6 +17,7 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.fragment import FragmentIndex
 from gpupool.sim.replay import replay
+from gpupool.sim.synthetic import synthetic_nodes, synthetic_workload
 
 PODS: list[Request] = [
     share(500),
@@ -75,3 +76,14 @@ def test_random_depends_on_the_seed() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="unknown policy 'nope'"):
         replay(three_nodes(), PODS, "nope", 1, TARGET)
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "gpupool"])
+def test_a_replay_without_the_fragment_curve_places_the_same(policy: str) -> None:
+    nodes = synthetic_nodes(1)
+    pods = synthetic_workload(1, load_pct=120, seed=4)
+    target = TargetWorkload.from_requests(pods)
+    kept = replay(nodes, pods, policy, 4, target)
+    bare = replay(nodes, pods, policy, 4, target, fragment_curve=False)
+    assert np.array_equal(kept.allocated_milli, bare.allocated_milli)
+    assert np.isnan(bare.fragment_milli).all() and not np.isnan(kept.fragment_milli).any()

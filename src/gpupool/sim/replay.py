@@ -47,12 +47,16 @@ def replay(
     policy_name: str,
     seed: int,
     target_workload: TargetWorkload,
+    *,
+    fragment_curve: bool = True,
 ) -> ReplayResult:
-    """Place `pods` one at a time in the given order (never retried, never moved)."""
+    """Place `pods` one at a time in the given order (never retried, never moved). Without
+    `fragment_curve` the fragment after each pod is not kept (NaN): a policy that does not
+    score by it then pays nothing for it."""
     started = time.perf_counter()
     policy = make_policy(policy_name, seed=seed, target_workload=target_workload)
     state = ClusterState(nodes)
-    fragments = fragment_index(state, target_workload)
+    fragments = fragment_index(state, target_workload) if fragment_curve else None
     count = len(pods)
     requested = np.fromiter((p.total_gpu_milli for p in pods), np.int64, count)
     allocated = np.zeros(count, np.int64)
@@ -67,7 +71,7 @@ def replay(
             in_use += pod.total_gpu_milli
             placed[i] = True
         allocated[i] = in_use
-        fragment[i] = fragments.total
+        fragment[i] = fragments.total if fragments is not None else np.nan
     return ReplayResult(
         policy=policy_name,
         seed=seed,

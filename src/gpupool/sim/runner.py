@@ -29,6 +29,8 @@ class Scenario:
 
     trace_dir: Path | None = None
     synthetic_scale: int = synthetic.DEFAULT_SCALE
+    #: keep the fragment curve (the scheduling benchmark's tables do not use it)
+    fragment_curves: bool = True
 
     def describe(self) -> str:
         """One line for people: which cluster this is, with its size."""
@@ -131,7 +133,14 @@ def run_one(scenario: Scenario, spec: RunSpec) -> RunResult:
     loaded = _loaded(scenario, spec.workload)
     start = time.perf_counter()
     arriving = procedure.arrival_order(loaded.pods, loaded.cluster_milli, spec.seed)
-    result = replay(loaded.nodes, arriving, spec.policy, spec.seed, loaded.target)
+    result = replay(
+        loaded.nodes,
+        arriving,
+        spec.policy,
+        spec.seed,
+        loaded.target,
+        fragment_curve=scenario.fragment_curves,
+    )
     run_curves = curves(
         result.arrived_milli,
         result.allocated_milli,
