@@ -49,7 +49,9 @@ def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> Fra
     is cached and only nodes changed since the shape was last asked about are recomputed.
     """
     request = demand_of(asked)
-    cache = index.after_cache(request.shape)
+    # in a simple state a node's GPUs are all one model: the answer on a feasible node does not
+    # depend on which models the demand allows, so demands that differ only there share it
+    cache = index.after_cache(request.shape[:-1] if index.simple else request.shape)
     stale = nodes[cache.seen[nodes] != index.version[nodes]]
     if stale.size:
         after, gpus = _after(index, request, stale)
@@ -87,7 +89,7 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         memory = request.memory_on(state.gpu_mem_total[nodes])
         after = index.after_taking(nodes, chosen, request.compute, memory, request.cpu)
         return after, no_gpu
-    if plain and not request.gpu_models:
+    if plain:  # the nodes are feasible: in a simple state, every GPU is of an allowed model
         rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
     else:
         rows, cols = (x.astype(np.int64) for x in np.nonzero(state.gpu_fits(request, nodes)))
