@@ -107,7 +107,23 @@ def test_recent_shapes_decay_from_the_prior_and_stay_bounded() -> None:
     assert again.weights == pytest.approx(recent.weights)
 
 
-@pytest.mark.parametrize("text", ["", "{}", "[1]", '[{"weight": -1}]', '[{"cpu": 1}]'])
+def bad_spec(cpu: str) -> str:
+    return f'[{{"cpu": {cpu}, "gpu_milli": 500, "gpus": 1, "gpu_models": [], "weight": 1}}]'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{}",
+        "[1]",
+        '[{"weight": -1}]',
+        '[{"cpu": 1}]',
+        bad_spec('"x"'),
+        bad_spec("-5"),
+        bad_spec("true"),
+    ],
+)
 def test_a_bad_saved_window_is_refused_with_one_line(text: str) -> None:
     with pytest.raises(InvalidRequest, match="invalid saved target workload"):
         RecentShapes.from_json(text)

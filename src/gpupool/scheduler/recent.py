@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
+from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.gpus import GpuRequest
 from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, Widest, spec_of
@@ -27,6 +28,8 @@ DECAY = 0.5 ** (1 / HALF_LIFE)
 PRIOR_WEIGHT = 20.0
 #: shapes kept; the lightest go first (a hostile stream of distinct shapes stays bounded)
 MAX_SHAPES = 64
+#: the most GPUs a saved shape may ask (a node's GPU indices fit 32 slots)
+MAX_SAVED_GPUS = 32
 #: weights below this are forgotten
 FORGET_BELOW = 1e-3
 
@@ -94,8 +97,22 @@ class RecentShapes:
                 row["gpu_models"] = tuple(str(m) for m in row["gpu_models"])
                 spec = PodSpec(**row)
                 if not math.isfinite(weight) or weight <= 0:
-                    raise ValueError("weight")
+                    raise ValueError(f"weight {weight!r}")
+                _check(spec)
                 weights[spec] = weight
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise InvalidRequest(f"invalid saved target workload: {err}") from err
         return cls(weights) if weights else cls()
+
+
+def _check(spec: PodSpec) -> None:
+    """ValueError unless every field of a saved spec has its type and range."""
+    counts = (spec.cpu, spec.gpu_milli, spec.gpus, spec.memory)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in counts):
+        raise ValueError(f"spec {spec}: counts must be non-negative integers")
+    if spec.gpu_milli > MILLI_PER_GPU or spec.gpus > MAX_SAVED_GPUS:
+        raise ValueError(f"spec {spec}: out of range")
+    if not isinstance(spec.proportional, bool) or not isinstance(spec.memory_share, int | float):
+        raise ValueError(f"spec {spec}: malformed memory")
+    if not 0 <= spec.memory_share <= 1:
+        raise ValueError(f"spec {spec}: memory share outside 0..1")
