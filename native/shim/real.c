@@ -179,7 +179,7 @@ __attribute__((constructor)) static void gp_load(void) {
     find_real_dlsym();
     gp_config_load(&cfg);
     gp_region_open(&cfg);
-    gp_arbiter_configure(cfg.arbiter_dir, cfg.priority);
+    gp_arbiter_configure(&cfg);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 

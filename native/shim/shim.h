@@ -65,7 +65,9 @@ typedef struct {
     gp_policy policy;
     gp_priority priority;
     const char *region_path; /* NULL: this process alone */
-    const char *arbiter_dir; /* where the GPUs' compute arbiters live (node-wide) */
+    const char *arbiter_dir; /* the trusted arbiter's runtime directory; NULL: none */
+    uint64_t arbiter_share;  /* the share's id at the arbiter (GPUPOOL_ARBITER_SHARE) */
+    uint64_t arbiter_key;    /* and its key; both 0: not arbitrated */
 } gp_config;
 
 void gp_config_load(gp_config *cfg);
@@ -159,14 +161,14 @@ void gp_throttle_after_fork(void);
 void gp_launch_report(void);
 void gp_launch_after_fork(void);
 
-/* ---- arbiter.c: one lease per GPU, node-wide, shared by every compute share on it ----------- */
+/* ---- arbiter.c: a client of the node's trusted arbiter (native/arbiterd): one lease per GPU -- */
 
-void gp_arbiter_configure(const char *dir, gp_priority priority);
+void gp_arbiter_configure(const gp_config *cfg);
 gp_priority gp_arbiter_priority(void);
 int gp_arbiter_active(int dev);
-/* wait until this process holds the GPU's lease (the share's clock is earliest of the wanting) */
-void gp_arbiter_acquire(int dev, uint32_t weight);
-/* this process has held the lease its length and another share wants the GPU */
+/* wait until this process holds the GPU's lease (the arbiter grants it) */
+void gp_arbiter_acquire(int dev);
+/* the arbiter asked this process to give the lease back (or took it): drain, then release */
 int gp_arbiter_should_yield(int dev, uint64_t now);
 int gp_arbiter_holds(int dev);
 /* a high-priority share asked for the GPU within the last 50 ms */
@@ -176,8 +178,6 @@ void gp_arbiter_release(int dev);
 void gp_arbiter_rest(int dev, uint64_t now);
 /* a launch of about `estimate_ns` of GPU time was queued at `now` */
 void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);
-/* the share's measured GPU time, on its virtual clock */
-void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight);
 void gp_arbiter_close(void);
 void gp_arbiter_after_fork(void);
 

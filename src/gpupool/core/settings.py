@@ -81,8 +81,15 @@ SHARED_REGION = Setting(
 ARBITER_DIR = Setting(
     "GPUPOOL_ARBITER_DIR",
     None,
-    "The node-wide directory of the GPUs' compute arbiters, one file per GPU (set by the launch: "
-    "a simulated node's directory, else /dev/shm).",
+    "The trusted compute arbiter's runtime directory: its lease socket and the GPUs' read-only "
+    "views (set by the launch).",
+    Reader.NATIVE,
+)
+ARBITER_SHARE = Setting(
+    "GPUPOOL_ARBITER_SHARE",
+    None,
+    "The share's id and key at the arbiter, ID:KEY in hex (set by the launch, which registered "
+    "the share; without it the share holds its compute cap alone).",
     Reader.NATIVE,
 )
 CONFIG_FILE = Setting(
@@ -183,6 +190,7 @@ ALL: tuple[Setting, ...] = (
     COMPUTE_PRIORITY,
     SHARED_REGION,
     ARBITER_DIR,
+    ARBITER_SHARE,
     CONFIG_FILE,
     LOG_LEVEL,
     SIM_NODE,
@@ -205,6 +213,7 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     SHARED_REGION,
     CONFIG_FILE,
     ARBITER_DIR,
+    ARBITER_SHARE,
 )
 
 
