@@ -12,7 +12,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,10 +184,8 @@ def arbiter(directory: Path) -> Iterator[tuple[ArbiterControl, int]]:
         yield control, pid
     finally:
         control.close()
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def register(

@@ -1,11 +1,11 @@
 """The compute arbiter: shares busy at the same time on one simulated GPU.
 
 Every share runs its own client (its own region, as separate `gpupool exec` launches would),
-registered with the node's trusted arbiter (a real gpupool-arbiterd) as the daemon does. Each launches 1 ms kernels back to
-back for a fixed wall time; a share's result is its throughput over the same loop's exclusive
-throughput. The simulated GPU runs one kernel at a time, in order, across processes, so without
-the arbiter each share is charged for the others' kernels too and every share falls short
-(30/70 gave 21/54).
+registered with the node's trusted arbiter (a real gpupool-arbiterd) as the daemon does. Each
+launches 1 ms kernels back to back for a fixed wall time; a share's result is its throughput over
+the same loop's exclusive throughput. The simulated GPU runs one kernel at a time, in order,
+across processes, so without the arbiter each share is charged for the others' kernels too and
+every share falls short (30/70 gave 21/54).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 
 from gpupool.agent import launcher, mps, node
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
@@ -40,7 +41,7 @@ from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import NodeSnapshot
-from gpupool.isolation.arbiter import arbiter_dir, prepare_arbiters
+from gpupool.isolation.arbiter_control import node_arbiter_dir
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import Target, check_possible
 
@@ -90,6 +91,8 @@ class Agent:
             [gpu.uuid for gpu in snapshot.gpus],
         )
         self.mps_jobs = MpsJobs(self.mps, lambda job_id: self.jobdir(job_id).path)
+        #: the node's trusted compute arbiter, which the daemon keeps running
+        self.arbiter = NodeArbiter(node_arbiter_dir(self.launch_node.sim_node), config.state_dir)
         self.sampler = Sampler(
             self.store,
             self._snapshot,
@@ -122,8 +125,7 @@ class Agent:
     def start(self) -> None:
         """Recover what the last daemon left, then run the loop and the sampler."""
         self.recover()
-        uuids = [gpu.uuid for gpu in self._snapshot().gpus]
-        prepare_arbiters(arbiter_dir(self.launch_node.sim_node), uuids)
+        self._keep_arbiter()
         sampler = partial(self.sampler.run, self._stop, self.config.sample_s)
         for target, name in ((self._loop, "gpupool-queue"), (sampler, "gpupool-sampler")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -136,6 +138,7 @@ class Agent:
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.arbiter.close()
         self.store.close()
 
     def jobdir(self, job_id: int) -> JobDir:
@@ -228,6 +231,7 @@ class Agent:
         while not self._stop.is_set():
             wait = self.config.tick_s
             try:
+                self._keep_arbiter()
                 self.reconcile()
                 self.schedule()
                 self._prune_now_and_then()
@@ -381,7 +385,15 @@ class Agent:
             self._fail_start(job, f"launch failed: {err}")
 
     def _launch(self, job: Job) -> None:
-        launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
+        launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps, self.arbiter)
+
+    def _keep_arbiter(self) -> None:
+        """The arbiter answers; started again (with every running share) if it does not."""
+        self.arbiter.keep(
+            lambda: launcher.registrations(
+                self.store.jobs([State.RUNNING]), self.arbiter, self.launch_node
+            )
+        )
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)

@@ -40,8 +40,9 @@ _POLICIES = {"cap": 0, "share": 1}
 #: where the node's arbiter lives on a real node (root's); a simulated node keeps its own
 NODE_DIR = Path("/run/gpupool/arbiter")
 _START_TIMEOUT_S = 5.0
-#: a private arbiter (`gpupool exec` of a user) exits this long after its last share
-PRIVATE_IDLE_EXIT_S = 5
+#: an arbiter exits this long after its last share and connection went (the daemon keeps a
+#: connection open; a later launch starts it again)
+IDLE_EXIT_S = 10
 
 
 @dataclass(frozen=True)
@@ -101,16 +102,28 @@ class ArbiterControl:
         self.sock.close()
 
     def alive(self) -> bool:
-        """Whether the arbiter is still at the other end."""
+        """Whether the arbiter is still at the other end (it never speaks unasked: any
+        readable end of the connection is its close)."""
+        timeout = self.sock.gettimeout()
+        self.sock.settimeout(0.0)  # a timeout would make Python wait for data
         try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+            return self.sock.recv(1, socket.MSG_PEEK) != b""
         except BlockingIOError:
             return True
         except OSError:
             return False
+        finally:
+            self.sock.settimeout(timeout)
 
-    def _ask(self, kind: int, share_id: int, key: int = 0, arg: int = 0, value: int = 0,
-             uuid: bytes = b"\0" * 16) -> int:
+    def _ask(
+        self,
+        kind: int,
+        share_id: int,
+        key: int = 0,
+        arg: int = 0,
+        value: int = 0,
+        uuid: bytes = b"\0" * 16,
+    ) -> int:
         try:
             self.sock.send(MSG.pack(kind, arg, share_id, key, value, uuid))
             answer = self.sock.recv(MSG.size)
@@ -119,6 +132,7 @@ class ArbiterControl:
         if len(answer) != MSG.size:
             raise DeviceError(f"the compute arbiter in {self.directory} closed the connection")
         got, why = MSG.unpack(answer)[:2]
+        why = int(why)
         if got != OK:
             raise DeviceError(
                 f"the compute arbiter refused share {share_id:016x}: {_WHY.get(why, why)}"
@@ -197,8 +211,7 @@ def _own_dir(path: Path, mode: int) -> None:
     found = os.lstat(path)
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
         raise ConfigError(
-            f"{path} is not a directory of uid {os.geteuid()} that nobody else can write: "
-            "remove it"
+            f"{path} is not a directory of uid {os.geteuid()} that nobody else can write: remove it"
         )
 
 
@@ -213,7 +226,7 @@ def prepare_dir(directory: Path, private: bool = False) -> None:
     _own_dir(directory, 0o755)
 
 
-def start_arbiter(directory: Path, log: Path | None, idle_exit_s: int | None = None) -> int:
+def start_arbiter(directory: Path, log: Path | None, idle_exit_s: int | None = IDLE_EXIT_S) -> int:
     """Start the arbiter in `directory`, in its own session (it outlives whoever started it,
     as the jobs do); its pid once its control socket answers."""
     argv = [str(arbiterd_program()), str(directory)]
@@ -247,7 +260,7 @@ def start_arbiter(directory: Path, log: Path | None, idle_exit_s: int | None = N
 def ensure_arbiter(
     directory: Path,
     log: Path | None = None,
-    idle_exit_s: int | None = None,
+    idle_exit_s: int | None = IDLE_EXIT_S,
     private: bool = False,
 ) -> ArbiterControl:
     """A control connection to the arbiter in `directory`, started first if none answers (one
