@@ -26,6 +26,7 @@ from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.leases import held_leases
 from gpupool.agent.logs import Failures, log
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.migschedule import MigScheduler
@@ -66,12 +67,15 @@ class Agent:
         self.context_reserve: int = (
             default_reserve if config.context_reserve is None else config.context_reserve
         )
+        #: the node's trusted compute arbiter, which the daemon keeps running
+        self.arbiter = NodeArbiter(node_arbiter_dir(self.launch_node.sim_node), config.state_dir)
         self.watchdog = Watchdog(
             self.store,
             config.watchdog,
             self.context_reserve,
             self.jobdir,
             config.watchdog_exempt,
+            lambda running: held_leases(self.arbiter, running, self.launch_node),
         )
         self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)
         self._mig_scheduler = MigScheduler(
@@ -91,8 +95,6 @@ class Agent:
             [gpu.uuid for gpu in snapshot.gpus],
         )
         self.mps_jobs = MpsJobs(self.mps, lambda job_id: self.jobdir(job_id).path)
-        #: the node's trusted compute arbiter, which the daemon keeps running
-        self.arbiter = NodeArbiter(node_arbiter_dir(self.launch_node.sim_node), config.state_dir)
         self.sampler = Sampler(
             self.store,
             self._snapshot,

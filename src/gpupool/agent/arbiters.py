@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class NodeArbiter:
         self.log = state_dir / LOG_NAME
         self._secret = _secret(state_dir)
         self._control: ArbiterControl | None = None
+        self._since = 0.0  # when the control connection was made (time.monotonic)
         self._lock = threading.Lock()
 
     def share_of(self, job_id: int) -> ArbiterShare:
@@ -76,7 +78,15 @@ class NodeArbiter:
             self._control = None
             log.warning("the compute arbiter in %s went away: starting it again", self.directory)
         self._control = ensure_arbiter(self.directory, self.log)
+        self._since = time.monotonic()
         return self._control
+
+    def up_for(self, seconds: float, now: float) -> bool:
+        """Whether the arbiter has answered for at least `seconds` (its shares had time to
+        join it)."""
+        with self._lock:
+            control = self._control
+            return control is not None and now - self._since >= seconds and control.alive()
 
     def register(self, registration: Registration) -> None:
         """Hold a share to its terms before its job starts (DeviceError if the arbiter cannot)."""
