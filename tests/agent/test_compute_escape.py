@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon
 from tests.agent.watchdog_support import job_stdout, pids_in, wait_for_event, wait_for_line

@@ -86,9 +86,7 @@ def test_a_gpu_without_a_view_has_no_shares(tmp_path: Path) -> None:
     [HEADER.pack(MAGIC, VERSION - 1, FILE_SIZE).ljust(FILE_SIZE, b"\0"), b"not an arbiter"],
     ids=["older version", "another file"],
 )
-def test_a_view_of_another_version_is_refused_with_one_line(
-    tmp_path: Path, content: bytes
-) -> None:
+def test_a_view_of_another_version_is_refused_with_one_line(tmp_path: Path, content: bytes) -> None:
     path = view_file(tmp_path, GPU)
     path.write_bytes(content)
     with pytest.raises(ConfigError) as err:

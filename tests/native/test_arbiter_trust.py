@@ -113,7 +113,7 @@ def _busy_share(
     client: Path, node: Path, control: ArbiterControl, tmp_path: Path
 ) -> subprocess.Popen[str]:
     """A 50 % share busy for SECONDS, started now; its throughput over the exclusive one."""
-    _share_, env = _share(control, node, 50)
+    env = _share(control, node, 50)[1]
     env["SHARED_REGION"] = str(tmp_path / "victim")
     return start_client(client, shim_env(node, **env), "run", SECONDS, "kernel")
 
@@ -192,7 +192,7 @@ def test_a_foreign_view_is_refused_and_the_share_holds_its_cap_alone(
 ) -> None:
     control, _pid = arb
     node = make_node(tmp_path / "node")
-    _share_, env = _share(control, node, 40)
+    env = _share(control, node, 40)[1]
     view = view_file(control.directory, gpu_uuid(node))
     # malformed, where the arbiter keeps its own (made by its user: nobody else can write there)
     forged = view.with_name("forged")
@@ -246,7 +246,7 @@ def test_the_arbiter_killed_and_started_again_mid_run(
     finally:
         os.kill(again, signal.SIGKILL)
     base = _throughput(run_client(client, shim_env(node), "run", 1.0, "kernel"))
-    for result, (_share_, percent) in zip(results, shares, strict=True):
+    for result, (_, percent) in zip(results, shares, strict=True):
         ratio = _throughput(result) / base
         # 6 s: about 4 arbitrated (at the cap), 2 alone (short of it)
         assert 0.8 * percent / 100 <= ratio <= percent / 100 + TOLERANCE, (percent, ratio)
