@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from k8s_support import ExtenderServer, TestKubelet, gpu_pod, wait_for
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.devices.sim.state import FLAG_LOST
+from gpupool.isolation.arbiter import find_share, lease_clients, view_file
 from gpupool.k8s import names
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
@@ -192,12 +194,14 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         "ld.so.preload": True,
         "shim.conf": True,
         "share": False,
-        "arbiter": False,
+        "arbiter": True,
     }
-    # the node's compute arbiters: one host directory for every container, named in the
-    # read-only settings; the pod asked for no priority, so it is a high share
+    # the node's compute arbiter, read-only, named in the read-only settings with the share's
+    # name there; the pod asked for no priority, so it is a high share
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert Path(arbiter.host_path) == plugin.arbiter.directory
     assert response.envs["GPUPOOL_ARBITER_DIR"] == arbiter.container_path
+    assert "GPUPOOL_ARBITER_SHARE" in response.envs
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "high"
 
     result = _run_container(
@@ -209,11 +213,14 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         f"alloc {CUDA_OUT_OF_MEMORY}",
         "alloc 0",
     ]
-    # its kernels take turns through the GPU's arbiter file in the shared host directory
+    # its kernels take turns through the node's arbiter, which charged it for its leases
     busy = _run_container(response, [str(shim_client), "run", "0.3", "kernel"])
     assert busy.returncode == 0, busy.stderr
-    files = [p.name for p in Path(arbiter.host_path).iterdir()]
-    assert len(files) == 1 and files[0].startswith("gpupool-arbiter-"), files
+    assert "compute arbiter" not in busy.stderr, busy.stderr
+    share_id = int(response.envs["GPUPOOL_ARBITER_SHARE"].split(":")[0], 16)
+    gpu = next(g for g in inventory if str(g.index) == ann[names.ANN_GPUS])
+    charged = find_share(Path(arbiter.host_path), gpu.uuid, share_id)
+    assert charged is not None and charged.percent == 30 and charged.busy_ns > 0, charged
 
 
 def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
@@ -325,4 +332,69 @@ def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     # it holds no compute in placement, and its share still asks the arbiter for what it asked
     assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
-    assert Path(arbiter.host_path) == plugin.files.arbiter_dir()
+    assert Path(arbiter.host_path) == plugin.arbiter.directory
+
+
+def _rate(stdout: str) -> float:
+    _run, launches, elapsed = stdout.split()
+    return int(launches) * 1e9 / int(elapsed)
+
+
+def test_a_host_share_and_a_pods_share_on_one_gpu_are_arbitrated_together(
+    api: InMemoryKube,
+    plugin: DevicePlugin,
+    kubelet: TestKubelet,
+    node: SimulatedBackend,
+    shim_client: Path,
+) -> None:
+    """One arbiter per GPU per node: `gpupool exec` (root's, so the node's arbiter) with 70 %
+    next to a pod with 30 % on the same simulated GPU; each gets its share, and the arbiter
+    knows both processes."""
+    api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
+    with ExtenderServer(Extender(api)) as http:
+        bind = {"podName": "train", "podNamespace": "default", "podUID": "uid-default-train"}
+        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+    assert kubelet.plugin is not None
+    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
+    )
+    response = kubelet.plugin.Allocate(request).container_responses[0]
+    gpu = api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_GPUS]
+    alone = _run_container(response, [str(shim_client), "run", "1", "kernel"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    exec_argv = ["gpupool", "exec", "--node-dir", str(node.node_dir), "--gpu", gpu]
+    host_cmd = [sys.executable, "-m", *exec_argv, "--compute", "70", "--"]
+    base_cmd = [*host_cmd[:-3], "--"]
+    base = subprocess.run(
+        [*base_cmd, str(shim_client), "run", "1", "kernel"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert alone.returncode == 0 and base.returncode == 0, (alone.stderr, base.stderr)
+    host = subprocess.Popen(
+        [*host_cmd, str(shim_client), "run", "4", "kernel"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pod: dict[str, subprocess.CompletedProcess[str]] = {}
+    runner = threading.Thread(
+        target=lambda: pod.update(
+            done=_run_container(response, [str(shim_client), "run", "4", "kernel"])
+        )
+    )
+    runner.start()
+    uuid = next(g.uuid for g in plugin.gpus if str(g.index) == gpu)
+    view = view_file(plugin.arbiter.directory, uuid)
+    seen = wait_for(lambda: len(lease_clients(view)) == 2 and lease_clients(view), what="both")
+    runner.join()
+    out, err = host.communicate(timeout=60)
+    assert host.returncode == 0 and pod["done"].returncode == 0, (err, pod["done"].stderr)
+    assert len({c.share_id for c in seen}) == 2  # two shares of one arbiter, one GPU
+    full = _rate(base.stdout)
+    assert abs(_rate(out) / full - 0.70) <= 0.05, (out, base.stdout)
+    assert abs(_rate(pod["done"].stdout) / full - 0.30) <= 0.05, (pod["done"].stdout, base.stdout)

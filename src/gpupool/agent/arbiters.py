@@ -2,9 +2,9 @@
 again when it dies (every running job's share registered with it again), and each job's share
 registered before the job starts.
 
-A job's name at the arbiter is derived from its id and a secret of the state directory (HMAC),
-so a restarted daemon registers the shares of the jobs it re-adopts under the names their
-processes already carry, with nothing stored per job.
+A job's (or a pod's) name at the arbiter is derived from its id and a secret of the state
+directory (HMAC), so a restarted daemon registers the shares of the jobs it re-adopts under the
+names their processes already carry, with nothing stored per job.
 """
 
 from __future__ import annotations
@@ -59,14 +59,16 @@ class NodeArbiter:
     def __init__(self, directory: Path, state_dir: Path) -> None:
         self.directory = directory
         self.log = state_dir / LOG_NAME
+        state_dir.mkdir(parents=True, exist_ok=True)
         self._secret = _secret(state_dir)
         self._control: ArbiterControl | None = None
         self._since = 0.0  # when the control connection was made (time.monotonic)
         self._lock = threading.Lock()
 
-    def share_of(self, job_id: int) -> ArbiterShare:
-        """Job `job_id`'s name at the arbiter, the same for every daemon of this state dir."""
-        digest = hmac.new(self._secret, f"job {job_id}".encode(), hashlib.sha256).digest()
+    def share_of(self, name: str) -> ArbiterShare:
+        """The share `name`'s ("job 12", "pod <uid>") id and key at the arbiter, the same for
+        every daemon of this state dir."""
+        digest = hmac.new(self._secret, name.encode(), hashlib.sha256).digest()
         share_id = int.from_bytes(digest[:8], "little") | 1  # never 0: a free slot
         return ArbiterShare(share_id, int.from_bytes(digest[8:16], "little"))
 
@@ -92,6 +94,11 @@ class NodeArbiter:
         """Hold a share to its terms before its job starts (DeviceError if the arbiter cannot)."""
         with self._lock:
             self._connected().register(registration)
+
+    def unregister(self, share_id: int) -> None:
+        """Drop a share whose job or pod is gone."""
+        with self._lock:
+            self._connected().unregister(share_id)
 
     def set_weight(self, share_id: int, percent: int) -> None:
         """Resize a running share's compute weight (see isolation's set_share_weight)."""

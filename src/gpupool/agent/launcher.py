@@ -79,7 +79,7 @@ def _shim_env(
     a compute limit or a priority registered with the node's arbiter first."""
     seat = None
     if arbiter is not None and limits.arbitrated:
-        share = arbiter.share_of(job.id)
+        share = arbiter.share_of(f"job {job.id}")
         try:
             arbiter.register(limits.registration(share, job.uid, node.uuids))
             seat = (arbiter.directory, share)
@@ -129,7 +129,9 @@ def registrations(
     for job in jobs:
         limits = arbiter_limits(job)
         if limits is not None and limits.arbitrated:
-            found.append(limits.registration(arbiter.share_of(job.id), job.uid, node.uuids))
+            found.append(
+                limits.registration(arbiter.share_of(f"job {job.id}"), job.uid, node.uuids)
+            )
     return found
 
 

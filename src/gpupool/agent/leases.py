@@ -42,7 +42,7 @@ def held_leases(arbiter: NodeArbiter, jobs: Sequence[Job], node: LaunchNode) -> 
         limits = arbiter_limits(job)
         if limits is None or not limits.arbitrated:
             continue
-        share_id = arbiter.share_of(job.id).share_id
+        share_id = arbiter.share_of(f"job {job.id}").share_id
         for gpu in limits.gpus:
             uuid = limits.mig_uuid or node.uuids[gpu]
             try:

@@ -54,8 +54,10 @@ class ShareLimits:
         """Its compute in percent of a GPU, the arbiter's weight (at least 1)."""
         return max(1, min(100, round(self.compute_milli * 100 / MILLI_PER_GPU)))
 
-    def registration(self, share: ArbiterShare, uid: int, uuids: Sequence[str]) -> Registration:
-        """What the arbiter holds the share to; `uuids`: the node's GPUs by index."""
+    def registration(
+        self, share: ArbiterShare, uid: int, uuids: Sequence[str] | Mapping[int, str]
+    ) -> Registration:
+        """What the arbiter holds the share to; `uuids`: the node's GPUs' UUIDs by index."""
         gpus = (self.mig_uuid,) if self.mig_uuid is not None else tuple(uuids[g] for g in self.gpus)
         priority = self.priority.value if self.priority is not None else None
         return Registration(share, uid, gpus, self.percent, priority, self.policy.value)

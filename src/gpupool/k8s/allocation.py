@@ -4,10 +4,10 @@ The same share a `gpupool exec` launch gets (isolation/'s share_env), but in a c
 workload must not be able to drop it: the interception library is named in /etc/ld.so.preload
 and the share's settings are in /etc/gpupool/shim.conf, both mounted read-only; the library reads
 that file instead of the environment. The accounting region lives in a per-container host
-directory, mounted read-write, so the node sees every share's use. The GPUs' compute arbiters
-(one file per GPU, shared by every share on it) live in one host directory of the plugin,
-mounted read-write into every container at the same path, so shares of different pods take
-turns on a GPU as `gpupool exec` and the node daemon's shares do on a server.
+directory, mounted read-write, so the node sees every share's use. The node's trusted compute
+arbiter (the same one as the host's shares: one per GPU per node) has its runtime directory
+mounted read-only into every container: its lease socket and its views. The share's name and
+key there are in the read-only settings, which only its container sees.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core import settings
+from gpupool.isolation.arbiter_control import ArbiterShare
 from gpupool.isolation.launch import ShareLimits, share_env
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 from gpupool.k8s.inventory import GpuInfo
@@ -76,13 +77,6 @@ class ShareFiles:
         os.chmod(region, 0o1777)
         return conf, region
 
-    def arbiter_dir(self) -> Path:
-        """The node's compute arbiters, shared by all containers (any user may join one)."""
-        path = self.state_dir / "arbiter"
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o1777)
-        return path
-
     def keys(self) -> set[str]:
         """The containers that have files here."""
         return {p.name for kind in ("conf", "regions") for p in (self.state_dir / kind).glob("*")}
@@ -103,12 +97,16 @@ def container_share(
     limits: ShareLimits,
     gpus: Sequence[GpuInfo],
     sim_node: Path | None,
+    arbiter: tuple[Path, ArbiterShare] | None = None,
 ) -> ContainerShare:
-    """Write the container's shim.conf and return its environment and mounts."""
+    """Write the container's shim.conf and return its environment and mounts; `arbiter`: the
+    node arbiter's directory and the share's name there, once registered."""
     conf_dir, region_dir = files.share_dirs(key)
     region = files.in_container(CONTAINER_SHARE_DIR) / "region"
     env = share_env(limits, [g.memory for g in gpus], region)
-    env[settings.ARBITER_DIR.name] = str(files.in_container(CONTAINER_ARBITER_DIR))
+    if arbiter is not None:
+        env[settings.ARBITER_DIR.name] = str(files.in_container(CONTAINER_ARBITER_DIR))
+        env[settings.ARBITER_SHARE.name] = arbiter[1].setting
     conf = {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}
     (conf_dir / "shim.conf").write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
     os.chmod(conf_dir / "shim.conf", 0o444)
@@ -120,11 +118,14 @@ def container_share(
     else:
         env["GPUPOOL_SIM_NODE"] = str(sim_node)
         env["LD_LIBRARY_PATH"] = str(sim_driver_dir(files.native_dir))
-    mounts = (
+    mounts: tuple[Mount, ...] = (
         Mount(files_library(files), str(shim_library(files.native_dir)), True),
         Mount(str(files.in_container(CONTAINER_PRELOAD)), str(files.preload_file()), True),
         Mount(str(files.in_container(CONTAINER_CONFIG)), str(conf_dir / "shim.conf"), True),
         Mount(str(files.in_container(CONTAINER_SHARE_DIR)), str(region_dir), False),
-        Mount(str(files.in_container(CONTAINER_ARBITER_DIR)), str(files.arbiter_dir()), False),
     )
+    if arbiter is not None:
+        # read-only: a socket there can still be connected to, and nothing else is the pod's
+        container = str(files.in_container(CONTAINER_ARBITER_DIR))
+        mounts += (Mount(container, str(arbiter[0]), True),)
     return ContainerShare(env, mounts)

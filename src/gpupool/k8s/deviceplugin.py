@@ -19,9 +19,11 @@ from typing import Any
 
 import grpc
 
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import GpupoolError, KubeApiError
 from gpupool.core.resources import Priority
 from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.arbiter_control import ANY_UID, Registration, node_arbiter_dir
 from gpupool.isolation.launch import ShareLimits
 from gpupool.k8s import inventory, names
 from gpupool.k8s.allocation import ShareFiles, container_share
@@ -73,6 +75,9 @@ class DevicePlugin:
         self.files = files
         simulated = backend.simulated_node()
         self.sim_node = simulated.directory if simulated is not None else None
+        #: the node's compute arbiter, the host's shares' too (one per GPU per node)
+        self.arbiter = NodeArbiter(node_arbiter_dir(self.sim_node), files.state_dir)
+        self._arbitrated: dict[str, Registration] = {}
         self.gpus: list[GpuInfo] = []
         self._changed = threading.Condition()
         self._version = 0
@@ -169,6 +174,7 @@ class DevicePlugin:
         while not self._stop.is_set():
             try:
                 self.refresh()
+                self.arbiter.keep(lambda: list(self._arbitrated.values()))
                 if self._server is None or self.kubelet_restarted():
                     self.serve()
                 rounds += 1
@@ -183,6 +189,12 @@ class DevicePlugin:
         alive = {_share_key(pod) for pod in self.api.list_pods_on_node(self.node_name)}
         for key in self.files.keys() - alive:
             self.files.release(key)
+        for key in set(self._arbitrated) - alive:
+            registration = self._arbitrated.pop(key)
+            try:
+                self.arbiter.unregister(registration.share.share_id)
+            except GpupoolError as err:
+                log.warning("pod %s: %s", key, err)
 
     def stop(self) -> None:
         self._stop.set()
@@ -238,7 +250,20 @@ class DevicePlugin:
             )
         except (KeyError, ValueError, GpupoolError) as err:
             raise AllocateRefused(f"pod {pod_key(pod)}: bad gpupool annotations: {err}") from err
-        share = container_share(self.files, _share_key(pod), limits, gpus, self.sim_node)
+        key = _share_key(pod)
+        seat = None
+        if limits.arbitrated:
+            # a container's uid is its image's: the pod is known by its key, which only its
+            # container's read-only settings hold
+            name = self.arbiter.share_of(f"pod {key}")
+            registration = limits.registration(name, ANY_UID, {g.index: g.uuid for g in gpus})
+            try:
+                self.arbiter.register(registration)
+                self._arbitrated[key] = registration
+                seat = (self.arbiter.directory, name)
+            except GpupoolError as err:
+                log.warning("pod %s runs unarbitrated: %s", pod_key(pod), err)
+        share = container_share(self.files, key, limits, gpus, self.sim_node, seat)
         mounts = [
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in share.mounts
