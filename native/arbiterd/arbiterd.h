@@ -1,5 +1,6 @@
-/* The trusted compute arbiter's process: shared declarations of its two parts (main.c: sockets,
- * identities and messages; lease.c: who holds each GPU's lease, and what it is charged). */
+/* The trusted compute arbiter's process: shared declarations of its parts (main.c: sockets,
+ * connections and the loop; registry.c: views, registrations, who each client is; lease.c: who
+ * holds each GPU's lease, and what it is charged). */
 #ifndef GPUPOOL_ARBITERD_H
 #define GPUPOOL_ARBITERD_H
 
@@ -25,8 +26,8 @@ typedef struct conn {
     int slot;        /* its share's slot */
     int client;      /* its entry in the view's client table */
     const gpupool_arbiter_beat *beat;
-    int waiting;      /* an ACQUIRE not yet granted */
-    int warned;       /* said once what was wrong with what it sent */
+    int waiting; /* an ACQUIRE not yet granted */
+    int warned;  /* said once what was wrong with what it sent */
 } conn;
 
 /* the registration of a share on a GPU, beyond what its view slot shows */
@@ -46,11 +47,19 @@ typedef struct gpu {
 
 extern gpu gpus[ARB_MAX_GPUS];
 extern int gpu_count;
+extern int dir_fd; /* the runtime directory */
 
 uint64_t now_ns(void);
 void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* the answer to a client or a control connection; -1 if it could not be sent */
 int answer(conn *c, uint32_t kind, uint32_t arg, uint64_t value);
+
+/* registry.c */
+gpu *find_gpu(const uint8_t uuid[16], int create); /* created: its view made afresh */
+void free_slot(gpu *g, int slot);
+int on_control(conn *c, const gpupool_arbiter_msg *m); /* -1: not a control request */
+/* a client's request (its HELLO with its beat page, or a lease request); -1: end it */
+int on_client(conn *c, const gpupool_arbiter_msg *m, int beat_fd);
 
 /* lease.c */
 void lease_acquire(conn *c, uint64_t now);

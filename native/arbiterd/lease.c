@@ -12,10 +12,10 @@
  * when its lease is GP_LEASE_NS old and a waiting share of its class is now first; it drains its
  * work and releases; a `low` holder is asked at once when a share of another class waits. A `high`
  * share that asks takes the lease from a `low` holder at once (the low one finds it gone at its
- * next batch: next to an active high share its batches are small). A holder that has gone quiet (its beat
- * shows no launch for GP_HOLD_IDLE_NS, GP_HIGH_HOLD_IDLE_NS for a high holder when only low
- * shares wait, and no queued work) loses the lease at once when another waits; one that does not
- * give it back within GP_YIELD_LIMIT_NS of being asked loses it whatever its beat says.
+ * next batch: next to an active high share its batches are small). A holder that has gone quiet
+ * (its beat shows no launch for GP_HOLD_IDLE_NS, GP_HIGH_HOLD_IDLE_NS for a high holder when only
+ * low shares wait, and no queued work) loses the lease at once when another waits; one that does
+ * not give it back within GP_YIELD_LIMIT_NS of being asked loses it whatever its beat says.
  */
 #include <stddef.h>
 #include <stdint.h>

@@ -30,10 +30,10 @@
 #define GPUPOOL_ARBITER_ANY_UID 0xffffffffu
 
 /* message kinds: a client's, the daemon's (control), the arbiter's answers */
-#define GPUPOOL_ARB_HELLO 1u    /* share_id, key, uuid; one memfd (the beat page) attached */
-#define GPUPOOL_ARB_ACQUIRE 2u  /* answered by GRANT when the lease is this process's */
-#define GPUPOOL_ARB_RELEASE 3u  /* value: the lease given back */
-#define GPUPOOL_ARB_REST 4u     /* asleep for its cap: not wanting the GPU for now */
+#define GPUPOOL_ARB_HELLO 1u       /* share_id, key, uuid; one memfd (the beat page) attached */
+#define GPUPOOL_ARB_ACQUIRE 2u     /* answered by GRANT when the lease is this process's */
+#define GPUPOOL_ARB_RELEASE 3u     /* value: the lease given back */
+#define GPUPOOL_ARB_REST 4u        /* asleep for its cap: not wanting the GPU for now */
 #define GPUPOOL_ARB_REGISTER 16u   /* share_id, key, uuid, arg: uid, value: GPUPOOL_ARB_TERMS */
 #define GPUPOOL_ARB_UNREGISTER 17u /* share_id (every GPU of it) */
 #define GPUPOOL_ARB_WEIGHT 18u     /* share_id, value: the new weight (percent 1..100) */
@@ -41,10 +41,10 @@
 #define GPUPOOL_ARB_GRANT 33u      /* value: the lease's id */
 #define GPUPOOL_ARB_REFUSED 34u    /* arg: GPUPOOL_ARB_WHY_* */
 
-#define GPUPOOL_ARB_WHY_UNKNOWN 1u  /* no such share on that GPU */
-#define GPUPOOL_ARB_WHY_USER 2u     /* the share is another user's */
-#define GPUPOOL_ARB_WHY_FULL 3u     /* no slot left */
-#define GPUPOOL_ARB_WHY_INVALID 4u  /* a malformed request */
+#define GPUPOOL_ARB_WHY_UNKNOWN 1u /* no such share on that GPU */
+#define GPUPOOL_ARB_WHY_USER 2u    /* the share is another user's */
+#define GPUPOOL_ARB_WHY_FULL 3u    /* no slot left */
+#define GPUPOOL_ARB_WHY_INVALID 4u /* a malformed request */
 
 /* a registration's terms in one u64: weight | priority << 8 | policy << 16 */
 #define GPUPOOL_ARB_TERMS(weight, priority, policy)                                                \
@@ -85,9 +85,9 @@ typedef struct {
 
 /* One connected process (the watchdog's list of processes that ask for leases). pid 0: free. */
 typedef struct {
-    int32_t pid;     /* 0  in the arbiter's pid namespace */
-    uint32_t slot;   /* 4  its share's slot */
-    uint64_t start;  /* 8  /proc/PID/stat start time */
+    int32_t pid;    /* 0  in the arbiter's pid namespace */
+    uint32_t slot;  /* 4  its share's slot */
+    uint64_t start; /* 8  /proc/PID/stat start time */
 } gpupool_arbiter_client;
 
 typedef struct {

@@ -32,7 +32,8 @@
 
 #define GP_IDLE_NS (50 * GP_NS_PER_MS) /* a high share that asked within this is active */
 #define GP_RETRY_NS GP_NS_PER_S
-#define GP_CHECK_NS (100 * GP_NS_PER_MS) /* how often a holder looks whether the arbiter is alive */
+/* how often a holder looks whether the arbiter is alive */
+#define GP_CHECK_NS (100 * GP_NS_PER_MS)
 
 enum { GP_ARB_UNKNOWN = 0, GP_ARB_JOINED = 1, GP_ARB_LOST = 2, GP_ARB_NONE = -1 };
 
@@ -115,8 +116,8 @@ static int hello(gp_arb_dev *d, const CUuuid *uuid, int beat_fd, char *why, size
     memcpy(m.uuid, uuid->bytes, 16);
     char control[CMSG_SPACE(sizeof(int))] = {0};
     struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                       .msg_controllen = sizeof control};
+    struct msghdr h = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
