@@ -79,7 +79,9 @@ class NodeArbiter:
             self._control.close()
             self._control = None
             log.warning("the compute arbiter in %s went away: starting it again", self.directory)
-        self._control = ensure_arbiter(self.directory, self.log)
+        # a daemon not run as root serves its own user: its arbiter is that user's own
+        private = os.geteuid() != 0
+        self._control = ensure_arbiter(self.directory, self.log, private=private)
         self._since = time.monotonic()
         return self._control
 

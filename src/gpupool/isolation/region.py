@@ -1,9 +1,9 @@
 """A share's accounting region, read: Python's side of native/include/gpupool_region.h.
 
 Every process of a share maps one region file (GPUPOOL_SHARED_REGION; the daemon puts it in the
-job's directory). Python reads the share's id (which names its slots in the GPUs' arbiters) and
-its counters per device: allocations refused over the memory share, and the time its launches
-were held back, sleeping for the compute cap or waiting for the GPU's lease. The library only
+job's directory). Python reads its counters per device: allocations refused over the memory
+share, and the time its launches were held back, sleeping for the compute cap or waiting for the
+GPU's lease. The library only
 ever adds to the counters (relaxed atomics), so a read without its lock is a consistent snapshot
 of each one. Offsets here and in the header change together (bump VERSION); a test compares them.
 """
@@ -68,25 +68,6 @@ def open_region(region: Path) -> int:
     os.close(fd)
     what = "a regular file" if not stat.S_ISREG(found.st_mode) else f"owned by uid {owner}"
     raise ConfigError(f"the shared region {region} is not {what}: skipped")
-
-
-def region_share_id(region: Path) -> int | None:
-    """The id of the share whose accounting region is at `region`; None if it was never created
-    (the command never used a GPU), is not one of this version, or not a file of its share."""
-    try:
-        fd = open_region(region)
-    except (OSError, ConfigError):
-        return None
-    try:
-        head = os.pread(fd, HEADER.size, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(head) < HEADER.size:
-        return None
-    magic, version, _size, found = HEADER.unpack(head)
-    return found if magic == MAGIC and version == VERSION else None
 
 
 def read_counters(region: Path, devices: int = DEVICES) -> list[DeviceCounters] | None:
