@@ -27,7 +27,11 @@
 #define GP_HIGH_HOLD_IDLE_NS (500 * 1000ULL)
 #define GP_IDLE_NS (50 * ARB_NS_PER_MS)
 #define GP_YIELD_LIMIT_NS (1000 * ARB_NS_PER_MS)
-#define GP_POLL_NS (200 * 1000ULL) /* how soon to look again while a process waits */
+#define GP_MIN_WAKE_NS (20 * 1000ULL) /* the soonest the arbiter looks again */
+/* and the latest, while a process waits: a hand-over measured slower (the median request of a
+ * high share beside a low one +0.1 ms on a busy machine) when the arbiter slept until the exact
+ * deadline its holder's beat gave */
+#define GP_POLL_NS (200 * 1000ULL)
 
 static uint64_t lease_counter;
 
@@ -137,16 +141,20 @@ static conn *first_waiting(gpu *g) {
     return best;
 }
 
-static int holder_quiet(const gpu *g, uint64_t hold_idle, uint64_t now) {
+/* when the holder counts as quiet, as its beat says now */
+static uint64_t quiet_at(const gpu *g, uint64_t hold_idle) {
     const gpupool_arbiter_beat *b = g->holder->beat;
     uint64_t last = __atomic_load_n(&b->last_launch_ns, __ATOMIC_RELAXED);
     uint64_t until = __atomic_load_n(&b->busy_until_ns, __ATOMIC_RELAXED);
     uint64_t since = last > g->view->granted_ns ? last : g->view->granted_ns;
-    return now > since + hold_idle && now > until;
+    uint64_t idle = since + hold_idle < since ? UINT64_MAX : since + hold_idle;
+    return (idle > until ? idle : until) + 1;
 }
 
-/* one GPU; 1 if it must be looked at again soon */
-static int schedule_gpu(gpu *g, uint64_t now) {
+static uint64_t earliest(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* one GPU; when it must be looked at again (0: only when something happens) */
+static uint64_t schedule_gpu(gpu *g, uint64_t now) {
     conn *next = first_waiting(g);
     if (next == NULL) return 0;
     gpupool_arbiter_view *v = g->view;
@@ -174,15 +182,33 @@ static int schedule_gpu(gpu *g, uint64_t now) {
                 "back: taken",
                 (int)g->holder->pid, (unsigned long long)h->share_id,
                 (unsigned long long)(GP_YIELD_LIMIT_NS / ARB_NS_PER_MS));
-        if (!preempt && !overdue && !holder_quiet(g, hold_idle, now)) return 1;
+        uint64_t quiet = quiet_at(g, hold_idle);
+        if (!preempt && !overdue && now < quiet) {
+            uint64_t wake = quiet;
+            if (g->yield_at != 0) {
+                wake = earliest(wake, g->yield_at + GP_YIELD_LIMIT_NS + 1);
+            } else if (is_low(n) == is_low(h)) {
+                /* when the holder's clock passes the waiter's, its lease at least GP_LEASE_NS */
+                uint64_t need = n->vtime > h->vtime && h->weight
+                                    ? (n->vtime - h->vtime) * h->weight / 100 + 1
+                                    : 0;
+                wake = earliest(wake, v->granted_ns + (need > GP_LEASE_NS ? need : GP_LEASE_NS));
+            }
+            return wake;
+        }
         end_lease(g, now);
     }
     grant(g, next, now);
-    return first_waiting(g) != NULL;
+    return first_waiting(g) != NULL ? now + GP_MIN_WAKE_NS : 0;
 }
 
 uint64_t lease_schedule(uint64_t now) {
-    int again = 0;
-    for (int i = 0; i < gpu_count; i++) again |= schedule_gpu(&gpus[i], now);
-    return again ? GP_POLL_NS : 0;
+    uint64_t wake = UINT64_MAX;
+    for (int i = 0; i < gpu_count; i++) {
+        uint64_t at = schedule_gpu(&gpus[i], now);
+        if (at != 0) wake = earliest(wake, at);
+    }
+    if (wake == UINT64_MAX) return 0;
+    uint64_t in = wake > now + GP_MIN_WAKE_NS ? wake - now : GP_MIN_WAKE_NS;
+    return in < GP_POLL_NS ? in : GP_POLL_NS;
 }

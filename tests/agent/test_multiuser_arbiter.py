@@ -10,6 +10,7 @@ process on the simulated driver maps it read-write, as no tenant can write a rea
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,3 +188,43 @@ def test_the_arbiter_killed_mid_run_is_started_again_and_the_shares_rejoin(
         # about a second alone of six: each never above its cap, and not far below it
         rate = _rate(daemon, job_id) / base
         assert cap - 2 * POINTS <= rate <= cap + POINTS, (job_id, rate)
+
+
+def test_two_users_exec_without_the_daemon_each_with_their_own_arbiter(
+    two_users: tuple[Daemon, User, User, Path],
+) -> None:
+    """`gpupool exec` of two users at once on one simulated GPU, no daemon involved: each gets
+    a private arbiter of their own (0700, in their runtime directory), nothing is created in
+    another user's file, and both run their share."""
+    _protected()
+    _daemon, alice, bob, client = two_users
+    node = str(_daemon.node_dir)
+    argv = ["-m", "gpupool", "exec", "--node-dir", node, "--compute", "30", "--"]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, *argv, str(client), "run", "1", "kernel"],
+            user=user.uid,
+            group=user.gid,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(REPO / "src"),
+                "HOME": "/nonexistent",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for user in (alice, bob)
+    ]
+    try:
+        for user, run in zip((alice, bob), runs, strict=True):
+            _, err = run.communicate(timeout=60)
+            assert run.returncode == 0, err
+            assert "compute use on GPU 0" in err and "holds its compute cap alone" not in err, err
+            private = Path(f"/tmp/gpupool-{user.uid}")
+            found = private.stat()
+            assert (found.st_uid, found.st_mode & 0o777) == (user.uid, 0o700)
+            assert all(p.stat().st_uid == user.uid for p in private.rglob("*"))
+    finally:
+        for user in (alice, bob):
+            shutil.rmtree(f"/tmp/gpupool-{user.uid}", ignore_errors=True)

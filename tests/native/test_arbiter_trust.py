@@ -1,7 +1,8 @@
 """What a tenant can do to the trusted arbiter (a real gpupool-arbiterd), and what it cannot:
 garbage on the lease channel, a lease it was not given, another share's name, a foreign view;
-and the arbiter killed -9 and started again while shares run. Each refusal is said once and no
-other share is affected: a share busy meanwhile keeps its cap."""
+the arbiter killed -9 and started again while shares run, and a share's weight changed while it
+runs. Each refusal is said once and no other share is affected: a share busy meanwhile keeps its
+cap."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ from shim_support import (
     start_client,
 )
 
+from gpupool.core.errors import DeviceError
 from gpupool.isolation.arbiter import (
     FILE_SIZE,
     SOCKET,
+    compute_use,
     lease_clients,
     uuid_bytes,
     view_file,
@@ -40,6 +43,7 @@ from gpupool.isolation.arbiter_control import (
     ArbiterControl,
     ArbiterShare,
     Registration,
+    set_share_weight,
     start_arbiter,
 )
 
@@ -255,3 +259,44 @@ def test_the_arbiter_killed_and_started_again_mid_run(
             f"{result.prefix}the compute arbiter of GPU 0 went away: the share holds its compute "
             "cap alone until it is back"
         ], said
+
+
+def test_a_shares_weight_changes_while_it_runs(
+    client: Path, tmp_path: Path, arb: tuple[ArbiterControl, int]
+) -> None:
+    """set_share_weight (the daemon's resize): two `share` shares busy together split the GPU
+    20/80, then 80/20 once their weights are swapped, without a restart."""
+    control, _pid = arb
+    node = make_node(tmp_path / "node")
+    uuid = gpu_uuid(node)
+    shares, procs = [], []
+    for percent in (20, 80):
+        share = ArbiterShare.new()
+        control.register(Registration(share, os.getuid(), (uuid,), percent, None, "share"))
+        env = {
+            "ARBITER_DIR": str(control.directory),
+            "ARBITER_SHARE": share.setting,
+            "COMPUTE_LIMIT": str(percent),
+            "COMPUTE_POLICY": "share",
+            "SHARED_REGION": str(tmp_path / f"region-{percent}"),
+        }
+        shares.append(share)
+        procs.append(start_client(client, shim_env(node, **env), "run", 4, "kernel"))
+    view = view_file(control.directory, uuid)
+    try:
+        time.sleep(0.5)
+        (before,) = compute_use([view], 1.2)
+        set_share_weight(control.directory, shares[0].share_id, 80)
+        set_share_weight(control.directory, shares[1].share_id, 20)
+        time.sleep(0.3)
+        (after,) = compute_use([view], 1.2)
+    finally:
+        for proc in procs:
+            _finished(proc)
+    first = {u.share.share_id: u.used_percent for u in before}
+    second = {u.share.share_id: u.used_percent for u in after}
+    low, high = (s.share_id for s in shares)
+    assert abs(first[low] - 20) <= 8 and abs(first[high] - 80) <= 8, first
+    assert abs(second[low] - 80) <= 8 and abs(second[high] - 20) <= 8, second
+    with pytest.raises(DeviceError, match="no such share"):
+        set_share_weight(control.directory, ArbiterShare.new().share_id, 50)
