@@ -193,13 +193,13 @@ def test_the_arbiter_killed_mid_run_is_started_again_and_the_shares_rejoin(
 def test_two_users_exec_without_the_daemon_each_with_their_own_arbiter(
     two_users: tuple[Daemon, User, User, Path],
 ) -> None:
-    """`gpupool exec` of two users at once on one simulated GPU, no daemon involved: each gets
-    a private arbiter of their own (0700, in their runtime directory), nothing is created in
-    another user's file, and both run their share."""
+    """`gpupool exec` of two users at once, no daemon involved (each on a simulated node of
+    their own: a node directory is its maker's): each gets a private arbiter of their own (0700,
+    in their runtime directory), nothing is created in another user's file, and both run their
+    share arbitrated."""
     _protected()
     _daemon, alice, bob, client = two_users
-    node = str(_daemon.node_dir)
-    argv = ["-m", "gpupool", "exec", "--node-dir", node, "--compute", "30", "--"]
+    argv = ["-m", "gpupool", "exec", "--simulate", "1xA30", "--compute", "30", "--"]
     runs = [
         subprocess.Popen(
             [sys.executable, *argv, str(client), "run", "1", "kernel"],
@@ -228,3 +228,4 @@ def test_two_users_exec_without_the_daemon_each_with_their_own_arbiter(
     finally:
         for user in (alice, bob):
             shutil.rmtree(f"/tmp/gpupool-{user.uid}", ignore_errors=True)
+            shutil.rmtree(f"/tmp/gpupool-sim-{user.uid}", ignore_errors=True)
