@@ -232,7 +232,11 @@ def start_arbiter(directory: Path, log: Path | None, idle_exit_s: int | None = I
     argv = [str(arbiterd_program()), str(directory)]
     if idle_exit_s is not None:
         argv += ["--idle-exit", str(idle_exit_s)]
-    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        out = os.open(log, flags, 0o600) if log is not None else subprocess.DEVNULL
+    except OSError as err:
+        raise ConfigError(f"cannot open the compute arbiter's log {log}: {err.strerror}") from err
     try:
         process = subprocess.Popen(
             argv,
@@ -243,7 +247,7 @@ def start_arbiter(directory: Path, log: Path | None, idle_exit_s: int | None = I
         )
     finally:
         if log is not None:
-            out.close()  # type: ignore[union-attr]
+            os.close(out)
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
