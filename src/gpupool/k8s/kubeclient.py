@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gpupool.core.errors import ConfigError, KubeApiError
@@ -83,8 +83,12 @@ class OfficialKube:
         )
         return list(data.get("items") or [])
 
-    def patch_pod_annotations(self, namespace: str, name: str, values: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": values}}
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, values: Mapping[str, str | None]
+    ) -> None:
+        # metadata.uid in a patch is a precondition: the API server answers 409 if it differs;
+        # a null value removes the annotation (JSON merge semantics)
+        body = {"metadata": {"uid": uid, "annotations": dict(values)}}
         _call(
             f"annotate pod {namespace}/{name}",
             lambda: self.core.patch_namespaced_pod(
