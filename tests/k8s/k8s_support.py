@@ -20,7 +20,6 @@ from gpupool.k8s.extender_http import create_app
 from gpupool.k8s.proto import api_pb2 as pb
 from gpupool.k8s.proto import api_pb2_grpc as pb_grpc
 
-
 #: the allocation key the tests' extenders and device plugins share (the Secret's)
 KEY = b"k" * 48
 

@@ -24,10 +24,10 @@ from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.devices.sim.state import FLAG_LOST
 from gpupool.k8s import hostfiles, names
-from gpupool.k8s.hostfiles import CONTAINER_LIBRARY
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
+from gpupool.k8s.hostfiles import CONTAINER_LIBRARY
 from gpupool.k8s.inventory import decode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.k8s.proto import api_pb2 as pb
