@@ -147,7 +147,8 @@ def extender(
     check_policy(policy)
     if resync <= 0:
         raise InvalidRequest(f"invalid --resync {resync}: must be positive")
-    ext = Extender(OfficialKube(), policy, load_key(key_file))
+    key = load_key(key_file)
+    ext = Extender(OfficialKube(), policy, key)
     ext.start_background(resync)
     _serve(create_app(ext), listen)
 
@@ -155,8 +156,12 @@ def extender(
 @k8s_app.command("webhook")
 def webhook(
     listen: str = typer.Option("127.0.0.1:8443", "--listen", metavar="HOST:PORT"),
-    tls_cert: Path = typer.Option(..., "--tls-cert", metavar="FILE", help="PEM certificate."),
-    tls_key: Path = typer.Option(..., "--tls-key", metavar="FILE", help="PEM private key."),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", metavar="FILE", help="PEM certificate (required)."
+    ),
+    tls_key: Path | None = typer.Option(
+        None, "--tls-key", metavar="FILE", help="PEM private key (required)."
+    ),
     scheduler: str = typer.Option("gpupool-scheduler", "--scheduler-name"),
     trusted: list[str] = typer.Option(
         list(DEFAULT_TRUSTED),
@@ -172,6 +177,11 @@ def webhook(
 
     _logging()
     _listen(listen)
+    if tls_cert is None or tls_key is None:
+        raise InvalidRequest(
+            "the webhook serves HTTPS only (the API server calls webhooks over TLS): give "
+            "--tls-cert and --tls-key"
+        )
     for path in (tls_cert, tls_key):
         if not path.is_file():
             raise InvalidRequest(f"invalid TLS file {path}: not found")

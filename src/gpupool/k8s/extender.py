@@ -324,8 +324,8 @@ class Extender:
             raise
 
     def _unwrite(self, namespace: str, name: str, uid: str, written: dict[str, str]) -> None:
-        """Remove what a failed bind wrote (mode is the pod's own: it stays)."""
-        gone: dict[str, str | None] = {k: None for k in written if k != names.ANN_MODE}
+        """Remove what a failed bind wrote."""
+        gone: dict[str, str | None] = dict.fromkeys(written)
         try:
             self.api.patch_pod_annotations(namespace, name, uid, gone)
         except KubeApiError as err:

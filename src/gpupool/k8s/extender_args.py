@@ -22,6 +22,8 @@ def _field(args: dict[str, Any], name: str) -> Any:
 
 
 def _kind(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+    if value is None:
+        raise InvalidRequest(f"{where} is missing")
     # bool is an int in Python, never in the API's JSON
     if not isinstance(value, kind) or isinstance(value, bool):
         raise InvalidRequest(f"{where} must be {what}, not {type(value).__name__}")

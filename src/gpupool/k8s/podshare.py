@@ -56,17 +56,23 @@ class Allocation:
             names.ANN_SLOTS: ",".join(self.slots),
             names.ANN_MEMORY_BYTES: str(self.memory),
             names.ANN_COMPUTE_MILLI: str(self.compute),
-            names.ANN_MODE: self.mode.value,
         }
 
     def signature(self, key: bytes) -> str:
         # one value per line in a fixed order; no value may hold a newline (checked on read)
         values = self._values()
-        fields = [_VERSION, self.uid, *(values[k] for k in sorted(values)), self.priority.value]
+        fields = [
+            _VERSION,
+            self.uid,
+            *(values[k] for k in sorted(values)),
+            self.mode.value,
+            self.priority.value,
+        ]
         return hmac.new(key, "\n".join(fields).encode(), hashlib.sha256).hexdigest()
 
     def annotations(self, key: bytes) -> dict[str, str]:
-        """The annotations the extender writes (priority stays the pod's own annotation)."""
+        """The annotations the extender writes (mode and priority stay the pod's own
+        annotations: signed, not written)."""
         return {**self._values(), names.ANN_SIGNATURE: self.signature(key)}
 
 
