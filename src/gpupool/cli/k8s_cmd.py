@@ -91,7 +91,7 @@ def device_plugin(
     """Run the kubelet device plugin for gpupool.io/gpu on this node."""
     from gpupool.devices.factory import open_backend
     from gpupool.k8s import hostfiles
-    from gpupool.k8s.allocation import ShareFiles
+    from gpupool.k8s.allocation import SIM_NODE_DIR, ShareFiles
     from gpupool.k8s.deviceplugin import DevicePlugin, default_node_name
     from gpupool.k8s.kubeclient import OfficialKube
     from gpupool.k8s.podshare import load_key
@@ -102,8 +102,7 @@ def device_plugin(
     key = load_key(key_file)
     files = ShareFiles(state_dir, hostfiles.install(lib_dir))
     api = OfficialKube()
-    # a simulated node lives in the state dir: the containers mount it from the host
-    with open_backend(simulate, state_dir / "sim-node" if simulate else None) as backend:
+    with open_backend(simulate, state_dir / SIM_NODE_DIR if simulate else None) as backend:
         if backend.simulated:
             typer.echo(f"gpupool: simulated node {simulate}: no real GPU is used", err=True)
         plugin = DevicePlugin(

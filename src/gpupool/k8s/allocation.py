@@ -33,6 +33,8 @@ CONTAINER_ARBITER_DIR = "/var/run/gpupool/arbiter"
 #: under --simulate: the simulated driver and the simulated node's state
 CONTAINER_SIM_DRIVER = "/usr/lib/gpupool/sim"
 CONTAINER_SIM_NODE = "/var/run/gpupool/sim-node"
+#: under --simulate the node lives here in the state dir, so that containers mount it from the host
+SIM_NODE_DIR = "sim-node"
 
 
 @dataclass(frozen=True)
