@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 #: seconds: (connect, read) for every call to the API server
 TIMEOUT = (5.0, 15.0)
+#: the client would pick JSON Patch (a list of operations) for a patch body; ours are objects
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def _call(what: str, fn: Callable[[], T]) -> T:
@@ -92,7 +94,12 @@ class OfficialKube:
         _call(
             f"annotate pod {namespace}/{name}",
             lambda: self.core.patch_namespaced_pod(
-                name, namespace, body, _preload_content=False, _request_timeout=TIMEOUT
+                name,
+                namespace,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
             ),
         )
 
@@ -135,7 +142,11 @@ class OfficialKube:
         _call(
             f"annotate node {name}",
             lambda: self.core.patch_node(
-                name, body, _preload_content=False, _request_timeout=TIMEOUT
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
             ),
         )
 
