@@ -6,7 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -17,7 +17,7 @@ from gpupool.k8s.kubeclient import OfficialKube
 class _ApiServer(BaseHTTPRequestHandler):
     """Records each request; answers the status the test sets."""
 
-    seen: list[tuple[str, str, str, Any]] = []
+    seen: ClassVar[list[tuple[str, str, str, Any]]] = []
     status = 200
 
     def do_PATCH(self) -> None:
