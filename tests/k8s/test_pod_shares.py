@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from gpupool.k8s.allocation import ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
 from gpupool.k8s.kubeapi import InMemoryKube
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -263,3 +266,63 @@ def test_the_region_directory_is_the_container_users_alone(
         mode = os.stat(mount.host_path).st_mode
         if not mount.container_path.endswith("/arbiter"):  # the arbiter issue's own directory
             assert not mode & stat.S_IWOTH, mount
+
+
+def test_a_container_running_as_its_user_writes_its_region_and_no_one_else_can(
+    sockets: Path, kubelet: TestKubelet
+) -> None:
+    """Real users: the container's process runs as the pod's runAsUser on the simulated driver,
+    with the answer's files, and its share holds; another user cannot write its region."""
+    from users import remove_tree, run_as, users, world_dir
+
+    root = world_dir()
+    api = InMemoryKube()
+    api.add_node("gpu-1")
+    backend = SimulatedBackend.open("2xA100-80GB", root / "node")
+    files = ShareFiles(
+        root / "state", hostfiles.install(root / "lib"), container_root=root / "container"
+    )
+    plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
+    try:
+        with users(2) as (owner, other):
+            client = root / "shim_client"
+            include = REPO / "native" / "include"
+            source = REPO / "tests" / "native" / "progs" / "shim_client.c"
+            argv = ["gcc", "-O2", "-pthread", f"-I{include}", "-o", str(client), str(source)]
+            subprocess.run([*argv, "-ldl"], check=True)
+            pod = gpu_pod("p", memory="2Gi", compute="50")
+            pod["spec"]["securityContext"] = {"runAsUser": owner.uid, "runAsGroup": owner.gid}
+            api.add_pod(pod)
+            plugin.refresh()
+            plugin.serve()
+            wait_for(lambda: kubelet.device_lists, what="registration")
+            with ExtenderServer(Extender(api, key=KEY)) as http:
+                assert bind(http, "p") == {}
+            response = kubelet.admit(1)
+            # no gRPC threads while processes are forked as other users (a child forked beside
+            # them has been seen to crash before its exec)
+            plugin.stop()
+            kubelet.stop()
+            for mount in response.mounts:  # the runtime's mounts, as links
+                target = Path(mount.container_path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(mount.host_path)
+            library = next(m for m in response.mounts if m.container_path.endswith(".so"))
+            conf = next(m for m in response.mounts if m.container_path.endswith("shim.conf"))
+            env = {
+                **response.envs,
+                "LD_PRELOAD": library.container_path,
+                "GPUPOOL_CONFIG_FILE": conf.container_path,
+            }
+            done = run_as(owner, [str(client), "alloc", str(3 * GiB), "alloc", str(GiB)], env=env)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.splitlines() == ["alloc 2", "alloc 0"]  # 2: out of memory
+            region = next(m for m in response.mounts if m.container_path.endswith("/share"))
+            written = [p for p in Path(region.host_path).iterdir()]
+            assert written and all(p.stat().st_uid == owner.uid for p in written)
+            intruder = run_as(other, ["touch", f"{region.host_path}/x"])
+            assert intruder.returncode != 0 and "Permission denied" in intruder.stderr
+    finally:
+        plugin.stop()
+        backend.close()
+        remove_tree(root)
