@@ -30,6 +30,7 @@ from gpupool.k8s.allocation import ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
 from gpupool.k8s.kubeapi import InMemoryKube
+from gpupool.k8s.podspec import gpu_count
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -326,3 +327,89 @@ def test_a_container_running_as_its_user_writes_its_region_and_no_one_else_can(
         plugin.stop()
         backend.close()
         remove_tree(root)
+
+
+def test_twelve_pods_on_two_nodes_each_on_its_own_slots_and_the_thirteenth_refused(
+    tmp_path: Path,
+) -> None:
+    """The issue's scene: two simulated 2x A100 nodes, each with its plugin and its kubelet;
+    pods of 1 and 2 GPUs go through filter, prioritize and bind, each kubelet admits what waits
+    on its node in a shuffled order; every container's share and slots are its own pod's."""
+    import random
+
+    from test_extender import schedule
+
+    rng = random.Random(7)
+    api = InMemoryKube()
+    nodes: dict[str, tuple[TestKubelet, DevicePlugin, SimulatedBackend, Path]] = {}
+    try:
+        for name in ("node-a", "node-b"):
+            api.add_node(name)
+            sockets = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+            kubelet = TestKubelet(sockets).start()
+            backend = SimulatedBackend.open("2xA100-80GB", tmp_path / name)
+            files = ShareFiles(tmp_path / f"{name}-state", hostfiles.install(tmp_path / "lib"))
+            plugin = DevicePlugin(api, name, backend, sockets, files, KEY)
+            plugin.refresh()
+            plugin.serve()
+            wait_for(lambda k=kubelet: k.device_lists, what="registration")
+            nodes[name] = (kubelet, plugin, backend, sockets)
+        asks = [("1", "10Gi", "20"), ("2", "8Gi", "10"), ("1", "30Gi", "40"), ("1", "5Gi", "10")]
+        pods = [gpu_pod(f"p{i}", *asks[i % len(asks)]) for i in range(12)]
+        pods.append(gpu_pod("p12", "2", "60Gi", "50"))  # more than any node has left
+        served: dict[str, Any] = {}
+
+        def admit_all(node: str) -> None:
+            kubelet, plugin, _, _ = nodes[node]
+            waiting = [
+                p["metadata"]["name"]
+                for p in api.list_pods_on_node(node)
+                if p["metadata"]["name"] not in served
+            ]
+            rng.shuffle(waiting)
+            for name in waiting:
+                served[name] = kubelet.admit(gpu_count(api.pods[("default", name)]))
+                check_own_share(api, plugin, kubelet, name, served[name])
+                api.pods[("default", name)]["status"] = {"phase": "Running"}
+
+        with ExtenderServer(Extender(api, key=KEY)) as http:
+            for pod in pods:
+                api.add_pod(pod)
+                placed_on = None
+                for _ in range(3):  # kube-scheduler's retries, while the kubelets admit
+                    placed_on = schedule(
+                        http, api.pods[("default", pod["metadata"]["name"])], list(nodes)
+                    )
+                    if placed_on is not None:
+                        break
+                    for node in nodes:
+                        admit_all(node)
+                if pod["metadata"]["name"] == "p12":
+                    assert placed_on is None
+                else:
+                    assert placed_on is not None, pod["metadata"]["name"]
+            args = {"pod": api.pods[("default", "p12")], "nodenames": list(nodes)}
+            why = http.post("/filter", json=args).json()
+        for node in nodes:
+            admit_all(node)
+        assert len(served) == 12
+        assert why["nodenames"] == [] and set(why["failedNodes"]) == set(nodes)
+        # no GPU over-committed, every slot held once
+        memory: dict[tuple[str, str], int] = {}
+        slots: list[tuple[str, str]] = []  # per node: the kubelet's IDs are the node's
+        for pod in api.pods.values():
+            ann = pod["metadata"]["annotations"]
+            if pod["spec"].get("nodeName") is None:
+                continue
+            for gpu in ann[names.ANN_GPUS].split(","):
+                key = (pod["spec"]["nodeName"], gpu)
+                memory[key] = memory.get(key, 0) + int(ann[names.ANN_MEMORY_BYTES])
+            slots.extend((pod["spec"]["nodeName"], s) for s in ann[names.ANN_SLOTS].split(","))
+        assert max(memory.values()) <= 80 * GiB
+        assert len(slots) == len(set(slots))
+    finally:
+        for kubelet, plugin, backend, sockets in nodes.values():
+            plugin.stop()
+            kubelet.stop()
+            backend.close()
+            shutil.rmtree(sockets, ignore_errors=True)
