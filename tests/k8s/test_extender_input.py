@@ -81,6 +81,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ),
         ("/filter", {"Pod": POD, "NodeNames": [1, {}]}, "NodeNames[0] must be a string, not int"),
         (
+            "/filter",
+            {"Pod": POD, "NodeNames": ["a", {}]},
+            "NodeNames[1] must be a string, not dict",
+        ),
+        (
             "/prioritize",
             {"Pod": POD, "NodeNames": "node-0"},
             "NodeNames must be a list of node names, not str",
