@@ -117,7 +117,12 @@ class DevicePlugin:
             self.api.patch_node_annotations(self.node_name, {names.ANN_NODE_GPUS: text})
             self._published = text
         except KubeApiError as err:
-            log.warning("GPU inventory not published on node %s yet: %s", self.node_name, err)
+            log.warning(
+                "GPU inventory not published on node %s yet (--node-name or $NODE_NAME must be "
+                "the Node object's name): %s",
+                self.node_name,
+                err,
+            )
 
     def devices(self) -> list[Any]:
         return [
