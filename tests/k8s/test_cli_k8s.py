@@ -32,6 +32,10 @@ def gpupool(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
         (["extender", "--resync", "0"], "invalid --resync 0.0: must be positive"),
         (["extender", "--key-file", "/no/key"], "cannot read the allocation key /no/key"),
         (["device-plugin", "--kubelet-dir", "/no/such/dir"], "invalid --kubelet-dir"),
+        (
+            ["device-plugin", "--kubelet-dir", "/tmp", "--key-file", "/no/key"],
+            "cannot read the allocation key /no/key",
+        ),
         (["webhook"], "the webhook serves HTTPS only"),
         (["webhook", "--tls-cert", "/no/cert.pem"], "the webhook serves HTTPS only"),
         (
