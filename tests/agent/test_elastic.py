@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon, cli, until
+from tests.agent.daemon_support import Daemon, cli, scrape, until
 
 from gpupool.core.units import GiB
 from gpupool.devices.sim.state import SimState
@@ -75,6 +75,11 @@ def test_suspend_frees_the_gpu_and_resume_brings_the_data_back(daemon: Daemon) -
     shown = daemon.job(job)["elastic"]
     assert shown["host_bytes"] == 8 * GiB
     assert " suspended " in cli("ps", url=daemon.url).stdout
+    gpus = cli("gpus", "--node-dir", str(daemon.node_dir), url=daemon.url).stdout
+    assert f"job {job} (" in gpus and "suspended, 8GiB in host memory" in gpus
+    metrics = scrape(daemon)
+    assert [v for _, v in metrics["gpupool_job_suspended"]] == [1]
+    assert [v for _, v in metrics["gpupool_job_host_memory_bytes"]] == [8 * GiB]
     # admission counts it free: a job that needs the whole GPU starts beside it
     whole = run_job(daemon, 0.2, 1024, memory="40Gi")
     assert daemon.wait(whole)["state"] == "succeeded"
@@ -117,6 +122,11 @@ def test_a_burst_goes_to_host_memory_for_a_high_job(one_gpu: Daemon) -> None:
                   priority="low")  # fmt: skip
     assert until(lambda: "burst 20480 MiB: ok" in output(one_gpu, low)), output(one_gpu, low)
     assert until(lambda: gpu_used(one_gpu) == 27 * GiB)  # the GPU had room: the burst is on it
+
+    def burst() -> dict[str, float]:
+        return {labels["where"]: v for labels, v in scrape(one_gpu)["gpupool_job_burst_bytes"]}
+
+    assert until(lambda: burst() == {"gpu": 20 * GiB, "host": 0}), burst()
     high = run_job(one_gpu, 1, 31 * 1024, memory="32Gi")
     assert one_gpu.wait(high)["state"] == "succeeded", output(one_gpu, high)  # never refused
     assert "holding 31744 MiB" in output(one_gpu, high)
