@@ -147,6 +147,7 @@ def _until(check: object, timeout: float = 60) -> None:
 
 def daemon_suspend_resume(root: Path, size: int) -> dict[str, float]:
     """`gpupool suspend` then `resume` through a daemon, until it reports each done."""
+    root.mkdir()
     daemon = start_daemon(root, f"1x{MODEL}")
     try:
         with Client(url(root)) as client:
@@ -167,6 +168,7 @@ def daemon_suspend_resume(root: Path, size: int) -> dict[str, float]:
 
 
 def burst_beside_high(root: Path) -> dict[str, object]:
+    root.mkdir()
     daemon = start_daemon(root, f"1x{MODEL}")
     try:
         with Client(url(root)) as client:
@@ -193,6 +195,7 @@ def burst_beside_high(root: Path) -> dict[str, object]:
 
 
 def resize_latency(root: Path, rounds: int) -> list[float]:
+    root.mkdir()
     daemon = start_daemon(root, f"1x{MODEL}")
     took = []
     try:
@@ -219,6 +222,7 @@ def _rate(lines: list[tuple[float, int]], start: float, end: float) -> float:
 
 
 def compute_resize(root: Path) -> dict[str, float]:
+    root.mkdir()
     daemon = start_daemon(root, f"1x{MODEL}")
     try:
         with Client(url(root)) as client:

@@ -92,6 +92,9 @@ static int movable(const gp_ptrmap_item *item) {
 static int prefetch_burst(gp_burst *b, gpupool_region_elastic *e, int to_device) {
     gp_ptrmap_item item = {.key = b->ptr, .ctx = b->ctx, .size = b->size, .dev = b->dev};
     if (prefetch(&item, to_device ? b->dev : CU_DEVICE_CPU) != 0) return -1;
+    /* counted where it is once the migration is done: the daemon starts a job on that count */
+    __typeof__(&cuCtxSynchronize) sync = GP_REAL(cuCtxSynchronize);
+    if (sync != NULL) sync();
     b->on_device = to_device;
     if (to_device) {
         __atomic_add_fetch(&e->burst_on_device[b->dev], b->size, __ATOMIC_RELAXED);
