@@ -17,6 +17,7 @@ import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, scrape, until
 
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import GiB
 from gpupool.devices.sim.state import SimState
 from gpupool.isolation import elastic
@@ -65,7 +66,7 @@ def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def test_suspend_frees_the_gpu_and_resume_brings_the_data_back(daemon: Daemon) -> None:
-    job = run_job(daemon, 6, 8192, memory="10Gi")
+    job = run_job(daemon, 5, 8192, memory="10Gi")
     holding(daemon, job)
     assert gpu_used(daemon) == 8 * GiB
     done = cli("suspend", str(job), url=daemon.url)
@@ -139,7 +140,7 @@ def test_a_burst_goes_to_host_memory_for_a_high_job(one_gpu: Daemon) -> None:
 
 
 def test_resize_up_down_and_refused(daemon: Daemon) -> None:
-    job = run_job(daemon, 8, 4096, memory="8Gi", compute=20)
+    job = run_job(daemon, 5, 4096, memory="8Gi", compute=20)
     holding(daemon, job)
     region = find_shared_region(daemon.state_dir / "jobs" / str(job))
     assert region is not None
@@ -163,6 +164,31 @@ def test_resize_up_down_and_refused(daemon: Daemon) -> None:
     state = elastic.read(region)
     assert state is not None and state.memory_limit[0] == 6 * GiB  # nothing changed
     assert daemon.wait(job)["state"] == "succeeded"
+
+
+def test_a_resume_without_room_waits_and_says_why(one_gpu: Daemon) -> None:
+    first = run_job(one_gpu, 6, 20 * 1024, memory="30Gi")
+    holding(one_gpu, first)
+    assert cli("suspend", str(first), url=one_gpu.url).returncode == 0
+    assert until(lambda: elastic_state(one_gpu, first) == "suspended", 10)
+    second = run_job(one_gpu, 2, 1024, memory="30Gi")  # fits in the room the first one left
+    holding(one_gpu, second)
+    assert cli("resume", str(first), url=one_gpu.url).returncode == 0
+    why = until(lambda: (one_gpu.job(first)["elastic"] or {}).get("waiting"))
+    assert why == ["waiting to resume: GPU 0 has 10GiB free for shares, it needs 30GiB back"]
+    assert (
+        "waiting to resume: GPU 0 has 10GiB free"
+        in cli("describe", str(first), url=one_gpu.url).stdout
+    )
+    again = cli("resume", str(first), url=one_gpu.url)
+    assert again.returncode != 0 and "already waits to resume" in again.stderr
+    assert one_gpu.wait(second)["state"] == "succeeded"
+    assert until(lambda: elastic_state(one_gpu, first) == "running", 10)
+    assert one_gpu.wait(first)["state"] == "succeeded" and "intact" in output(one_gpu, first)
+    with pytest.raises(InvalidRequest, match="--memory-burst is for low-priority jobs"):
+        one_gpu.call("POST", "/v1/jobs", json={"argv": ["true"], "memory_burst": "8Gi"})
+    with pytest.raises(InvalidRequest, match="invalid compute share"):
+        one_gpu.call("POST", f"/v1/jobs/{first}/resize", json={"compute": 0})
 
 
 def test_resize_and_suspend_of_an_mps_job_are_refused(daemon: Daemon) -> None:
