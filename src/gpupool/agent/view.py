@@ -217,6 +217,8 @@ class NodeView:
     def node_json(self) -> dict[str, Any]:
         """Each GPU's admitted memory and compute and its jobs, and the node's settings."""
         running = self._store.jobs([State.RUNNING])
+        # a suspended job's memory is free (elastic memory): admission counts it so
+        running = [j for j in running if (self.elastic(j.id) or {}).get("state") != "suspended"]
         capacity = self._sampler.capacity
         reserve = self.context_reserve
         free = node.free_now(capacity, running, reserve)
