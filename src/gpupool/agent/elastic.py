@@ -173,7 +173,13 @@ class ElasticJobs:
         with self._lock:
             rows = self.rows()
             by_id = {job.id: job for job in running}
-            states = {job.id: self._read(job) for job in running if job.spec.mode is Mode.SHIM}
+            # only the regions there is something to read in: a job asked to suspend or resume,
+            # or with a burst (a node's other jobs cost the loop nothing)
+            states = {
+                job.id: self._read(job)
+                for job in running
+                if job.spec.mode is Mode.SHIM and (job.id in rows or job.spec.memory_burst)
+            }
             for job_id, row in rows.items():
                 job = by_id.get(job_id)
                 if job is None:
