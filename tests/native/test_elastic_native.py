@@ -10,7 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from shim_support import compile_prog, shim_env
+import pytest
+from shim_support import PROGS, compile_prog, read_until, shim_env, start_client
 
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.spec import HOST_LINKS, NVLINK_C2C, PCIE_GEN4, host_link
@@ -64,6 +65,11 @@ LINK = textwrap.dedent(
     print(htod, dtod, out, back, free_on_host, used[0].value)
     """
 )
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_prog(PROGS / "shim_client.c", tmp_path_factory.mktemp("progs") / "shim_client")
 
 
 def node(directory: Path, bandwidth: int, memory: int = 40 * GiB) -> Path:
@@ -161,3 +167,30 @@ def test_a_process_suspends_and_resumes_through_its_region(tmp_path: Path) -> No
         state.close()
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "intact after" in out
+
+
+def test_an_idle_process_is_suspended_and_what_is_not_managed_stays(
+    tmp_path: Path, client: Path
+) -> None:
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    path = share / "region"
+    env = shim_env(node(tmp_path / "node", 25 * 10**9), ELASTIC="1", SHARED_REGION=str(path))
+    # blocked in pause(): only the library's own thread can carry the request out
+    proc = start_client(client, env, "alloc", GiB, "async", 256 * MiB, "hold")
+    try:
+        read_until(proc, "holding")
+        state = SimState.open(tmp_path / "node" / "state.bin")
+        before = elastic.read(path)
+        assert before is not None
+        elastic.request(path, elastic.SUSPEND, before.seq + 1)
+        deadline = time.monotonic() + 5
+        while not ((now := elastic.read(path)) and now.settled()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert now is not None and now.settled() and now.host_bytes[0] == GiB
+        assert state.gpu(0).memory_used == 256 * MiB  # a pool allocation is not managed memory
+        state.close()
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    assert "suspended; 256 MiB stay on the GPU (not managed memory" in err

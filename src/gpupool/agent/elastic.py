@@ -310,6 +310,9 @@ class ElasticJobs:
             shown = "suspended"
         elif row is not None and row.want == RUN:
             shown = "resuming"
+            if state is not None and state.waiting_for_room():
+                # admission found room, the GPU did not: memory held outside the shares
+                waiting = [*(waiting or []), "its processes find no room on the GPU yet"]
         return {
             "state": shown,
             "reason": row.reason if row is not None else "",
