@@ -130,25 +130,65 @@ static void place_bursts(gpupool_region_elastic *e) {
     }
 }
 
-void gp_elastic_placed_burst(uint64_t ptr, uint64_t size, int dev, uint64_t ctx) {
-    gpupool_region_elastic *e = gp_region_elastic();
-    pthread_mutex_lock(&work_lock);
+/* a burst allocation on the GPU, tracked (work_lock held); -1 when out of host memory (it then
+ * stays where the driver put it) */
+static int track_burst(gpupool_region_elastic *e, uint64_t ptr, uint64_t size, int dev,
+                       uint64_t ctx) {
     if (burst_count == burst_capacity) {
         size_t grown = burst_capacity ? burst_capacity * 2 : 16;
         gp_burst *more = realloc(bursts, grown * sizeof *more);
-        if (more == NULL) {
-            pthread_mutex_unlock(&work_lock);
-            return; /* untracked: it stays where the driver put it */
-        }
+        if (more == NULL) return -1;
         bursts = more;
         burst_capacity = grown;
     }
-    /* the driver put it on the GPU if it had room: count it there, then let the budget decide */
     gp_burst *b = &bursts[burst_count++];
     *b = (gp_burst){.ptr = ptr, .size = size, .ctx = ctx, .dev = dev, .on_device = 1};
     __atomic_add_fetch(&e->burst_on_device[dev], size, __ATOMIC_RELAXED);
-    place_bursts(e);
+    return 0;
+}
+
+void gp_elastic_placed_burst(uint64_t ptr, uint64_t size, int dev, uint64_t ctx) {
+    gpupool_region_elastic *e = gp_region_elastic();
+    pthread_mutex_lock(&work_lock);
+    /* the driver put it on the GPU if it had room: count it there, then let the budget decide */
+    if (track_burst(e, ptr, size, dev, ctx) == 0) place_bursts(e);
     pthread_mutex_unlock(&work_lock);
+}
+
+static int is_managed(const gp_ptrmap_item *item) {
+    __typeof__(&cuPointerGetAttribute) get = GP_REAL(cuPointerGetAttribute);
+    unsigned int managed = 0;
+    return get != NULL && set_context(item->ctx) == 0 &&
+           get(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, item->key) == CUDA_SUCCESS && managed;
+}
+
+/* A share resized below what it holds, with a burst: this process's managed allocations move
+ * from the share into the burst (host-backed past the daemon's budget) until the share's use is
+ * within its new limit again, or the burst is full (work_lock held). */
+static void spill(gpupool_region_elastic *e) {
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+        uint64_t limit = gp_region_memory_limit(dev);
+        if (limit == 0 || gp_region_used(dev) <= limit ||
+            __atomic_load_n(&e->burst_used[dev], __ATOMIC_RELAXED) >= e->burst_limit[dev])
+            continue;
+        size_t n = 0;
+        gp_ptrmap_item *items = gp_ptrmap_snapshot(&n);
+        for (size_t i = 0; i < n && gp_region_used(dev) > limit; i++) {
+            gp_ptrmap_item *item = &items[i];
+            if (item->dev != dev || item->kind != GP_KIND_DEVPTR || !is_managed(item)) continue;
+            if (gp_region_burst_reserve(dev, item->size) != 0) break;
+            int owner = -1;
+            uint64_t size = 0, ctx = 0;
+            if (gp_ptrmap_take(item->key, GP_KIND_DEVPTR, &owner, &size, &ctx) != 0) {
+                gp_region_burst_release(dev, item->size); /* freed meanwhile */
+                continue;
+            }
+            gp_ptrmap_put(item->key, GP_KIND_BURST, dev, size, ctx);
+            gp_region_release(dev, size);
+            track_burst(e, item->key, size, dev, ctx);
+        }
+        free(items);
+    }
 }
 
 void gp_elastic_burst_freed(uint64_t ptr, uint64_t size, int dev) {
@@ -237,6 +277,7 @@ static void step(void) {
     pthread_mutex_lock(&work_lock);
     if (want == GP_ELASTIC_SUSPEND && !suspended) suspend(e);
     if (want == GP_ELASTIC_RUN && suspended && resume(e) != 0) state = GP_ACK_WAITING;
+    if (want == GP_ELASTIC_RUN && !suspended) spill(e);
     if (burst_count > 0) place_bursts(e);
     if (suspended && state != GP_ACK_WAITING) state = GP_ACK_SUSPENDED;
     pthread_mutex_unlock(&work_lock);

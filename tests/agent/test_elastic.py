@@ -166,6 +166,30 @@ def test_resize_up_down_and_refused(daemon: Daemon) -> None:
     assert daemon.wait(job)["state"] == "succeeded"
 
 
+def test_shrinking_below_what_a_job_holds_spills_into_its_burst(daemon: Daemon) -> None:
+    low = {"memory": "8Gi", "priority": "low"}
+    roomy = run_job(daemon, 4, 6 * 1024, memory_burst="8Gi", **low)
+    tight = run_job(daemon, 4, 6 * 1024, memory_burst="2Gi", **low)
+    holding(daemon, roomy)
+    holding(daemon, tight)
+    done = cli("resize", str(roomy), "--memory", "4Gi", url=daemon.url)
+    assert done.returncode == 0, done.stderr
+    assert "memory 8GiB -> 4GiB (2GiB spills into its burst)" in done.stdout
+    region = find_shared_region(daemon.state_dir / "jobs" / str(roomy))
+    assert region is not None
+
+    def spilled() -> bool:
+        state = elastic.read(region)  # whole allocations move: its one 6 GiB
+        return state is not None and (state.used[0], state.burst_used[0]) == (0, 6 * GiB)
+
+    assert until(spilled, 5)
+    refused = cli("resize", str(tight), "--memory", "2Gi", url=daemon.url)
+    assert refused.returncode != 0
+    assert "its burst has 2GiB left for the 4GiB past it" in refused.stderr
+    for job in (roomy, tight):
+        assert daemon.wait(job)["state"] == "succeeded" and "intact" in output(daemon, job)
+
+
 def test_a_resume_without_room_waits_and_says_why(one_gpu: Daemon) -> None:
     first = run_job(one_gpu, 6, 20 * 1024, memory="30Gi")
     holding(one_gpu, first)

@@ -85,9 +85,19 @@ def plan_resize(
             f"job {job.id} started without a compute limit, so its processes do not throttle: a "
             "running job's compute share can be changed, not added"
         )
+    spills = 0
     for ordinal, gpu in enumerate(job.gpus):
         held, want = state.used[ordinal], new_memory[ordinal]
-        if held > want:
+        burst_room = spec.burst_bytes() - state.burst_used[ordinal] if spec.memory_burst else 0
+        if held > want and held - want <= burst_room:
+            spills = max(spills, held - want)  # the library moves it into the job's burst
+        elif held > want:
+            if spec.memory_burst:
+                raise InvalidRequest(
+                    f"job {job.id} holds {format_bytes(held)} on GPU {gpu}: its share cannot "
+                    f"shrink to {format_bytes(want)} (its burst has {format_bytes(burst_room)} "
+                    f"left for the {format_bytes(held - want)} past it)"
+                )
             raise InvalidRequest(
                 f"job {job.id} holds {format_bytes(held)} on GPU {gpu}: its share cannot shrink "
                 f"to {format_bytes(want)} (it would have to free {format_bytes(held - want)} "
@@ -110,6 +120,8 @@ def plan_resize(
     said = []
     if memory is not None:
         said.append(f"memory {format_bytes(job.memory[0])} -> {format_bytes(new_memory[0])}")
+    if spills:
+        said[-1] += f" ({format_bytes(spills)} spills into its burst)"
     if compute is not None:
         said.append(f"compute {_percent(job.spec.compute)}% -> {_percent(spec.compute)}%")
     return spec, new_memory, ", ".join(said)
