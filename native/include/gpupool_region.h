@@ -49,7 +49,7 @@ typedef struct {
 #define GP_ACK_WAITING 2u /* asked to resume: the GPU has no room for it yet */
 
 typedef struct {
-    uint32_t control;     /* GP_ELASTIC_RUN or _SUSPEND */
+    uint32_t control; /* GP_ELASTIC_RUN or _SUSPEND */
     uint32_t pad;
     uint64_t control_seq; /* bumped by the daemon with each request */
     /* bytes of the share in host memory (suspended), and in its burst beyond memory_limit */

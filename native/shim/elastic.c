@@ -32,8 +32,8 @@
 int gp_elastic_closed;
 static int enabled;
 static int started;
-static int suspended;                     /* the poller's own state */
-static uint64_t moved[GP_MAX_DEVICES];    /* bytes this process moved to the host, per device */
+static int suspended;                  /* the poller's own state */
+static uint64_t moved[GP_MAX_DEVICES]; /* bytes this process moved to the host, per device */
 static pthread_mutex_t work_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* this process's burst allocations and where each is (work_lock) */
@@ -108,8 +108,8 @@ static int prefetch_burst(gp_burst *b, gpupool_region_elastic *e, int to_device)
 static int room_for(const gp_burst *b, uint64_t bytes) {
     __typeof__(&cuMemGetInfo_v2) info = GP_REAL(cuMemGetInfo_v2);
     size_t free_bytes = 0, total = 0;
-    return info != NULL && set_context(b->ctx) == 0 &&
-           info(&free_bytes, &total) == CUDA_SUCCESS && free_bytes >= bytes;
+    return info != NULL && set_context(b->ctx) == 0 && info(&free_bytes, &total) == CUDA_SUCCESS &&
+           free_bytes >= bytes;
 }
 
 /* the share's burst on each GPU within the daemon's budget: past it, to the host (newest first);
@@ -228,8 +228,10 @@ static void suspend(gpupool_region_elastic *e) {
     if (stuck != 0) {
         char text[32];
         gp_format_bytes(stuck, text, sizeof text);
-        gp_log(GP_LOG_WARN, "suspended; %s stay on the GPU (not managed memory: arrays, "
-                            "virtual-memory handles or pool allocations)", text);
+        gp_log(GP_LOG_WARN,
+               "suspended; %s stay on the GPU (not managed memory: arrays, "
+               "virtual-memory handles or pool allocations)",
+               text);
     }
 }
 

@@ -131,10 +131,13 @@ static CUresult credit_free(uint64_t key, gp_alloc_kind kind, CUresult (*do_free
     int dev = -1;
     uint64_t bytes = 0, ctx = 0;
     int known = gp_ptrmap_take(key, kind, &dev, &bytes, &ctx) == 0;
-    if (!known && kind == GP_KIND_DEVPTR && gp_ptrmap_take(key, GP_KIND_BURST, &dev, &bytes, &ctx) == 0) {
+    if (!known && kind == GP_KIND_DEVPTR &&
+        gp_ptrmap_take(key, GP_KIND_BURST, &dev, &bytes, &ctx) == 0) {
         CUresult rc = do_free(arg);
-        if (rc == CUDA_SUCCESS) gp_elastic_burst_freed(key, bytes, dev);
-        else gp_ptrmap_put(key, GP_KIND_BURST, dev, bytes, ctx);
+        if (rc == CUDA_SUCCESS)
+            gp_elastic_burst_freed(key, bytes, dev);
+        else
+            gp_ptrmap_put(key, GP_KIND_BURST, dev, bytes, ctx);
         return rc;
     }
     CUresult rc = do_free(arg);

@@ -1,6 +1,6 @@
 /*
  * Elastic memory in the simulated driver: copies over the GPU's host link take the time its
- * bandwidth gives (host_link_bytes_s in the GPU's record: PCIe or NVLink-C2C), and managed memory
+ * bandwidth gives (link_bytes_s in the GPU's record: PCIe or NVLink-C2C), and managed memory
  * migrates between the GPU and host memory (cuMemPrefetchAsync), counted against the GPU only
  * while it is on the GPU. The data itself never moves: it lives in host memory all along, so a
  * migration costs only its simulated time.

@@ -286,7 +286,7 @@ uint64_t sim_on_device_ns(int phys, uint64_t duration_ns) {
 /* The time `bytes` take over the GPU's host link (PCIe or NVLink-C2C), 0 when the state file
  * gives no bandwidth. A MIG instance shares its GPU's link. */
 uint64_t sim_link_ns(int phys, uint64_t bytes) {
-    uint64_t rate = sim_gpu(sim_parent_of(phys))->host_link_bytes_s;
+    uint64_t rate = sim_gpu(sim_parent_of(phys))->link_bytes_s;
     if (rate == 0 || bytes == 0) return 0;
     return (uint64_t)((unsigned __int128)bytes * 1000000000u / rate);
 }
