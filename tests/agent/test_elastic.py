@@ -100,8 +100,8 @@ def test_suspend_frees_the_gpu_and_resume_brings_the_data_back(daemon: Daemon) -
 
 
 def test_preemption_suspends_low_jobs_and_resumes_them_in_order(one_gpu: Daemon) -> None:
-    first = run_job(one_gpu, 8, 12 * 1024, memory="16Gi", priority="low")
-    second = run_job(one_gpu, 8, 12 * 1024, memory="16Gi", priority="low")
+    first = run_job(one_gpu, 5, 12 * 1024, memory="16Gi", priority="low")
+    second = run_job(one_gpu, 5, 12 * 1024, memory="16Gi", priority="low")
     holding(one_gpu, first)
     holding(one_gpu, second)
     high = run_job(one_gpu, 1.5, 28 * 1024, memory="30Gi")
@@ -242,7 +242,7 @@ def test_a_job_killed_while_suspended_ends_and_leaves_nothing(daemon: Daemon) ->
 
 def test_a_daemon_killed_while_a_job_is_suspended_adopts_it(tmp_path: Path) -> None:
     first = Daemon(tmp_path, "1xA100-40GB").start()
-    job = run_job(first, 8, 8192, memory="10Gi")
+    job = run_job(first, 6, 8192, memory="10Gi")
     try:
         holding(first, job)
         assert cli("suspend", str(job), url=first.url).returncode == 0
