@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "src" / "gpupool" / "api"
 #: what api/ may use of the agent: its read interface and its commands
-AGENT_FACE = {"view", "submit", "cancel", "drain", "prune"}
+AGENT_FACE = {"view", "submit", "cancel", "drain", "prune", "suspend", "resume", "resize"}
 
 
 def test_import_contracts_hold() -> None:

@@ -147,7 +147,13 @@ class ShimLauncher:
         # the queue's priority is also the compute arbiter's: a low job runs on a GPU only in
         # the time high shares leave (root's `gpupool exec --priority` and jobs arbitrate together)
         limits = _shim_limits(job)
-        return _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base, arbiter)
+        env = _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base, arbiter)
+        # elastic memory: managed allocations, so that the job can be suspended and resumed,
+        # and a low job's burst past its share
+        env[settings.ELASTIC.name] = "1"
+        if job.spec.memory_burst:
+            env[settings.MEMORY_BURST.name] = str(job.spec.burst_bytes())
+        return env
 
 
 class ExclusiveLauncher:
