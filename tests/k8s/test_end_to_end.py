@@ -338,15 +338,10 @@ def test_a_host_share_and_a_pods_share_on_one_gpu_are_arbitrated_together(
     next to a pod with 30 % on the same simulated GPU; each gets its share, and the arbiter
     knows both processes."""
     api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         bind = {"podName": "train", "podNamespace": "default", "podUID": "uid-default-train"}
         assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    response = kubelet.plugin.Allocate(request).container_responses[0]
+    response = kubelet.admit(1)
     gpu = api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_GPUS]
     alone = _run_container(response, [str(shim_client), "run", "1", "kernel"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
