@@ -1,7 +1,8 @@
 """Compute escapes: a process of a job whose compute the arbiter holds uses the GPU without
 asking for a lease (it runs on the simulated driver without the interception library). The
 watchdog finds it from the driver's per-process GPU time within 5 s, and kills it under
-`--watchdog kill`; the job's process that asks for its leases is left alone."""
+`--watchdog kill`; the job's process that asks for its leases is left alone. And a running job's
+compute weight changed at the arbiter (a resize)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon
 from tests.agent.watchdog_support import job_stdout, pids_in, wait_for_event, wait_for_line
 
+from gpupool.agent.arbiters import NodeArbiter
+from gpupool.core.errors import DeviceError
 from gpupool.devices.procfs import process_start_time
+from gpupool.devices.sim.state import STATE_FILE, SimState
+from gpupool.isolation.arbiter import find_share
+from gpupool.isolation.arbiter_control import node_arbiter_dir
 
 REPORT_WITHIN_S = 5.0
 SHARED_MIB = 256  # the process under the library
@@ -95,3 +101,27 @@ def test_a_compute_escape_is_killed_and_the_shared_process_goes_on(killing: Daem
     time.sleep(3)
     assert len(_escape_events(killing, job_id)) == 1
     assert killing.call("GET", f"/v1/jobs/{job_id}")["state"] == "running"
+
+
+def test_a_running_jobs_compute_weight_changes_at_the_arbiter(reporting: Daemon) -> None:
+    """The daemon's side of a resize: NodeArbiter.set_job_weight on a running job's share,
+    seen in the arbiter's view (as `gpupool gpus` shows it)."""
+    job_id = reporting.submit(
+        [sys.executable, CUDA_JOB, "30", str(SHARED_MIB)], memory="4GiB", compute=30
+    )
+    wait_for_line(job_stdout(reporting, job_id), f"holding {SHARED_MIB} MiB")
+    arbiter = NodeArbiter(node_arbiter_dir(reporting.node_dir), reporting.state_dir)
+    share_id = arbiter.share_of(f"job {job_id}").share_id
+    state = SimState.open(reporting.node_dir / STATE_FILE)
+    uuid = state.gpu(0).uuid
+    state.close()
+
+    def percent() -> int | None:
+        found = find_share(arbiter.directory, uuid, share_id)
+        return found.percent if found is not None else None
+
+    assert percent() == 30
+    arbiter.set_job_weight(job_id, 60)
+    assert percent() == 60
+    with pytest.raises(DeviceError, match="no such share"):
+        arbiter.set_job_weight(job_id + 1000, 50)

@@ -106,6 +106,12 @@ class NodeArbiter:
         """Resize a running share's compute weight (see isolation's set_share_weight)."""
         set_share_weight(self.directory, share_id, percent)
 
+    def set_job_weight(self, job_id: int, percent: int) -> None:
+        """Resize job `job_id`'s compute weight at the arbiter, on all its GPUs (DeviceError if
+        it is not registered: no compute limit nor priority, or not running). After a restart of
+        the arbiter the job is registered again from its record: keep that in step."""
+        self.set_weight(self.share_of(f"job {job_id}").share_id, percent)
+
     def keep(self, running: Callable[[], Iterable[Registration]]) -> None:
         """Check the arbiter is there; if it had to be started again, register every running
         share with it (its processes rejoin on their own within a second)."""
