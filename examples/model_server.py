@@ -51,7 +51,9 @@ class Gpu:
             self.cuda.cuCtxSetCurrent(self.ctx)  # a context is current per thread
             self._local.current = True
         for _ in range(kernels):
-            rc = self.cuda.cuLaunchKernel(self.function, blocks, 1, 1, 128, 1, 1, 0, None, None, None)
+            rc = self.cuda.cuLaunchKernel(
+                self.function, blocks, 1, 1, 128, 1, 1, 0, None, None, None
+            )
             if rc != 0 or self.cuda.cuCtxSynchronize() != 0:
                 raise RuntimeError(f"kernel launch failed: CUDA error {rc}")
 
@@ -60,7 +62,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Server
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # a line per request would fill the job's log
 
     def _json(self, status: int, body: dict[str, object]) -> None:

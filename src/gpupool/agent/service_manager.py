@@ -22,9 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from gpupool.agent import service_health
+from gpupool.agent.access import Access
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job, JobSpec, State
-from gpupool.agent.access import Access
 from gpupool.agent.logs import Failures
 from gpupool.agent.service_replicas import (
     HEALTH_EVERY_S,
@@ -40,6 +40,7 @@ from gpupool.agent.store import Store
 from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
 
 TICK_S = 0.2
+MIN_DRAIN_S = 0.5
 #: what the manager needs of the agent: submit a job, cancel one, check a share could ever fit
 Submit = Callable[[JobSpec, int, str], Job]
 Cancel = Callable[[int, int, str], Job]
@@ -66,7 +67,6 @@ class ServiceManager:
         self._waiting = waiting
         self._access = access
         self.traffic = Traffic()
-        self.traffic.on_wait = lambda _name: self._wake.set()
         self._services: dict[str, Service] = {}
         #: replicas of deleted services, drained and stopped by the loop
         self._orphans: list[Replica] = []
@@ -75,6 +75,7 @@ class ServiceManager:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._checks = ThreadPoolExecutor(8, thread_name_prefix="gpupool-health")
+        self.traffic.on_wait = lambda _name: self._wake.set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -130,8 +131,7 @@ class ServiceManager:
         service = self.get(name)
         if not self._access.may_see(uid, service.stored.uid):
             raise PermissionDenied(
-                f"service {name} belongs to {service.stored.user}: only they or an admin may "
-                f"{what}"
+                f"service {name} belongs to {service.stored.user}: only they or an admin may {what}"
             )
         return service
 
@@ -193,6 +193,7 @@ class ServiceManager:
                 r.to_json() for r in sorted(service.replicas.values(), key=lambda r: r.index)
             ]
             data["events"] = [{"at": at, "detail": text} for at, text in service.events]
+            data["ended"] = {str(index): job for index, job in sorted(service.ended.items())}
         return data
 
     # -- the loop --------------------------------------------------------------------------
@@ -254,6 +255,7 @@ class ServiceManager:
 
     def _ended(self, service: Service, replica: Replica, job: Job | None, now: float) -> None:
         del service.replicas[replica.job_id]
+        service.ended[replica.index] = replica.job_id
         self._rows.drop_replica(replica.job_id)
         if replica.endpoint is not None:
             replica.endpoint.draining = True
@@ -285,13 +287,13 @@ class ServiceManager:
         if not due:
             return
         spec, owner = service.spec, service.stored.uid
-        results = self._checks.map(
-            lambda r: service_health.check(r.port, spec.health, owner), due
-        )
+        results = self._checks.map(lambda r: service_health.check(r.port, spec.health, owner), due)
         for replica, failure in zip(due, results, strict=True):
             replica.checked = now
             if failure is None:
                 replica.health_failures, replica.note = 0, ""
+                if replica.endpoint is not None:
+                    replica.endpoint.broken = False
                 if replica.state == "starting":
                     replica.state = "ready"
                     replica.endpoint = Endpoint(
@@ -299,7 +301,9 @@ class ServiceManager:
                     )
                     service.failures, service.problem = 0, ""
                     took = now - replica.started
-                    service.event(f"replica {replica.index} (job {replica.job_id}) ready in {took:.1f}s")
+                    service.event(
+                        f"replica {replica.index} (job {replica.job_id}) ready in {took:.1f}s"
+                    )
                 continue
             replica.note = failure
             if replica.state == "starting":
@@ -376,7 +380,11 @@ class ServiceManager:
         if replica.stopping is None or replica.cancelled:
             return
         busy = replica.endpoint is not None and replica.endpoint.in_flight > 0
-        if busy and now - replica.drain_since < DEFAULT_DRAIN_S:
+        # the router may have picked it just before it was marked: that request counts in
+        # flight within a moment, so a replica drains for at least MIN_DRAIN_S
+        if now - replica.drain_since < MIN_DRAIN_S or (
+            busy and now - replica.drain_since < DEFAULT_DRAIN_S
+        ):
             return
         replica.cancelled = True
         with contextlib.suppress(GpupoolError):  # it ended meanwhile
@@ -400,4 +408,3 @@ class ServiceManager:
 def _stop_order(replica: Replica) -> tuple[int, int]:
     """Which replicas go first: those not serving yet, then the newest."""
     return (0 if replica.state != "ready" else 1, -replica.index)
-

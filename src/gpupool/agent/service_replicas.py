@@ -82,6 +82,8 @@ class Service:
     retry_at: float = 0.0
     problem: str = ""
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    #: the job of the last replica that ended, by replica index (its logs stay readable)
+    ended: dict[int, int] = field(default_factory=dict)
 
     @property
     def spec(self) -> ServiceSpec:

@@ -18,7 +18,23 @@ from dataclasses import dataclass, field
 from gpupool.agent.observe import Histogram
 
 #: seconds: from a token's first byte (milliseconds) to a long generation (a minute)
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 @dataclass(eq=False)
@@ -33,6 +49,8 @@ class Endpoint:
     in_flight: int = 0
     #: no new requests: it is being stopped once those in flight are answered (the manager's)
     draining: bool = False
+    #: it refused a connection: no new requests until the manager has seen why (the router's)
+    broken: bool = False
 
 
 @dataclass(eq=False)

@@ -34,6 +34,8 @@ from gpupool.api.router_http import (
 QUEUE_LIMIT = 256
 #: seconds a request waits for a replica (a cold start included) before 503
 WAIT_S = 60.0
+#: replicas tried for a request that none could be reached for, before 502
+REFUSED_TRIES = 3
 #: idle connections kept per replica
 POOL_SIZE = 64
 #: seconds the router waits for requests in flight when it stops
@@ -46,6 +48,10 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 class _Upstream(Exception):
     """The replica failed before its answer began: the client gets a 502."""
+
+
+class _Refused(_Upstream):
+    """The replica could not be reached: the request never left the router."""
 
 
 class Router:
@@ -65,7 +71,10 @@ class Router:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.traffic.on_change = lambda: self.loop.call_soon_threadsafe(self._wake_all)
+        def changed() -> None:
+            self.loop.call_soon_threadsafe(self._wake_all)
+
+        self.traffic.on_change = changed
         self._thread.start()
         self._ready.wait(10)
 
@@ -97,6 +106,12 @@ class Router:
     # -- waiting for a replica -------------------------------------------------------------
 
     def _wake_all(self) -> None:
+        """The endpoints changed: every waiter looks again; connections to replicas no longer
+        published (stopped, failed) are closed."""
+        live = {e.port for service in self.traffic.all() for e in service.endpoints}
+        for port in [port for port in self._pools if port not in live]:
+            for _, writer in self._pools.pop(port):
+                writer.close()
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
@@ -112,7 +127,7 @@ class Router:
     def _pick(service: ServiceTraffic) -> Endpoint | None:
         best = None
         for endpoint in service.endpoints:
-            if endpoint.draining or endpoint.in_flight >= service.concurrency:
+            if endpoint.draining or endpoint.broken or endpoint.in_flight >= service.concurrency:
                 continue
             if best is None or endpoint.in_flight < best.in_flight:
                 best = endpoint
@@ -194,16 +209,43 @@ class Router:
             writer.write(_error(404, "NotFound", f"no service {shown!r}", close=has_body))
             return keep and not has_body
         service.last_request = time.monotonic()
-        found = await self._endpoint(service)
-        if isinstance(found, str):
-            if found == "gone":
-                message = f"service {service.name} was deleted"
-                writer.write(_error(404, "NotFound", message, close=True))
+        for attempt in range(1, REFUSED_TRIES + 1):
+            found = await self._endpoint(service)
+            if isinstance(found, str):
+                if found == "gone":
+                    message = f"service {service.name} was deleted"
+                    writer.write(_error(404, "NotFound", message, close=True))
+                    return False
+                service.statuses[503] += 1
+                writer.write(_error(503, "Unavailable", found, close=True, extra=_RETRY))
                 return False
-            service.statuses[503] += 1
-            writer.write(_error(503, "Unavailable", found, close=True, extra=_RETRY))
-            return False
-        status, keep_upstream = 502, False
+            try:
+                return keep and await self._send(
+                    service, found, name, head, path, began, (reader, writer), forwarded, keep
+                )
+            except _Refused as err:
+                # nothing reached that replica: the request goes to another one (or waits)
+                if attempt == REFUSED_TRIES:
+                    service.statuses[502] += 1
+                    writer.write(_error(502, "BadGateway", str(err), close=True))
+        return False
+
+    async def _send(
+        self,
+        service: ServiceTraffic,
+        found: Endpoint,
+        name: bytes,
+        head: Head,
+        path: bytes,
+        began: float,
+        client: Connection,
+        forwarded: bytes,
+        keep: bool,
+    ) -> bool:
+        """The request through `found`, counted; whether the client connection may stay open.
+        _Refused (uncounted) when the replica could not be reached at all."""
+        reader, writer = client
+        status: int | None = 502
         self._active += 1
         found.in_flight += 1
         service.in_flight += 1
@@ -211,8 +253,10 @@ class Router:
             status, keep_client = await self._forward(
                 found, name, head, path, reader, writer, forwarded, keep
             )
-            keep_upstream = True
-            return keep and keep_client
+            return keep_client
+        except _Refused:
+            status = None
+            raise
         except _Upstream as err:
             writer.write(_error(502, "BadGateway", str(err), close=True))
             return False
@@ -220,22 +264,53 @@ class Router:
             found.in_flight -= 1
             service.in_flight -= 1
             self._active -= 1
-            service.statuses[status if keep_upstream else 502] += 1
-            service.latency.observe(time.perf_counter() - began)
+            if status is not None:
+                service.statuses[status] += 1
+                service.latency.observe(time.perf_counter() - began)
             self._wake_one(service.name)
 
-    async def _connect(self, port: int) -> tuple[Connection, bool]:
+    async def _connect(self, endpoint: Endpoint) -> Connection:
+        """A kept-alive connection to `endpoint` (one the replica closed is seen at its end
+        and dropped: a replica that exits closes them all), or a new one."""
+        port = endpoint.port
         pool = self._pools.setdefault(port, [])
         while pool:
             reader, writer = pool.pop()
             if not reader.at_eof() and not writer.is_closing():
-                return (reader, writer), True
+                return reader, writer
             writer.close()
         try:
             connection = await asyncio.open_connection("127.0.0.1", port, limit=MAX_HEAD)
         except OSError as err:
-            raise _Upstream(f"the replica on port {port} refused the connection: {err}") from err
-        return connection, False
+            endpoint.broken = True  # the others take its requests until it is back or replaced
+            raise _Refused(f"the replica on port {port} refused the connection: {err}") from err
+        return connection
+
+    async def _exchange(
+        self,
+        endpoint: Endpoint,
+        head: Head,
+        sent: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Head]:
+        """Send the request (head `sent`, then its body) and read the answer's head (1xx ones
+        passed on); _Upstream when the replica fails before its answer began."""
+        up_reader, up_writer = await self._connect(endpoint)
+        try:
+            up_writer.write(sent)
+            await relay_body(reader, up_writer, head)
+            answer = await read_head(up_reader)
+            while answer is not None and answer.second.startswith(b"1"):
+                writer.write(answer.encode())  # 100 Continue and the like
+                answer = await read_head(up_reader)
+        except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
+            up_writer.close()
+            raise _Upstream(f"replica on port {endpoint.port} failed: {err}") from err
+        if answer is None:
+            up_writer.close()
+            raise _Upstream(f"replica on port {endpoint.port} closed the connection")
+        return up_reader, up_writer, answer
 
     async def _forward(
         self,
@@ -253,25 +328,7 @@ class Router:
         sent = Head(head.first, path, b"HTTP/1.1", head.headers).encode(
             [(b"X-Forwarded-For", forwarded), (b"X-Forwarded-Prefix", b"/" + name)]
         )
-        has_body = head.chunked or bool(head.length())
-        for attempt in (1, 2):
-            (up_reader, up_writer), reused = await self._connect(endpoint.port)
-            try:
-                up_writer.write(sent)
-                await relay_body(reader, up_writer, head)
-                answer = await read_head(up_reader)
-                while answer is not None and answer.second.startswith(b"1"):
-                    writer.write(answer.encode())  # 100 Continue and the like
-                    answer = await read_head(up_reader)
-                if answer is None:
-                    raise ConnectionResetError("the replica closed the connection")
-                break
-            except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
-                up_writer.close()
-                # a kept-alive connection the replica had closed: once more on a new one
-                if reused and attempt == 1 and not has_body:
-                    continue
-                raise _Upstream(f"replica on port {endpoint.port} failed: {err}") from err
+        up_reader, up_writer, answer = await self._exchange(endpoint, head, sent, reader, writer)
         status = int(answer.second) if answer.second.isdigit() else 502
         bodiless = head.first == b"HEAD" or status in (204, 304)
         until_close = not bodiless and not answer.chunked and answer.length() is None

@@ -172,20 +172,21 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
         data = services.describe(name, partial(access.may_see, uid))
         if not access.may_see(uid, int(data["uid"])):
             raise PermissionDenied(
-                f"service {name} belongs to {data['user']}: only they or an admin may read its "
-                "logs"
+                f"service {name} belongs to {data['user']}: only they or an admin may read its logs"
             )
-        replicas = data["replica_list"]
-        chosen = [r for r in replicas if replica is None or r["index"] == replica]
+        # a replica now, else the last one that ended (a crashing one's output is wanted most)
+        found = [(r["index"], r["job_id"]) for r in data["replica_list"]]
+        found += [(int(index), job) for index, job in data["ended"].items()]
+        chosen = [(index, job) for index, job in found if replica is None or index == replica]
         if not chosen:
-            which = "no replicas now" if replica is None else f"no replica {replica}"
+            which = "no replicas" if replica is None else f"no replica {replica}"
             raise NotFound(f"service {name} has {which} (gpupool service describe {name})")
-        job_id = int(chosen[0]["job_id"])
+        index, job_id = chosen[0]
         job = view.job(job_id)
         chunk, start = view.read_log(job_id, stream, offset, LOG_CHUNK)
         return {
             "job_id": job_id,
-            "replica": chosen[0]["index"],
+            "replica": index,
             "data": chunk.decode(errors="replace"),
             "offset": start + len(chunk),
             "finished": job.state.finished,

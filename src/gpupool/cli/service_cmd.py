@@ -60,6 +60,8 @@ def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
         body["memory"] = args.memory
     if args.compute is not None:
         body["compute"] = parse_compute_percent(args.compute) // 10
+    if args.concurrency is not None and args.concurrency < 1:
+        raise InvalidRequest(f"invalid --concurrency {args.concurrency}: at least 1")
     for key in ("mode", "priority", "concurrency", "health"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
