@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import until
+from tests.agent.daemon_support import scrape, until
 from tests.agent.services_support import Load, Routed, start_routed
 
 
@@ -39,6 +39,17 @@ def test_scale_out_under_load_then_in_with_every_request_answered(routed: Routed
     assert set(load.statuses) == {200}, load.statuses
     assert described["statuses"] == {"200": sum(load.statuses.values())}
     assert any("scaled in to 1" in e["detail"] for e in described["events"]), described["events"]
+    samples = scrape(routed.daemon)  # per-service metrics, as Prometheus reads them
+    total = sum(load.statuses.values())
+    assert samples["gpupool_service_requests_total"] == [
+        ({"service": "chat", "code": "200"}, total)
+    ]
+    assert samples["gpupool_service_request_duration_seconds_count"] == [
+        ({"service": "chat"}, total)
+    ]
+    replicas = {labels["state"]: v for labels, v in samples["gpupool_service_replicas"]}
+    assert replicas["ready"] == 1 and replicas["desired"] == 1
+    assert samples["gpupool_service_queue_length"] == [({"service": "chat"}, 0)]
     gpus = described["gpus"]
     assert gpus, described  # its replicas are placed jobs, shown with their GPUs
     jobs = routed.daemon.call("GET", "/v1/jobs", params={"all": True})["jobs"]
