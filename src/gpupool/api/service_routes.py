@@ -126,21 +126,20 @@ def updated(spec: ServiceSpec, body: UpdateBody) -> ServiceSpec:
 
 def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) -> None:
     """Add the /v1/services routes to `app`."""
-    services = agent.services
     view = agent.view
     access = view.access
 
     @app.get("/v1/services")
     def list_services(_: int = Depends(caller)) -> dict[str, Any]:
-        return {"services": [service.summary() for service in services.services()]}
+        return {"services": [service.summary() for service in agent.services.services()]}
 
     @app.post("/v1/services", status_code=201)
     def create(body: ServiceBody, uid: int = Depends(caller)) -> dict[str, Any]:
-        return {"service": services.create(spec_of(body), uid, user_name(uid))}
+        return {"service": agent.services.create(spec_of(body), uid, user_name(uid))}
 
     @app.get("/v1/services/{name}")
     def describe(name: str, uid: int = Depends(caller)) -> dict[str, Any]:
-        return services.describe(name, partial(access.may_see, uid))
+        return agent.services.describe(name, partial(access.may_see, uid))
 
     @app.post("/v1/services/{name}/scale")
     def scale(name: str, body: ScaleBody, uid: int = Depends(caller)) -> dict[str, Any]:
@@ -148,17 +147,17 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
             raise InvalidRequest(
                 f"invalid replicas {body.min_replicas}..{body.max_replicas}: MIN is above MAX"
             )
-        spec = services.get(name).spec.scaled(body.min_replicas, body.max_replicas)
-        return {"service": services.scale(name, spec.min_replicas, spec.max_replicas, uid)}
+        spec = agent.services.get(name).spec.scaled(body.min_replicas, body.max_replicas)
+        return {"service": agent.services.scale(name, spec.min_replicas, spec.max_replicas, uid)}
 
     @app.post("/v1/services/{name}/update")
     def update(name: str, body: UpdateBody, uid: int = Depends(caller)) -> dict[str, Any]:
-        spec = updated(services.get(name).spec, body)
-        return {"service": services.update(name, spec, uid)}
+        spec = updated(agent.services.get(name).spec, body)
+        return {"service": agent.services.update(name, spec, uid)}
 
     @app.delete("/v1/services/{name}")
     def delete(name: str, _: EmptyBody, uid: int = Depends(caller)) -> dict[str, Any]:
-        return {"service": services.delete(name, uid)}
+        return {"service": agent.services.delete(name, uid)}
 
     @app.get("/v1/services/{name}/logs")
     def logs(
@@ -169,7 +168,7 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
         uid: int = Depends(caller),
     ) -> dict[str, Any]:
         """A replica's log (the lowest-numbered one unless `replica` says), as a job's."""
-        data = services.describe(name, partial(access.may_see, uid))
+        data = agent.services.describe(name, partial(access.may_see, uid))
         if not access.may_see(uid, int(data["uid"])):
             raise PermissionDenied(
                 f"service {name} belongs to {data['user']}: only they or an admin may read its logs"
