@@ -60,6 +60,9 @@ class Gpu:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # the head and the body go in separate writes: without this, Nagle's algorithm and the
+    # peer's delayed ACK hold the body back 40 ms
+    disable_nagle_algorithm = True
     server: Server
 
     def log_message(self, format: str, *args: object) -> None:

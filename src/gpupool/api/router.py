@@ -168,6 +168,10 @@ class Router:
     # -- one client connection -------------------------------------------------------------
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # asyncio sets it on connections it makes, not on accepted ones:
+            # without it a head and a body written apart wait out the client's delayed ACK
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = writer.get_extra_info("peername")
         forwarded = (peer[0] if isinstance(peer, tuple) else "local").encode()
         try:
