@@ -11,6 +11,7 @@ Usage: examples/inference_demo.py [BIN_DIR]   (BIN_DIR holds gpupool and python;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -26,8 +27,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-import contextlib
 
 import loadgen  # noqa: E402
 
