@@ -31,12 +31,13 @@ def free_port() -> int:
 class Pool:
     """`gpupool serve --simulate SPEC --router` in `root`, until the block ends."""
 
-    def __init__(self, root: Path, spec: str) -> None:
+    def __init__(self, root: Path, spec: str | None) -> None:
+        """`spec`: the simulated node's GPUs (None: this machine's real GPUs)."""
         self.root = root
         self.port = free_port()
         self.url = f"unix://{root / 'state' / 'gpupool.sock'}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        args = ["--simulate", spec, "--node-dir", str(root / "node")]
+        args = ["--simulate", spec, "--node-dir", str(root / "node")] if spec else []
         args += ["--state-dir", str(root / "state"), "--router", f"127.0.0.1:{self.port}"]
         self.log = (root / "serve.log").open("ab")
         self.process = subprocess.Popen(
