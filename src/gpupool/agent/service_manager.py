@@ -262,9 +262,7 @@ class ServiceManager:
         if replica.stopping is not None and not replica.stopping.startswith("failed"):
             service.event(f"replica {replica.index} (job {replica.job_id}) stopped")
             return
-        how = replica.stopping or (
-            f"ended: {job.state.value}, exit code {job.exit_code}" if job else "vanished"
-        )
+        how = replica.stopping or (_how_it_ended(self._jobs, job) if job else "vanished")
         service.failures += 1
         service.restarts += 1
         wait = backoff(service.failures)
@@ -300,7 +298,7 @@ class ServiceManager:
                         replica.job_id, replica.index, replica.port, replica.generation
                     )
                     service.failures, service.problem = 0, ""
-                    took = now - replica.started
+                    took = now - replica.created
                     service.event(
                         f"replica {replica.index} (job {replica.job_id}) ready in {took:.1f}s"
                     )
@@ -408,3 +406,10 @@ class ServiceManager:
 def _stop_order(replica: Replica) -> tuple[int, int]:
     """Which replicas go first: those not serving yet, then the newest."""
     return (0 if replica.state != "ready" else 1, -replica.index)
+
+
+def _how_it_ended(store: Store, job: Job) -> str:
+    """`ended: failed, exit code 3 (exit code 3)`: its state, code and last event's detail."""
+    events = store.events(job.id)
+    detail = f" ({events[-1]['detail'][:200]})" if events else ""
+    return f"ended: {job.state.value}, exit code {job.exit_code}{detail}"

@@ -48,6 +48,11 @@ class Replica:
     cancelled: bool = False
     #: its last failed check or why it waits in the queue
     note: str = ""
+    #: time.monotonic() when it was submitted (`started` is reset when its process starts)
+    created: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.created = self.created or self.started
 
     def routable(self) -> bool:
         return self.state == "ready" and self.stopping is None
