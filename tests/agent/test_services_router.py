@@ -122,6 +122,12 @@ def test_bad_input_gets_one_line_and_changes_nothing(routed: Routed) -> None:
         f"{routed.base}/one/infer", content=b"x" * 10
     )  # a request while it starts from zero
     assert answer.status_code == 200
+    smuggled = httpx.post(
+        f"{routed.base}/one/infer",
+        content=b"0\r\n\r\n",
+        headers={"Transfer-Encoding": "chunked", "Content-Length": "5"},
+    )
+    assert smuggled.status_code == 400 and smuggled.json()["error"] == "BadRequest"
     assert cli("service", "delete", "one", url=url).returncode == 0
     gone = httpx.get(f"{routed.base}/one/infer")
     assert gone.status_code == 404 and "no service" in gone.json()["message"]

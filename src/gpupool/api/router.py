@@ -38,6 +38,8 @@ WAIT_S = 60.0
 REFUSED_TRIES = 3
 #: idle connections kept per replica
 POOL_SIZE = 64
+#: seconds a client connection may wait between requests (or take to send a head)
+IDLE_S = 120.0
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
 _REASONS = {400: "Bad Request", 404: "Not Found", 431: "Request Header Fields Too Large"}
@@ -177,7 +179,10 @@ class Router:
         try:
             while True:
                 try:
-                    head = await read_head(reader)
+                    async with asyncio.timeout(IDLE_S):
+                        head = await read_head(reader)
+                except TimeoutError:
+                    break  # an idle (or trickling) client does not hold a connection forever
                 except BadMessage as err:
                     writer.write(_error(err.status, "BadRequest", str(err), close=True))
                     break
@@ -206,7 +211,11 @@ class Router:
         path = b"/" + rest if not query else b"/" + query + params
         keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
         keep = keep or b"keep-alive" in head.tokens(b"connection")
-        has_body = head.chunked or bool(head.length())
+        try:
+            has_body = _framed(head)
+        except BadMessage as err:
+            writer.write(_error(400, "BadRequest", str(err), close=True))
+            return False
         service = self.traffic.get(name.decode("ascii", "replace"))
         if service is None or service.gone:
             shown = name.decode("ascii", "replace")[:60]
@@ -354,6 +363,17 @@ class Router:
         else:
             up_writer.close()
         return status, client_keep
+
+
+def _framed(head: Head) -> bool:
+    """Whether a request has a body; BadMessage for framing a replica could read otherwise than
+    the router (both Content-Length and chunked: the way to smuggle a request past a proxy)."""
+    length = head.length()
+    if head.chunked and length is not None:
+        raise BadMessage("a request may not have both Content-Length and chunked encoding")
+    if head.tokens(b"transfer-encoding") - {b"chunked", b""} and not head.chunked:
+        raise BadMessage("unsupported Transfer-Encoding: only chunked")
+    return head.chunked or bool(length)
 
 
 def _error(
