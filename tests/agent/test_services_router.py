@@ -122,6 +122,8 @@ def test_bad_input_gets_one_line_and_changes_nothing(routed: Routed) -> None:
         f"{routed.base}/one/infer", content=b"x" * 10
     )  # a request while it starts from zero
     assert answer.status_code == 200
+    closing = httpx.get(f"{routed.base}/one/infer", headers={"Connection": "close"})
+    assert closing.status_code == 200 and closing.headers.get("connection") == "close"
     smuggled = httpx.post(
         f"{routed.base}/one/infer",
         content=b"0\r\n\r\n",

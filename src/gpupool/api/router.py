@@ -233,9 +233,10 @@ class Router:
                 writer.write(_error(503, "Unavailable", found, close=True, extra=_RETRY))
                 return False
             try:
-                return keep and await self._send(
+                kept = await self._send(
                     service, found, name, head, path, began, (reader, writer), forwarded, keep
                 )
+                return keep and kept
             except _Refused as err:
                 # nothing reached that replica: the request goes to another one (or waits)
                 if attempt == REFUSED_TRIES:
