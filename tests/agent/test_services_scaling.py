@@ -100,3 +100,26 @@ def test_rolling_update_replaces_replicas_without_losing_a_request(routed: Route
         assert until(lambda job=job: routed.daemon.job(job)["state"] == "cancelled", timeout=15)
     events = [e["detail"] for e in routed.service("api")["events"]]
     assert sum("replaced by a newer generation" in e for e in events) == 2, events
+
+
+def test_scale_in_drains_the_requests_in_flight_before_a_replica_stops(routed: Routed) -> None:
+    routed.create("batch", min_replicas=3, max_replicas=3, concurrency=2)
+    routed.ready("batch", 3)
+    load = Load(f"{routed.base}/batch/infer?delay=1.0", workers=6)
+    seen_draining: list[dict[str, object]] = []
+    with load.running():
+        assert until(lambda: routed.service("batch")["in_flight"] >= 5, timeout=10)
+        routed.daemon.call(
+            "POST", "/v1/services/batch/scale", json={"min_replicas": 1, "max_replicas": 1}
+        )
+
+        def draining_busy() -> bool:
+            replicas = routed.service("batch")["replica_list"]
+            busy = [r for r in replicas if r["state"] == "draining" and r["in_flight"]]
+            seen_draining.extend(busy)
+            return bool(busy)
+
+        assert until(draining_busy, timeout=5)  # stopping, yet still answering what it has
+        assert until(lambda: len(routed.service("batch")["replica_list"]) == 1, timeout=20)
+    assert set(load.statuses) == {200}, load.statuses
+    assert seen_draining
