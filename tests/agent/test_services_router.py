@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,12 @@ def test_a_replica_that_never_becomes_ready_is_stopped_and_the_service_says_why(
     assert "nothing listens on its $PORT" in service["problem"]
     shown = cli("service", "ls", url=routed.daemon.url)
     assert "never became ready" in shown.stdout
+    # one that listens and never answers holds no checker: its check gives up within a second
+    silent = "import os, socket, time; s = socket.socket(); "
+    silent += "s.bind(('127.0.0.1', int(os.environ['PORT']))); s.listen(); time.sleep(60)"
+    routed.create("silent", argv=[sys.executable, "-c", silent], ready_timeout_s=1.5)
+    quiet = until(lambda: (s := routed.service("silent"))["problem"] and s, timeout=20)
+    assert quiet and "TimeoutError" in quiet["problem"], routed.service("silent")
     # no replica: the request waits, then is refused with 503 and Retry-After (not here: 404
     # for a service that does not exist)
     missing = httpx.get(f"{routed.base}/nothing/x")

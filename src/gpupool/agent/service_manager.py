@@ -17,6 +17,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -41,6 +42,8 @@ from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
 
 TICK_S = 0.2
 MIN_DRAIN_S = 0.5
+#: how long one pass waits for a service's health checks before going on without them
+CHECK_WAIT_S = 0.05
 #: what the manager needs of the agent: submit a job, cancel one, check a share could ever fit
 Submit = Callable[[JobSpec, int, str], Job]
 Cancel = Callable[[int, int, str], Job]
@@ -275,18 +278,28 @@ class ServiceManager:
         service.event(service.problem)
 
     def _check_health(self, service: Service, now: float) -> None:
-        due = [
-            r
-            for r in service.replicas.values()
-            if r.state in ("starting", "ready")
-            and r.stopping is None
-            and (r.state == "starting" or now - r.checked >= HEALTH_EVERY_S)
-        ]
-        if not due:
-            return
+        """Start the checks that are due; take the results of those done. A check runs in the
+        pool and is waited for CHECK_WAIT_S at most: a replica that holds its health check
+        open (up to HEALTH_TIMEOUT_S) slows no pass, no other service, no API call."""
         spec, owner = service.spec, service.stored.uid
-        results = self._checks.map(lambda r: service_health.check(r.port, spec.health, owner), due)
-        for replica, failure in zip(due, results, strict=True):
+        for replica in service.replicas.values():
+            due = replica.state == "starting" or now - replica.checked >= HEALTH_EVERY_S
+            serving = replica.state in ("starting", "ready") and replica.stopping is None
+            if serving and due and replica.check is None:
+                replica.check = self._checks.submit(
+                    service_health.check, replica.port, spec.health, owner
+                )
+        pending = [r.check for r in service.replicas.values() if r.check is not None]
+        if pending:
+            futures.wait(pending, timeout=CHECK_WAIT_S)
+        for replica in list(service.replicas.values()):
+            check = replica.check
+            if check is None or not check.done():
+                continue
+            replica.check = None
+            if replica.stopping is not None:
+                continue
+            failure = check.result()
             replica.checked = now
             if failure is None:
                 replica.health_failures, replica.note = 0, ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class Replica:
     note: str = ""
     #: time.monotonic() when it was submitted (`started` is reset when its process starts)
     created: float = 0.0
+    #: its health check under way: None when it passed, else why not
+    check: Future[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.created = self.created or self.started
