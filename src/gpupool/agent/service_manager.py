@@ -33,6 +33,7 @@ from gpupool.agent.service_replicas import (
     Replica,
     Service,
     backoff,
+    how_it_ended,
 )
 from gpupool.agent.service_store import ServiceStore, StoredReplica, StoredService
 from gpupool.agent.service_traffic import Endpoint, Traffic
@@ -184,20 +185,7 @@ class ServiceManager:
 
     def describe(self, name: str, may_see: Callable[[int], bool]) -> dict[str, Any]:
         with self._lock:
-            service = self.get(name)
-            data = service.summary()
-            spec = service.spec.to_json()
-            if not may_see(service.stored.uid):
-                spec.update(argv=None, env=None, workdir=None)
-            data["spec"] = spec
-            data["why"] = service.why
-            data["statuses"] = {str(k): v for k, v in sorted(service.traffic.statuses.items())}
-            data["replica_list"] = [
-                r.to_json() for r in sorted(service.replicas.values(), key=lambda r: r.index)
-            ]
-            data["events"] = [{"at": at, "detail": text} for at, text in service.events]
-            data["ended"] = {str(index): job for index, job in sorted(service.ended.items())}
-        return data
+            return self.get(name).describe(may_see)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -265,7 +253,9 @@ class ServiceManager:
         if replica.stopping is not None and not replica.stopping.startswith("failed"):
             service.event(f"replica {replica.index} (job {replica.job_id}) stopped")
             return
-        how = replica.stopping or (_how_it_ended(self._jobs, job) if job else "vanished")
+        how = replica.stopping or (
+            how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
+        )
         service.failures += 1
         service.restarts += 1
         wait = backoff(service.failures)
@@ -419,10 +409,3 @@ class ServiceManager:
 def _stop_order(replica: Replica) -> tuple[int, int]:
     """Which replicas go first: those not serving yet, then the newest."""
     return (0 if replica.state != "ready" else 1, -replica.index)
-
-
-def _how_it_ended(store: Store, job: Job) -> str:
-    """`ended: failed, exit code 3 (exit code 3)`: its state, code and last event's detail."""
-    events = store.events(job.id)
-    detail = f" ({events[-1]['detail'][:200]})" if events else ""
-    return f"ended: {job.state.value}, exit code {job.exit_code}{detail}"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.agent.autoscale import Autoscaler
+from gpupool.agent.jobs import Job
 from gpupool.agent.service_store import StoredService
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic
 from gpupool.agent.services import ServiceSpec
@@ -144,3 +146,26 @@ class Service:
             "problem": self.problem,
             "created_at": self.stored.created_at,
         }
+
+    def describe(self, may_see: Callable[[int], bool]) -> dict[str, Any]:
+        """`service describe`: its summary, spec (command, environment and directory only for
+        those `may_see` lets see its owner's), replicas, answers by status and events."""
+        data = self.summary()
+        spec = self.spec.to_json()
+        if not may_see(self.stored.uid):
+            spec.update(argv=None, env=None, workdir=None)
+        data["spec"] = spec
+        data["why"] = self.why
+        data["statuses"] = {str(k): v for k, v in sorted(self.traffic.statuses.items())}
+        data["replica_list"] = [
+            r.to_json() for r in sorted(self.replicas.values(), key=lambda r: r.index)
+        ]
+        data["events"] = [{"at": at, "detail": text} for at, text in self.events]
+        data["ended"] = {str(index): job for index, job in sorted(self.ended.items())}
+        return data
+
+
+def how_it_ended(job: Job, events: list[dict[str, Any]]) -> str:
+    """`ended: failed, exit code 3 (exit code 3)`: its state, code and last event's detail."""
+    detail = f" ({str(events[-1]['detail'])[:200]})" if events else ""
+    return f"ended: {job.state.value}, exit code {job.exit_code}{detail}"
