@@ -209,6 +209,18 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_PRIORITY=%s: expected high or low", text);
     }
+    text = get(GP_ENV_ELASTIC);
+    if (text == NULL || *text == '\0' || strcmp(text, "0") == 0) {
+        cfg->elastic = 0;
+    } else if (strcmp(text, "1") == 0) {
+        cfg->elastic = 1;
+    } else {
+        gp_fatal("invalid GPUPOOL_ELASTIC=%s: expected 0 or 1", text);
+    }
+    text = get(GP_ENV_MEMORY_BURST);
+    cfg->memory_burst = (text && *text) ? parse_memory(GP_ENV_MEMORY_BURST, text) : 0;
+    if (cfg->memory_burst != 0 && !cfg->elastic)
+        gp_fatal("GPUPOOL_MEMORY_BURST needs GPUPOOL_ELASTIC=1 (a burst is managed memory)");
     text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
     /* node-wide: as configured (a directory every container of the node mounts), a simulated

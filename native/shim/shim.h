@@ -13,6 +13,7 @@
 
 #include "gpupool_cuda.h"
 #include "gpupool_nvml.h"
+#include "gpupool_region.h"
 #include "gpupool_settings.h"
 
 /* per-thread default stream variants: cuda.h declares them only under a build flag */
@@ -65,6 +66,8 @@ typedef struct {
     gp_policy policy;
     gp_priority priority;
     const char *region_path; /* NULL: this process alone */
+    int elastic;             /* allocations are managed memory, so the share can be suspended */
+    uint64_t memory_burst;   /* bytes per device past memory_limit, host-backed (elastic only) */
     const char *arbiter_dir; /* where the GPUs' compute arbiters live (node-wide) */
 } gp_config;
 
@@ -88,6 +91,11 @@ uint64_t gp_region_share_id(void);
 int gp_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
 void gp_region_release(int dev, uint64_t bytes);
 uint64_t gp_region_used(int dev);
+/* elastic memory's part of the region (gpupool_region.h), NULL before it is open */
+gpupool_region_elastic *gp_region_elastic(void);
+int gp_region_slot(void); /* this process's slot, -1 before its first reservation */
+int gp_region_burst_reserve(int dev, uint64_t bytes);
+void gp_region_burst_release(int dev, uint64_t bytes);
 /* the share's compute bucket on `dev`: refill X % of the time since the last call (up to cap_ns),
  * pay for the GPU busy from busy_start to busy_end (what the share has not paid yet), return
  * what is left (negative: in debt) */
@@ -106,7 +114,8 @@ typedef enum {
     GP_KIND_DEVPTR = 1,
     GP_KIND_ARRAY = 2,
     GP_KIND_MIPMAP = 3,
-    GP_KIND_MEMHANDLE = 4
+    GP_KIND_MEMHANDLE = 4,
+    GP_KIND_BURST = 5 /* managed memory past the share's limit, counted in its burst */
 } gp_alloc_kind;
 
 void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size, uint64_t ctx);
@@ -115,6 +124,13 @@ int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size, u
 /* forgets every allocation of a destroyed context, calling `release` for each */
 void gp_ptrmap_drop_context(uint64_t ctx, void (*release)(int dev, uint64_t bytes));
 void gp_ptrmap_reset(void);
+typedef struct {
+    uint64_t key, ctx, size;
+    int dev;
+    gp_alloc_kind kind;
+} gp_ptrmap_item;
+/* a copy of the live allocations (malloc'd, *count of them; NULL if none or out of memory) */
+gp_ptrmap_item *gp_ptrmap_snapshot(size_t *count);
 
 /* ---- real.c: the real driver and NVML, dlsym and cuGetProcAddress hooks --------------------- */
 
@@ -143,6 +159,23 @@ int gp_current_device_and_context(uint64_t *ctx_out);
 uint64_t gp_memory_limit(int dev);
 /* at exit: how many allocations were refused, when more than were logged */
 void gp_memory_report_refusals(void);
+
+/* ---- elastic.c: suspend, resume and burst, asked for by the daemon through the region ------ */
+
+void gp_elastic_configure(const gp_config *cfg);
+int gp_elastic_enabled(void);
+/* starts the thread that carries out the daemon's requests (once per process, at its first
+ * reservation: a process that holds no memory has nothing to move) */
+void gp_elastic_start(void);
+void gp_elastic_after_fork(void);
+/* set while the share is suspended: launches and allocations wait in gp_elastic_wait */
+extern int gp_elastic_closed;
+void gp_elastic_wait(void);
+/* an allocation waits while the share is suspended or being suspended */
+void gp_elastic_gate(void);
+/* a burst allocation was made (it goes to the host past the daemon's budget), or freed */
+void gp_elastic_placed_burst(uint64_t ptr, uint64_t size, int dev, uint64_t ctx);
+void gp_elastic_burst_freed(uint64_t ptr, uint64_t size, int dev);
 
 /* ---- throttle.c: compute shares ------------------------------------------------------ */
 

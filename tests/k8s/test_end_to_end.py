@@ -18,15 +18,16 @@ from typing import Any
 
 import grpc
 import pytest
-from k8s_support import ExtenderServer, TestKubelet, gpu_pod, wait_for
+from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
 
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.devices.sim.state import FLAG_LOST
-from gpupool.k8s import names
+from gpupool.k8s import hostfiles, names
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
+from gpupool.k8s.hostfiles import CONTAINER_LIBRARY
 from gpupool.k8s.inventory import decode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.k8s.proto import api_pb2 as pb
@@ -71,8 +72,9 @@ def kubelet(sockets: Path) -> Iterator[TestKubelet]:
 def plugin(
     api: InMemoryKube, node: SimulatedBackend, sockets: Path, kubelet: TestKubelet, tmp_path: Path
 ) -> Iterator[DevicePlugin]:
-    files = ShareFiles(tmp_path / "state", container_root=tmp_path / "container")
-    plugin = DevicePlugin(api, "gpu-1", node, sockets, files)
+    lib_dir = hostfiles.install(tmp_path / "lib")
+    files = ShareFiles(tmp_path / "state", lib_dir, container_root=tmp_path / "container")
+    plugin = DevicePlugin(api, "gpu-1", node, sockets, files, KEY)
     thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
     thread.start()
     wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
@@ -102,7 +104,9 @@ def _run_container(response: Any, argv: list[str]) -> subprocess.CompletedProces
     env.update(response.envs)
     # what /etc/ld.so.preload and /etc/gpupool/shim.conf do for every process of a container
     mounts = {Path(m.container_path).name: m for m in response.mounts}
-    env["LD_PRELOAD"] = Path(mounts[Path(CONTAINER_PRELOAD).name].host_path).read_text().strip()
+    preload = Path(mounts[Path(CONTAINER_PRELOAD).name].host_path).read_text()
+    assert preload == f"{CONTAINER_LIBRARY}\n"
+    env["LD_PRELOAD"] = mounts[Path(CONTAINER_LIBRARY).name].container_path
     env["GPUPOOL_CONFIG_FILE"] = mounts[Path(CONTAINER_CONFIG).name].container_path
     # the workload tries to raise its own limit: the read-only settings file wins
     env["GPUPOOL_MEMORY_LIMIT_0"] = "70Gi"
@@ -124,7 +128,7 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     # a pod already on GPU 1: the 10Gi pod goes next to it under the gpupool policy
     api.add_pod(gpu_pod("other", memory="20Gi", compute="50"))
     pod = api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
-    extender = Extender(api)
+    extender = Extender(api, key=KEY)
     with ExtenderServer(extender) as http:
         first = http.post(
             "/bind",
@@ -136,6 +140,9 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
             },
         )
         assert first.json() == {}
+        # the kubelet admits it before gpupool binds another 1-GPU pod to the node
+        other = kubelet.admit(1)
+        assert other.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(20 * GiB)
         args = {"pod": pod, "nodenames": ["gpu-1", "cpu-1"]}
         filtered = http.post("/filter", json=args).json()
         assert filtered["nodenames"] == ["gpu-1"]
@@ -161,29 +168,12 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     assert ann[names.ANN_MEMORY_BYTES] == str(10 * GiB)
     assert ann[names.ANN_COMPUTE_MILLI] == "300"
 
-    # the kubelet admits "other" first (bound first), then "train"
-    assert kubelet.plugin is not None
-    slots = [d for d, health in kubelet.latest_devices() if health == "Healthy"]
-    preferred = (
-        kubelet.plugin.GetPreferredAllocation(
-            pb.PreferredAllocationRequest(
-                container_requests=[
-                    pb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=slots, allocation_size=1
-                    )
-                ]
-            )
-        )
-        .container_responses[0]
-        .deviceIDs
-    )
-    assert len(preferred) == 1 and preferred[0] in slots
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=list(preferred))]
-    )
-    kubelet.plugin.Allocate(request)
-    response = kubelet.plugin.Allocate(request).container_responses[0]
-    assert api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_ALLOCATED] == "true"
+    response = kubelet.admit(1)
+    # the slot the kubelet was steered to is the one the extender chose, on the pod's GPU
+    assert kubelet.last_devices == ann[names.ANN_SLOTS].split(",")
+    gpu = next(g for g in plugin.gpus if g.index == int(ann[names.ANN_GPUS]))
+    assert kubelet.last_devices[0].startswith(f"{gpu.uuid}::")
+    assert names.ANN_ALLOCATED in api.pods[("default", "train")]["metadata"]["annotations"]
     assert response.envs["CUDA_VISIBLE_DEVICES"] == ann[names.ANN_GPUS]
     assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(10 * GiB)
     assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
@@ -193,6 +183,9 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         "shim.conf": True,
         "share": False,
         "arbiter": False,
+        # --simulate: the simulated driver and node, from the host as well
+        "sim": True,
+        "sim-node": False,
     }
     # the node's compute arbiters: one host directory for every container, named in the
     # read-only settings; the pod asked for no priority, so it is a high share
@@ -228,7 +221,9 @@ def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
     with pytest.raises(grpc.RpcError) as caught:
         kubelet.plugin.Allocate(request)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "no pod bound to gpu-1 by the gpupool extender" in str(caught.value.details())
+    assert str(caught.value.details()) == (
+        "pod default/stray carries no gpupool allocation: was it scheduled by gpupool-scheduler?"
+    )
 
 
 def test_a_lost_gpu_becomes_unhealthy(
@@ -263,21 +258,24 @@ def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works
     plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
 ) -> None:
     api.add_pod(gpu_pod("late", memory="4Gi"))
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         args = {"podName": "late", "podNamespace": "default", "podUID": "uid-default-late"}
         assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = kubelet.latest_devices()[0][0]
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    api.fail_next = 1
+    # the list answers, the patch that marks the pod served times out
+    original = api.patch_pod_annotations
+
+    def timing_out(*args: Any) -> None:
+        api.fail_next = 1
+        original(*args)
+
+    api.patch_pod_annotations = timing_out  # type: ignore[method-assign]
     with pytest.raises(grpc.RpcError) as caught:
-        kubelet.plugin.Allocate(request)
+        kubelet.admit(1)
+    api.patch_pod_annotations = original  # type: ignore[method-assign]
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "timed out" in str(caught.value.details())
     assert names.ANN_ALLOCATED not in api.pods[("default", "late")]["metadata"]["annotations"]
-    response = kubelet.plugin.Allocate(request).container_responses[0]
+    response = kubelet.admit(1)
     assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
 
 
@@ -286,17 +284,11 @@ def test_the_files_of_a_finished_pod_are_removed(
 ) -> None:
     for name in ("keep", "done"):
         api.add_pod(gpu_pod(name, memory="1Gi"))
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("keep", "done"):
             args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
             assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = kubelet.latest_devices()[0][0]
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    for _ in range(2):
-        kubelet.plugin.Allocate(request)
+            kubelet.admit(1)
     assert plugin.files.keys() == {"uid-default-keep", "uid-default-done"}
     api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
     plugin.collect_garbage()
@@ -311,16 +303,11 @@ def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     api.add_pod(
         gpu_pod("batch", memory="10Gi", compute="30", annotations={names.ANN_PRIORITY: "low"})
     )
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("busy", "batch"):
             bind = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
             assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    response = kubelet.plugin.Allocate(request).container_responses[0]
+    response = kubelet.admit(1)
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
     # it holds no compute in placement, and its share still asks the arbiter for what it asked
     assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"

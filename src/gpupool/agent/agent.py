@@ -23,6 +23,7 @@ from functools import partial
 
 from gpupool.agent import launcher, mps, node
 from gpupool.agent.config import AgentConfig
+from gpupool.agent.elastic import ElasticJobs
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures, log
@@ -44,6 +45,7 @@ from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter import arbiter_dir, prepare_arbiters
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import Target, check_possible
+from gpupool.scheduler.gpus import GpuView
 
 __all__ = ["Agent", "AgentConfig"]
 
@@ -102,6 +104,9 @@ class Agent:
         )
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.sampler.capacity
+        self.elastic = ElasticJobs(self.store, self.jobdir, self.context_reserve)
+        #: admission (the loop's) and a resize (an API call's) one at a time
+        self._admission = threading.Lock()
         #: what the API, /metrics and the dashboard read
         self.view = NodeView(
             config,
@@ -113,6 +118,7 @@ class Agent:
             lambda job_id: self._waiting.get(job_id, ()),
             context_reserve=self.context_reserve,
             simulated=backend.simulated,
+            elastic=self.elastic.shown,
         )
         #: services: their replicas are jobs submitted through `submit` (service_manager.py)
         self.services = ServiceManager(
@@ -232,6 +238,36 @@ class Agent:
         self._wake.set()
         return self.store.job(job_id)
 
+    def suspend(self, job_id: int, uid: int, user: str) -> Job:
+        """Move a running shim job's memory to host memory and free its GPU memory."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "suspend it")
+        self.elastic.suspend(job, f"asked by {user}")
+        self._wake.set()
+        return self.store.job(job_id)
+
+    def resume(self, job_id: int, uid: int, user: str) -> Job:
+        """Bring a suspended job back (when its GPUs have room for it again)."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "resume it")
+        self.elastic.resume(job, user)
+        self._wake.set()
+        return self.store.job(job_id)
+
+    def resize(
+        self, job_id: int, uid: int, memory: str | None, compute: int | None
+    ) -> tuple[Job, str]:
+        """Change a running shim job's memory (a size or a %) or compute (milli-GPU) share;
+        the job as it is now and what changed."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "resize it")
+        with self._admission:
+            running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+            capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
+            detail = self.elastic.resize(job, memory, compute, running, capacity)
+        self._wake.set()
+        return self.store.job(job_id), detail
+
     def drain(self, on: bool, uid: int) -> None:
         """Stop starting jobs (on) or start them again, for `uid` if an admin."""
         self.config.access.require_admin(uid, "draining the node" if on else "ending a drain")
@@ -246,7 +282,9 @@ class Agent:
             wait = self.config.tick_s
             try:
                 self.reconcile()
-                self.schedule()
+                with self._admission:
+                    self._elastic_tick()
+                    self.schedule()
                 self._prune_now_and_then()
                 failures.succeeded()
             except Exception as err:  # a full disk, a locked store, a bug: the node goes on
@@ -277,6 +315,12 @@ class Agent:
         started = self._cancel_at.get(job.id)
         if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
             self._signal(job, signal.SIGKILL)
+
+    def _elastic_tick(self) -> None:
+        running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
+        waiting = [j for j in self.store.jobs([State.QUEUED]) if j.id in self._waiting]
+        self.elastic.tick(running, capacity, waiting)
 
     def _each_job(self, job: Job, doing: str, step: Callable[[], object]) -> None:
         """`step()` for `job`; when it fails, the job fails with the reason and the others go
@@ -360,10 +404,12 @@ class Agent:
         running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
         mig_mode = self.sampler.mig_mode
         capacity = [gpu for gpu in self.sampler.capacity if gpu.index not in mig_mode]
-        free = node.free_now(capacity, running, self.context_reserve)
+        # a suspended job's memory is free; what a burst still has on a GPU is not
+        occupying = self.elastic.occupying(running, self.elastic.rows())
+        free = self.elastic.less_bursts(node.free_now(capacity, occupying, self.context_reserve))
         decided = plan(
             queued,
-            running,
+            occupying,
             free,
             capacity,
             self.config.policy,
@@ -375,6 +421,9 @@ class Agent:
         self.observed.scheduling.observe(time.perf_counter() - began)
         if mig_queued:
             self._waiting.update(self._mig_scheduler.schedule(mig_queued))
+        if self.config.preempt == "suspend" and decided.waiting:
+            blocked = [job for job in queued if job.id in decided.waiting]
+            self.elastic.preempt(blocked, occupying, partial(self._fits_without, capacity))
         mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
             if start.job.spec.mode is Mode.MPS:
@@ -387,6 +436,15 @@ class Agent:
                     continue
             self.observed.started(start.job.submitted_at)
             self._each_job(start.job, "launch", partial(self._start, start))
+
+    def _fits_without(self, capacity: list[GpuView], job: Job, victims: list[Job]) -> bool:
+        """`job` would start now were `victims` suspended."""
+        gone = {v.id for v in victims}
+        rest = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        rest = [j for j in self.elastic.occupying(rest, self.elastic.rows()) if j.id not in gone]
+        free = self.elastic.less_bursts(node.free_now(capacity, rest, self.context_reserve))
+        trial = plan([job], rest, free, capacity, self.config.policy, (), self.context_reserve)
+        return bool(trial.starts)
 
     def _start(self, start: Start) -> None:
         where = ", ".join(str(g) for g in start.gpus)

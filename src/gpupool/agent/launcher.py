@@ -85,7 +85,13 @@ class ShimLauncher:
         limits = ShareLimits(
             job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority
         )
-        return _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base)
+        env = _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base)
+        # elastic memory: managed allocations, so that the job can be suspended and resumed,
+        # and a low job's burst past its share
+        env[settings.ELASTIC.name] = "1"
+        if job.spec.memory_burst:
+            env[settings.MEMORY_BURST.name] = str(job.spec.burst_bytes())
+        return env
 
 
 class ExclusiveLauncher:

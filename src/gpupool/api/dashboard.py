@@ -112,11 +112,17 @@ def recent_events(view: NodeView, uid: int, limit: int = EVENTS_SHOWN) -> list[d
 def _job_row(view: NodeView, job: Job) -> dict[str, Any]:
     live = view.live(job.id)
     share = job.memory_per_gpu()
+    elastic = view.elastic(job.id) or {}
+    suspended = elastic.get("state", "running") != "running"
     return {
         "id": job.id,
         "name": job.name,
         "user": job.user,
-        "state": job.state.value,
+        # a suspended job still runs: its memory is in host memory
+        "state": elastic["state"] if suspended else job.state.value,
+        "memory_host": elastic.get("host_bytes", 0)
+        + elastic.get("burst_bytes", 0)
+        - elastic.get("burst_on_device", 0),
         "priority": job.spec.priority.value,
         "mode": job.spec.mode.value,
         "gpus": list(job.gpus),

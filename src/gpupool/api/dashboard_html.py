@@ -121,7 +121,9 @@ def jobs_html(data: dict[str, Any]) -> str:
             f"{escape(job['name'])}</td><td>{escape(job['user'])}</td>"
             f'<td><span class="badge {job["state"]}">{job["state"]}</span></td>'
             f"<td>{gpus}</td>"
-            f"<td>{_bytes(job['memory_used'])} / {_bytes(job['memory_share'])}</td>"
+            f"<td>{_bytes(job['memory_used'])} / {_bytes(job['memory_share'])}"
+            + (f" ({_bytes(job['memory_host'])} in host memory)" if job.get("memory_host") else "")
+            + "</td>"
             f"<td>{util} / {job['compute_share']}%</td>"
             f"<td>{job['priority']}</td><td>{job['mode']}</td>"
             f"<td>{_clock(job['started_at'] or job['submitted_at'])}</td></tr>"

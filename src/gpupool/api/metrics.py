@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.usage import Usage
 from gpupool.agent.view import NodeView
-from gpupool.api import service_metrics
+from gpupool.api import elastic_metrics, service_metrics
 from gpupool.api.exposition import Family, Histogram, render
 from gpupool.core.errors import ConfigError
 from gpupool.core.resources import Mode
@@ -221,6 +221,7 @@ class AgentCollector(Collector):
             draining,
             over,
             strangers,
+            *elastic_metrics.families(view, jobs),
             Histogram(
                 "gpupool_queue_wait_seconds",
                 "Time from submission to start, for jobs started by this daemon",

@@ -140,6 +140,8 @@ def _submit(args: argparse.Namespace) -> int:
         args.workdir,
     )
     body["mig_profile"] = args.mig_profile
+    if args.memory_burst is not None:
+        body["memory_burst"] = args.memory_burst
     with Client(args.url) as client:
         job = client.call("POST", "/v1/jobs", json=body)["job"]
         if not args.wait:
@@ -253,6 +255,11 @@ def _submit_options(parser: argparse.ArgumentParser) -> None:
     )
     options.add(parser, options.MEMORY)
     options.add(parser, options.COMPUTE)
+    parser.add_argument(
+        "--memory-burst",
+        metavar="SIZE",
+        help="Low priority: memory past --memory, host-backed, evicted first (e.g. 24Gi).",
+    )
     parser.add_argument(
         "--mode", metavar="shim|mps|exclusive|mig", help="Default shim (mig with a profile)."
     )

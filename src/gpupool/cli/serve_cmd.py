@@ -215,6 +215,14 @@ def register(app: typer.Typer) -> None:
             f"finished (e.g. 12h, 30m; default {settings.DAEMON.keep_finished_s / 86400:g}d; "
             "gpupool prune does it at once).",
         ),
+        preempt: str = typer.Option(
+            "none",
+            "--preempt",
+            metavar="HOW",
+            help="What a high job that does not fit does to running low jobs: none (it waits) "
+            "or suspend (their memory goes to host memory; they resume, in queue order, when "
+            "room returns).",
+        ),
         router: str | None = typer.Option(
             None,
             "--router",
@@ -272,6 +280,7 @@ def register(app: typer.Typer) -> None:
             max_log_size=settings.DAEMON.max_log_size if log_cap is None else log_cap,
             keep_finished_s=settings.DAEMON.keep_finished_s if keep_s is None else keep_s,
             access=access,
+            preempt=preempt,
         )
         lock = statedir.hold(root)
         statedir.share(root, socket_gid)

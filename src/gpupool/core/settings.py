@@ -72,6 +72,20 @@ COMPUTE_PRIORITY = Setting(
     "arbitrated with the other shares only when the share has a compute limit).",
     Reader.NATIVE,
 )
+ELASTIC = Setting(
+    "GPUPOOL_ELASTIC",
+    "0",
+    "`1`: the share's allocations are managed memory, so that it can be suspended to host memory "
+    "and resumed at the same addresses (set by the daemon for its shim-mode jobs).",
+    Reader.NATIVE,
+)
+MEMORY_BURST = Setting(
+    "GPUPOOL_MEMORY_BURST",
+    None,
+    "Bytes per GPU a low-priority share may allocate past its memory share, host-backed managed "
+    "memory evicted first (needs GPUPOOL_ELASTIC=1).",
+    Reader.NATIVE,
+)
 SHARED_REGION = Setting(
     "GPUPOOL_SHARED_REGION",
     None,
@@ -181,6 +195,8 @@ ALL: tuple[Setting, ...] = (
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
     COMPUTE_PRIORITY,
+    ELASTIC,
+    MEMORY_BURST,
     SHARED_REGION,
     ARBITER_DIR,
     CONFIG_FILE,
@@ -202,6 +218,8 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
     COMPUTE_PRIORITY,
+    ELASTIC,
+    MEMORY_BURST,
     SHARED_REGION,
     CONFIG_FILE,
     ARBITER_DIR,
