@@ -35,6 +35,7 @@ from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
 from gpupool.agent.sampler import Sampler
+from gpupool.agent.service_manager import ServiceManager
 from gpupool.agent.store import Store
 from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
@@ -124,6 +125,16 @@ class Agent:
             simulated=backend.simulated,
             elastic=self.elastic.shown,
         )
+        #: services: their replicas are jobs submitted through `submit` (service_manager.py)
+        self.services = ServiceManager(
+            self.store,
+            self.submit,
+            self.cancel,
+            self.check_fits,
+            lambda job_id: self._waiting.get(job_id, ()),
+            config.access,
+        )
+        self.view.services = self.services
         self._pruned_at = -PRUNE_EVERY_S
         #: one prune at a time (the loop's and an admin's); rmtree of one dir twice would race
         self._prune_lock = threading.Lock()
@@ -139,9 +150,11 @@ class Agent:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.services.start()
 
     def stop(self) -> None:
         """Stop the threads; running jobs go on (their supervisors outlive the daemon)."""
+        self.services.stop()
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
@@ -191,6 +204,13 @@ class Agent:
             self._mig_scheduler.changed()
             self._wake.set()
             return job
+        self.check_fits(spec)
+        job = self.store.add(spec, uid, user)
+        self._wake.set()
+        return job
+
+    def check_fits(self, spec: JobSpec) -> None:
+        """Unschedulable for a share (not MIG) that can never fit this node."""
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
@@ -201,9 +221,6 @@ class Agent:
                 f"{err} for shares (each job also needs {reserve} per GPU for its CUDA context: "
                 "gpupool serve --context-reserve)"
             ) from None
-        job = self.store.add(spec, uid, user)
-        self._wake.set()
-        return job
 
     def cancel(self, job_id: int, uid: int, user: str) -> Job:
         job = self.store.job(job_id)

@@ -110,6 +110,24 @@ MIGRATIONS: tuple[str, ...] = (
         since REAL NOT NULL
     );
     """,
+    # services (agent/service_store.py): each one's spec and owner, and its replicas' jobs
+    """
+    CREATE TABLE services (
+        name TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        generation INTEGER NOT NULL DEFAULT 1,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE replicas (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs (id),
+        service TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        port INTEGER NOT NULL,
+        generation INTEGER NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,6 +23,7 @@ from gpupool.agent.jobs import Job, State
 from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import HistogramReading, HistoryPoint, Observations
 from gpupool.agent.sampler import Sampler
+from gpupool.agent.service_manager import ServiceManager
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage
 from gpupool.agent.watchdog import KINDS, Action, GpuProcess, Watchdog
@@ -66,6 +67,8 @@ class NodeView:
         #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
         #: see it, as others see it: no command)
         self._listed: dict[int, tuple[int, bytes, bytes]] = {}
+        #: the node's services (set by the agent): their listings and traffic
+        self.services: ServiceManager | None = None
 
     # -- settings -----------------------------------------------------------------------------
 

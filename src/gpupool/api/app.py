@@ -27,7 +27,7 @@ from gpupool import __version__
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, JobSpec
-from gpupool.api import admin_routes, elastic_routes, watchdog_routes
+from gpupool.api import admin_routes, elastic_routes, service_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
@@ -212,6 +212,7 @@ def create_app(
     watchdog_routes.register(app, view, caller)
     admin_routes.register(app, agent, caller)
     elastic_routes.register(app, agent, caller)
+    service_routes.register(app, agent, caller)
     app.include_router(metrics_router(view, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(view, secret, sessions, caller))

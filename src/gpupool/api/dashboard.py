@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.view import NodeView
 from gpupool.api import dashboard_html
+from gpupool.api.dashboard_services import services_data
 from gpupool.api.guard import OVER_TCP
 from gpupool.core.errors import NotFound, Unauthorized
 from gpupool.core.units import MILLI_PER_GPU
@@ -188,6 +189,7 @@ def dashboard_data(view: NodeView, uid: int) -> dict[str, Any]:
             "utilization": [list(point.utilization) for point in points],
         },
         "events": recent_events(view, uid),
+        "services": services_data(view),
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpupool.api.client import Client
 from gpupool.cli import jobs_view, options, plain
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import InvalidRequest, NotFound
 from gpupool.core.units import (
     MILLI_PER_GPU,
     parse_compute_percent,
@@ -159,11 +159,25 @@ def _submit(args: argparse.Namespace) -> int:
 def _ps(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         jobs = client.call("GET", "/v1/jobs", params={"all": args.all})["jobs"]
+        services = _services(client)
     if args.json:
-        _echo_json({"jobs": jobs})
+        _echo_json({"jobs": jobs, "services": services})
     else:
         jobs_view.print_jobs(jobs)
+        if services:  # their replicas are among the jobs above, named SERVICE/REPLICA
+            from gpupool.cli import service_view
+
+            print()
+            service_view.print_services(services)
     return 0
+
+
+def _services(client: Client) -> list[dict[str, Any]]:
+    """The daemon's services (none from a daemon older than services)."""
+    try:
+        return list(client.call("GET", "/v1/services")["services"])
+    except NotFound:
+        return []
 
 
 def _logs(args: argparse.Namespace) -> int:

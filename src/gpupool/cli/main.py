@@ -108,6 +108,12 @@ COMMANDS: dict[str, Entry] = {
         "Delete finished jobs, with their events, logs and directories (admins).",
         argparse=True,
     ),
+    "service": Entry(
+        "service_cmd",
+        "Model services: replicas kept up, routed by `gpupool serve --router`, scaled with "
+        "their traffic.",
+        argparse=True,
+    ),
     "events": Entry(
         "events_cmd",
         "The watchdog's events: GPU processes of no job, jobs over their memory share, kills.",

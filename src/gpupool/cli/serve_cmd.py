@@ -223,6 +223,13 @@ def register(app: typer.Typer) -> None:
             "or suspend (their memory goes to host memory; they resume, in queue order, when "
             "room returns).",
         ),
+        router: str | None = typer.Option(
+            None,
+            "--router",
+            metavar="HOST:PORT",
+            help="Also run the services' router: http://HOST:PORT/NAME/... goes to a ready "
+            "replica of service NAME (docs/inference.md).",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -282,6 +289,7 @@ def register(app: typer.Typer) -> None:
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
             sockets.append(server.tcp_socket(listen))
+        router_socket = server.tcp_socket(router, "--router") if router is not None else None
         with open_backend(simulate, node_dir) as backend:
             agent = Agent(config, backend)
             if agent.launch_node.sim_node is not None:
@@ -303,9 +311,18 @@ def register(app: typer.Typer) -> None:
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
             app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
+            proxy = None
+            if router_socket is not None:
+                from gpupool.api.router import Router
+
+                proxy = Router(agent.services.traffic, router_socket)
+                proxy.start()
+                logs.log.info(f"router on http://{router}/NAME/ for the services")
             try:
                 gone = server.serve(app, sockets, tls, {p: i for p, i in watched.items() if i})
             finally:
+                if proxy is not None:
+                    proxy.stop()
                 agent.stop()
                 server.remove_socket(socket_path, watched[socket_path])
                 lock.close()
