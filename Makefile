@@ -33,9 +33,11 @@ browser:
 		fi; \
 	fi
 
-# the pool first (a daemon on a simulated node), then the placement replay
+# the pool first (a daemon on a simulated node), then inference pooling (services behind the
+# router), then the placement replay
 demo: $(STAMP) native
 	sh examples/pool-demo.sh $(BIN)
+	$(BIN)/python examples/inference_demo.py $(BIN)
 	@printf '\n\033[1m== Placement: the trace replayed through four policies ==\033[0m\n'
 	$(BIN)/gpupool demo
 

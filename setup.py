@@ -54,6 +54,11 @@ setup(
     cmdclass={"build_py": BuildNativeThenPy, "bdist_wheel": AnyPythonWheel},
     distclass=PlatformDistribution,
     package_data={
-        "gpupool": ["_native/*.so", "_native/sim/libcuda.so.1", "api/static/*"]
+        "gpupool": [
+            "_native/*.so",
+            "_native/sim/libcuda.so.1",
+            "_native/gpupool-arbiterd",
+            "api/static/*",
+        ]
     },
 )

@@ -52,7 +52,8 @@ GPUS_PER_NODE = 8
 def build(nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False) -> Extender:
     """An extender knowing `nodes` nodes of 8 GPUs, a third of each GPU's compute used at random."""
     rng = random.Random(seed)
-    api = InMemoryKube()
+    # kubelets that start each pod at once: a node takes the next pod of a size right away
+    api = InMemoryKube(run_on_bind=True)
     for n in range(nodes):
         inventory = [
             GpuInfo(i, f"GPU-{n}-{i}", "A100-80GB", 80 * GiB) for i in range(GPUS_PER_NODE)

@@ -14,6 +14,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.devices.sim.state import SimGpuSpec, SimState
+from gpupool.isolation.arbiter_control import (
+    ArbiterControl,
+    ArbiterShare,
+    Registration,
+    prepare_dir,
+    start_arbiter,
+)
 from gpupool.isolation.libraries import native_libraries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +96,14 @@ def build(work: Path) -> tuple[Path, Path]:
     return program, null_dir
 
 
+def sim_gpu(node: Path) -> str:
+    state = SimState.open(node / "state.bin")
+    try:
+        return state.gpu(0).uuid
+    finally:
+        state.close()
+
+
 def sim_node(work: Path) -> Path:
     node = work / "node"
     node.mkdir()
@@ -151,13 +167,22 @@ def environments(driver_dir: Path, work: Path, node: Path | None) -> dict[str, d
     return {"without": base, "with": shim}
 
 
-def arbitrated(envs: dict[str, dict[str, str]], work: Path) -> dict[str, dict[str, str]]:
-    """The same share with the compute arbiter engaged: a priority puts every launch batch
-    through the GPU's lease and the event timing, as a share does next to others (alone here,
-    so that the loop's throughput is comparable)."""
+#: the null driver's one GPU (bench/isolation_null_driver.c's cuDeviceGetUuid)
+NULL_GPU = "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"
+
+
+def arbitrated(
+    envs: dict[str, dict[str, str]], work: Path, control: ArbiterControl, gpu: str
+) -> dict[str, dict[str, str]]:
+    """The same share with the trusted compute arbiter engaged: a priority puts every launch
+    batch through the GPU's lease (granted by gpupool-arbiterd) and the event timing, as a share
+    does next to others (alone here, so that the loop's throughput is comparable)."""
+    share = ArbiterShare.new()
+    control.register(Registration(share, os.getuid(), (gpu,), 100, "high"))
     arbiter = dict(envs["with"])
     arbiter["GPUPOOL_COMPUTE_PRIORITY"] = "high"
-    arbiter["GPUPOOL_ARBITER_DIR"] = str(work)
+    arbiter["GPUPOOL_ARBITER_DIR"] = str(control.directory)
+    arbiter["GPUPOOL_ARBITER_SHARE"] = share.setting
     arbiter["GPUPOOL_SHARED_REGION"] = str(work / f"region-{uuid.uuid4().hex}")
     return {"without": envs["without"], "with": arbiter}
 
@@ -261,13 +286,22 @@ def main() -> None:
         ]
         rows: list[Row] = []
         engaged: list[Row] = []
-        for case, driver_dir, case_node in cases:
-            # the simulated driver's synchronisations sleep, and their jitter is larger than
-            # the difference measured: more runs there
-            runs = args.repeat * 3 if case.driver == "simulated" else args.repeat
-            envs = environments(driver_dir, work, case_node)
-            rows += measure(program, envs, case, runs)
-            engaged += measure(program, arbitrated(envs, work), case, runs)
+        directory = work / "arbiter"
+        prepare_dir(directory)
+        arbiter_pid = start_arbiter(directory, None)
+        control = ArbiterControl(directory)
+        try:
+            for case, driver_dir, case_node in cases:
+                # the simulated driver's synchronisations sleep, and their jitter is larger
+                # than the difference measured: more runs there
+                runs = args.repeat * 3 if case.driver == "simulated" else args.repeat
+                envs = environments(driver_dir, work, case_node)
+                rows += measure(program, envs, case, runs)
+                gpu = NULL_GPU if case_node is None else sim_gpu(case_node)
+                engaged += measure(program, arbitrated(envs, work, control, gpu), case, runs)
+        finally:
+            control.close()
+            os.kill(arbiter_pid, signal.SIGTERM)
         compute = compute_accuracy(work, node, args.seconds)
     command = " ".join(["python bench/isolation_overhead.py", *sys.argv[1:]])
     arbitrated_loops = [

@@ -9,8 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "src" / "gpupool" / "api"
-#: what api/ may use of the agent: its read interface and its commands
-AGENT_FACE = {"view", "submit", "cancel", "drain", "prune"}
+#: what api/ may use of the agent: its read interface and its commands (services: the service
+#: manager's, agent/service_manager.py)
+AGENT_FACE = {
+    *("view", "submit", "cancel", "drain", "prune", "suspend", "resume", "resize", "services"),
+}
 
 
 def test_import_contracts_hold() -> None:

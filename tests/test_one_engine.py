@@ -75,11 +75,14 @@ def by_extender(policy: str, sequence: list[Shape]) -> list[tuple[int, ...] | No
         for i in range(len(sequence)):
             args = {"podName": f"p{i}", "podNamespace": "default", "podUID": f"uid-default-p{i}"}
             answer = http.post("/bind", json={**args, "node": "node-0"}).json()
-            ann = api.pods[("default", f"p{i}")]["metadata"]["annotations"]
+            pod = api.pods[("default", f"p{i}")]
             if answer.get("error"):
                 chosen.append(None)
             else:
-                chosen.append(tuple(int(g) for g in ann[names.ANN_GPUS].split(",")))
+                chosen.append(
+                    tuple(int(g) for g in pod["metadata"]["annotations"][names.ANN_GPUS].split(","))
+                )
+                pod["status"] = {"phase": "Running"}  # the kubelet admitted it
     return chosen
 
 

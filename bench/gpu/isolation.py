@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpupool.devices.factory import open_backend
+from gpupool.isolation.arbiter_control import (
+    ArbiterControl,
+    ArbiterShare,
+    Registration,
+    prepare_dir,
+    start_arbiter,
+)
 from gpupool.isolation.libraries import shim_library
 
 MiB = 1 << 20
@@ -266,18 +275,35 @@ def overhead_checks(runner: Runner, launches: int, repeat: int) -> list[Check]:
     engaged (a priority puts every launch batch through the GPU's lease and event timing, as a
     share next to others does; alone here, so the throughputs compare)."""
     sides: dict[str, list[float]] = {"without": [], "memory": [], "arbiter": []}
+    # the trusted arbiter, private to this check, with the share registered as a launch does
     arbiter_dir = runner.work / "arbiter"
-    arbiter_dir.mkdir(exist_ok=True)
-    for _ in range(repeat):  # alternate, so drifts in clocks hit every side alike
-        envs = {
-            "without": runner.env(shim=False),
-            "memory": runner.env(MEMORY_LIMIT=str(8 * GiB)),
-            "arbiter": runner.env(
-                MEMORY_LIMIT=str(8 * GiB), COMPUTE_PRIORITY="high", ARBITER_DIR=str(arbiter_dir)
-            ),
-        }
-        for side, env in envs.items():
-            sides[side].append(runner.run(LAUNCH_BOUND, env, launches)["ns_per_launch"])
+    prepare_dir(arbiter_dir)
+    arbiter_pid = start_arbiter(arbiter_dir, runner.work / "arbiter.log")
+    control = ArbiterControl(arbiter_dir)
+    share = ArbiterShare.new()
+    backend = open_backend(None)
+    try:
+        gpu = backend.snapshot().gpus[0].uuid
+    finally:
+        backend.close()
+    control.register(Registration(share, os.getuid(), (gpu,), 100, "high"))
+    try:
+        for _ in range(repeat):  # alternate, so drifts in clocks hit every side alike
+            envs = {
+                "without": runner.env(shim=False),
+                "memory": runner.env(MEMORY_LIMIT=str(8 * GiB)),
+                "arbiter": runner.env(
+                    MEMORY_LIMIT=str(8 * GiB),
+                    COMPUTE_PRIORITY="high",
+                    ARBITER_DIR=str(arbiter_dir),
+                    ARBITER_SHARE=share.setting,
+                ),
+            }
+            for side, env in envs.items():
+                sides[side].append(runner.run(LAUNCH_BOUND, env, launches)["ns_per_launch"])
+    finally:
+        control.close()
+        os.kill(arbiter_pid, signal.SIGTERM)
     base = statistics.median(sides["without"])
     checks = []
     for side, name, target in (

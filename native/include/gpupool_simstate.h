@@ -77,7 +77,9 @@ typedef struct {
     char pci_bus_id[32];      /* 224 "00000000:17:00.0" */
     uint32_t mig_parent;      /* 256 an instance record: its GPU's index + 1; 0: a GPU, or a free
                                      instance record (Python writes it when MIG layouts change) */
-    uint8_t reserved_py[124]; /* 260 Python's, zero */
+    uint32_t link_pad;        /* 260 elastic memory (Python's, at creation): zero */
+    uint64_t link_bytes_s;    /* 264 elastic memory: the host link, bytes/s (0: copies free) */
+    uint8_t reserved_py[112]; /* 272 Python's, zero */
     uint8_t driver_private[128]; /* 384 the simulated driver's own per-GPU state */
 } gpupool_sim_gpu;
 

@@ -1,301 +1,318 @@
 /*
- * The compute arbiter: one node-wide file per physical GPU (named by its UUID), shared by every
- * share with a compute limit on that GPU, so that only one process at a time has work in flight.
+ * A client of the node's trusted compute arbiter (native/arbiterd): one lease per GPU.
  *
- * A process launches only while it holds the GPU's lease. It gives the lease back after
- * GP_LEASE_NS when another share wants the GPU (after waiting for its own work to finish, so the
- * GPU time each share's events measure is its own, never the other shares' time-sliced in), or
- * when it must sleep for its cap. A free lease goes to the wanting share whose virtual clock is
- * earliest; a share's clock advances by its measured GPU time over its weight (its percent), so
- * busy shares split the GPU by weight. A share that has not wanted the GPU for GP_IDLE_NS starts
- * again at the earliest clock of the others: idle time is never banked. A holder that stopped
- * launching (and whose work should be over), or whose process is gone, loses the lease.
+ * A process launches only while it holds its GPU's lease. It asks for the lease on the arbiter's
+ * lease socket, saying which share it is (the id and key its launch registered; the kernel tells
+ * the arbiter its user), and waits for the grant. It learns from the GPU's view, a file the
+ * arbiter alone writes and this process maps read-only, whether it still holds the lease and
+ * whether it was asked to give it back; it does so at its next batch, after its own work is done
+ * (so that the GPU time its events measure is its own). It tells the arbiter when it launched
+ * through a sealed memfd page of its own (its beat): no message per launch. The arbiter charges
+ * each share the lease time it granted; nothing this process says is taken for GPU time.
  *
- * Priorities: a `low` share takes the lease only while no `high` share wants it; a high share
- * that asks takes the lease from a low holder at once (the low one finds it gone at its next
- * batch; next to an active high share its batches are small, about GP_BATCH_NS, and one at a
- * time, so a high request waits for at most that, and for one low kernel: kernels are not
- * preempted). A high share wants the GPU only while it asks at every batch (within
- * GP_HIGH_WANT_NS), and a high holder whose work is done lets a waiting low share in after
- * GP_HIGH_HOLD_IDLE_NS: a latency-bound service's gaps between requests go to the low shares
- * instead of idling. A high share never yields to a low one.
- *
- * A file that is not an arbiter of this version stops the workload (exit 2): it never runs
- * unarbitrated by mistake.
+ * If the arbiter cannot be reached (not running, killed, the share not registered yet), or its
+ * view is not one it wrote, the share holds its compute cap alone (throttle.c: its own bucket, at
+ * its percent, whatever its policy), says so once, and tries again about once a second: it
+ * rejoins when the arbiter is back.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gpupool_arbiter.h"
 #include "shim.h"
 
-#define GP_ARB_SHARES GPUPOOL_ARBITER_SHARES
-#define GP_LEASE_NS (20 * GP_NS_PER_MS)
-#define GP_WANT_NS (3 * GP_NS_PER_MS) /* a share that asked this recently still wants the GPU */
-/* a high share asks at every slice while it has work: one that has not asked for this long is
- * between requests, and the low shares may use the GPU */
-#define GP_HIGH_WANT_NS (800 * 1000ULL)
-#define GP_HOLD_IDLE_NS (3 * GP_NS_PER_MS)   /* a holder this long without launching lets go */
-#define GP_HIGH_HOLD_IDLE_NS (500 * 1000ULL) /* a high holder, when a low share waits */
-#define GP_IDLE_NS (50 * GP_NS_PER_MS)       /* a share idle this long starts afresh */
-#define GP_STALE_NS (10 * GP_NS_PER_S)       /* a share slot this old may be reused */
-#define GP_POLL_NS (200 * 1000ULL)
+#define GP_IDLE_NS (50 * GP_NS_PER_MS) /* a high share that asked within this is active */
+#define GP_RETRY_NS GP_NS_PER_S
+/* how often a holder looks whether the arbiter is alive */
+#define GP_CHECK_NS (100 * GP_NS_PER_MS)
 
-typedef gpupool_arbiter_share gp_arb_share;
-typedef gpupool_arbiter_file gp_arb_file;
+enum { GP_ARB_UNKNOWN = 0, GP_ARB_JOINED = 1, GP_ARB_LOST = 2, GP_ARB_NONE = -1 };
 
 typedef struct {
-    int state; /* 0 unknown, 1 ready, -1 none */
-    gp_arb_file *file;
+    int state;
+    int fd;
+    const gpupool_arbiter_view *view;
+    gpupool_arbiter_beat *beat;
     int slot;
+    int resting;
+    int said; /* the lost arbiter was reported */
+    uint64_t lease;
+    uint64_t retry_at, checked_at;
+    pthread_mutex_t lock;
 } gp_arb_dev;
 
 static const char *arbiter_dir;
+static uint64_t share_id, share_key;
 static gp_priority priority;
-static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
 static gp_arb_dev devs[GP_MAX_DEVICES];
-static uint64_t my_start;
-/* getpid() is a system call (glibc no longer caches it) and the lease checks ask at every batch */
-static pid_t my_pid;
 
-void gp_arbiter_configure(const char *dir, gp_priority chosen) {
-    arbiter_dir = dir;
-    priority = chosen;
+void gp_arbiter_configure(const gp_config *cfg) {
+    arbiter_dir = cfg->arbiter_dir;
+    share_id = cfg->arbiter_share;
+    share_key = cfg->arbiter_key;
+    priority = cfg->priority;
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
+        devs[dev] = (gp_arb_dev){.fd = -1, .slot = -1};
+        pthread_mutex_init(&devs[dev].lock, NULL);
+        if (arbiter_dir == NULL || share_id == 0) devs[dev].state = GP_ARB_NONE;
+    }
 }
 
 gp_priority gp_arbiter_priority(void) { return priority; }
 
-static int is_low(const gp_arb_share *s) { return s->priority == GP_PRIORITY_LOW; }
-
-static int wants(const gp_arb_share *s, uint64_t now) {
-    uint64_t window = s->priority == GP_PRIORITY_HIGH ? GP_HIGH_WANT_NS : GP_WANT_NS;
-    return s->share_id != 0 && s->wanted_ns + window >= now;
+static void disconnect(gp_arb_dev *d) {
+    if (d->fd >= 0) close(d->fd);
+    if (d->view != NULL) munmap((void *)d->view, sizeof *d->view);
+    if (d->beat != NULL) munmap(d->beat, sizeof *d->beat);
+    d->fd = -1;
+    d->view = NULL;
+    d->beat = NULL;
+    d->lease = 0;
+    d->slot = -1;
 }
 
-static void init_file(gp_arb_file *map) {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&map->lock.mutex, &attr);
-    pthread_mutexattr_destroy(&attr);
-    map->version = GPUPOOL_ARBITER_VERSION;
-    map->size = sizeof *map;
-    __atomic_store_n(&map->magic, GPUPOOL_ARBITER_MAGIC, __ATOMIC_RELEASE);
+static int send_msg(gp_arb_dev *d, uint32_t kind, uint64_t value) {
+    gpupool_arbiter_msg m = {.kind = kind, .value = value};
+    ssize_t n;
+    do n = send(d->fd, &m, sizeof m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof m ? 0 : -1;
 }
 
-static gp_arb_file *map_file(const char *path) {
-    /* every user's shares on the GPU share its arbiter: readable and writable by all */
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) gp_fatal("cannot open the compute arbiter %s: %s", path, strerror(errno));
-    struct stat st;
-    if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0)
-        gp_fatal("cannot lock the compute arbiter %s: %s", path, strerror(errno));
-    int fresh = st.st_size == 0;
-    /* a file the daemon made for every user is 0666 already, and only its owner may chmod it */
-    int open_to_all = (st.st_mode & 0666) == 0666;
-    if (fresh &&
-        ((!open_to_all && fchmod(fd, 0666) != 0) || ftruncate(fd, sizeof(gp_arb_file)) != 0))
-        gp_fatal("cannot size the compute arbiter %s: %s", path, strerror(errno));
-    if (!fresh && st.st_size != (off_t)sizeof(gp_arb_file))
-        gp_fatal("%s is not a compute arbiter of this gpupool version: remove it when no "
-                 "workload runs on this GPU",
-                 path);
-    void *mem = mmap(NULL, sizeof(gp_arb_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) gp_fatal("cannot map the compute arbiter %s: %s", path, strerror(errno));
-    gp_arb_file *map = mem;
-    if (fresh) {
-        init_file(map);
-    } else if (map->magic != GPUPOOL_ARBITER_MAGIC || map->version != GPUPOOL_ARBITER_VERSION ||
-               map->size != sizeof *map) {
-        gp_fatal("%s is not a compute arbiter of this gpupool version: remove it when no "
-                 "workload runs on this GPU",
-                 path);
+static int recv_msg(gp_arb_dev *d, gpupool_arbiter_msg *m) {
+    ssize_t n;
+    do n = recv(d->fd, m, sizeof *m, 0);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof *m ? 0 : -1;
+}
+
+/* the beat: a memfd sealed against shrinking, so that the arbiter's reads of it never fault */
+static int make_beat(gp_arb_dev *d) {
+    int fd = memfd_create("gpupool-beat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    void *mem = MAP_FAILED;
+    if (ftruncate(fd, (off_t)sizeof *d->beat) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        mem = mmap(NULL, sizeof *d->beat, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+        close(fd);
+        return -1;
     }
-    flock(fd, LOCK_UN);
+    d->beat = mem;
+    return fd;
+}
+
+static int hello(gp_arb_dev *d, const CUuuid *uuid, int beat_fd, char *why, size_t size) {
+    gpupool_arbiter_msg m = {.kind = GPUPOOL_ARB_HELLO, .share_id = share_id, .key = share_key};
+    memcpy(m.uuid, uuid->bytes, 16);
+    char control[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
+    struct msghdr h = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &beat_fd, sizeof(int));
+    if (sendmsg(d->fd, &h, MSG_NOSIGNAL) != (ssize_t)sizeof m || recv_msg(d, &m) != 0) {
+        snprintf(why, size, "it closed the connection");
+        return -1;
+    }
+    if (m.kind != GPUPOOL_ARB_OK) {
+        snprintf(why, size, "it refused the share (reason %u)", m.arg);
+        return -1;
+    }
+    d->slot = (int)m.arg;
+    return 0;
+}
+
+/* the GPU's view, only as a regular file of the arbiter's own user, of this version and GPU */
+static int map_view(gp_arb_dev *d, int dir, const CUuuid *uuid, uid_t owner, char *why,
+                    size_t size) {
+    char name[64];
+    int n = snprintf(name, sizeof name, "%s", GPUPOOL_ARBITER_VIEW_PREFIX);
+    for (int i = 0; i < 16; i++)
+        n += snprintf(name + n, sizeof name - (size_t)n, "%02x", (unsigned char)uuid->bytes[i]);
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != owner ||
+        st.st_size != (off_t)sizeof(gpupool_arbiter_view)) {
+        snprintf(why, size, "%s/%s is not its view of the GPU", arbiter_dir, name);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    void *mem = mmap(NULL, sizeof *d->view, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
-    return map;
+    if (mem == MAP_FAILED) {
+        snprintf(why, size, "%s/%s cannot be mapped", arbiter_dir, name);
+        return -1;
+    }
+    d->view = mem;
+    if (d->view->magic != GPUPOOL_ARBITER_MAGIC || d->view->version != GPUPOOL_ARBITER_VERSION ||
+        d->view->size != sizeof *d->view || memcmp(d->view->uuid, uuid->bytes, 16) != 0) {
+        snprintf(why, size, "%s/%s is not a view of this gpupool version", arbiter_dir, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* connected through a descriptor of the directory: a socket path of any length */
+static int connect_in(int dir, char *why, size_t size) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/%s", dir,
+             GPUPOOL_ARBITER_SOCKET);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) return fd;
+    snprintf(why, size, "%s/%s: %s", arbiter_dir, GPUPOOL_ARBITER_SOCKET, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+static int join(gp_arb_dev *d, int dev, char *why, size_t size) {
+    __typeof__(&cuDeviceGetUuid) get_uuid = GP_REAL(cuDeviceGetUuid);
+    CUuuid uuid;
+    if (get_uuid == NULL || get_uuid(&uuid, dev) != CUDA_SUCCESS) {
+        snprintf(why, size, "the device has no UUID");
+        return -1;
+    }
+    int dir = open(arbiter_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        snprintf(why, size, "%s: %s", arbiter_dir, strerror(errno));
+        return -1;
+    }
+    d->fd = connect_in(dir, why, size);
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    int rc = -1;
+    if (d->fd >= 0 && getsockopt(d->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        int beat_fd = make_beat(d);
+        if (beat_fd < 0) {
+            snprintf(why, size, "no memfd for its beat: %s", strerror(errno));
+        } else {
+            rc = hello(d, &uuid, beat_fd, why, size);
+            close(beat_fd);
+            /* the view is trusted only as a file of the user the kernel says the arbiter is */
+            if (rc == 0) rc = map_view(d, dir, &uuid, cred.uid, why, size);
+        }
+    }
+    close(dir);
+    return rc;
 }
 
 static gp_arb_dev *ready(int dev) {
-    if (arbiter_dir == NULL || dev < 0 || dev >= GP_MAX_DEVICES) return NULL;
+    if (dev < 0 || dev >= GP_MAX_DEVICES) return NULL;
     gp_arb_dev *d = &devs[dev];
     int state = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
-    if (state != 0) return state > 0 ? d : NULL;
-    pthread_mutex_lock(&local_lock);
-    if (d->state == 0) {
-        __typeof__(&cuDeviceGetUuid) get_uuid = GP_REAL(cuDeviceGetUuid);
-        CUuuid uuid;
-        if (get_uuid != NULL && get_uuid(&uuid, dev) == CUDA_SUCCESS) {
-            char path[640];
-            int n = snprintf(path, sizeof path, "%s/gpupool-arbiter-", arbiter_dir);
-            for (int i = 0; i < 16 && n > 0 && (size_t)n + 3 < sizeof path; i++)
-                n += snprintf(path + n, sizeof path - (size_t)n, "%02x",
-                              (unsigned char)uuid.bytes[i]);
-            d->file = map_file(path);
-            d->slot = -1;
-            if (my_start == 0) {
-                my_pid = getpid();
-                my_start = gp_proc_start_time(my_pid);
-            }
+    if (state == GP_ARB_JOINED) return d;
+    if (state == GP_ARB_NONE) return NULL;
+    uint64_t now = gp_now_ns();
+    if (state == GP_ARB_LOST && now < __atomic_load_n(&d->retry_at, __ATOMIC_RELAXED)) return NULL;
+    pthread_mutex_lock(&d->lock);
+    if (d->state != GP_ARB_JOINED) {
+        char why[768];
+        disconnect(d);
+        if (join(d, dev, why, sizeof why) == 0) {
+            if (d->said) gp_log(GP_LOG_INFO, "the compute arbiter is back: GPU %d arbitrated", dev);
+            d->said = 0;
+            d->checked_at = now;
+            __atomic_store_n(&d->state, GP_ARB_JOINED, __ATOMIC_RELEASE);
+        } else {
+            disconnect(d);
+            if (!d->said++)
+                gp_log(GP_LOG_WARN,
+                       "no compute arbiter for GPU %d (%s): the share holds its compute cap alone "
+                       "until it is back",
+                       dev, why);
+            d->retry_at = now + GP_RETRY_NS;
+            __atomic_store_n(&d->state, GP_ARB_LOST, __ATOMIC_RELEASE);
         }
-        __atomic_store_n(&d->state, d->file != NULL ? 1 : -1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&local_lock);
-    return d->state > 0 ? d : NULL;
+    pthread_mutex_unlock(&d->lock);
+    return d->state == GP_ARB_JOINED ? d : NULL;
 }
 
-/* Waiting shares sleep on the file's turn (a futex shared by every process mapping it) and are
- * woken when a share lets the lease go or stops wanting it: the next share runs at once instead of
- * at its next poll, which cost the GPU up to GP_POLL_NS at every hand-over. What only time changes
- * (a holder gone quiet, a high share no longer asking) is still found by the poll. */
-static void wait_turn(gp_arb_file *f, uint32_t seen) {
-    struct timespec timeout = {.tv_sec = 0, .tv_nsec = (long)GP_POLL_NS};
-    if (syscall(SYS_futex, &f->turn, FUTEX_WAIT, seen, &timeout, NULL, 0) == 0) return;
-    /* the turn moved (EAGAIN), the poll is due (ETIMEDOUT) or a signal came: look again; any
-     * other failure (a kernel or sandbox without futexes) must not turn the wait into a spin */
-    if (errno != EAGAIN && errno != ETIMEDOUT && errno != EINTR) gp_sleep_ns(GP_POLL_NS);
+/* under d->lock: the arbiter is gone; hold the cap alone and try again later */
+static void lost(gp_arb_dev *d, int dev) {
+    disconnect(d);
+    if (!d->said++)
+        gp_log(GP_LOG_WARN,
+               "the compute arbiter of GPU %d went away: the share holds its compute cap alone "
+               "until it is back",
+               dev);
+    d->retry_at = gp_now_ns() + GP_RETRY_NS;
+    __atomic_store_n(&d->state, GP_ARB_LOST, __ATOMIC_RELEASE);
 }
 
-/* under the lock */
-static void pass_turn(gp_arb_file *f) {
-    __atomic_add_fetch(&f->turn, 1, __ATOMIC_RELEASE);
-    syscall(SYS_futex, &f->turn, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+int gp_arbiter_active(int dev) {
+    gp_arb_dev *d = ready(dev);
+    if (d == NULL) return 0;
+    /* a holder never waits on the socket: look now and then whether the arbiter is still there */
+    uint64_t now = gp_now_ns();
+    if (now < d->checked_at + GP_CHECK_NS) return 1;
+    pthread_mutex_lock(&d->lock);
+    d->checked_at = now;
+    char byte;
+    if (d->state == GP_ARB_JOINED && recv(d->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+        lost(d, dev);
+    int joined = d->state == GP_ARB_JOINED;
+    pthread_mutex_unlock(&d->lock);
+    return joined;
 }
 
-static void lock(gp_arb_file *f) {
-    if (pthread_mutex_lock(&f->lock.mutex) == EOWNERDEAD)
-        pthread_mutex_consistent(&f->lock.mutex); /* fields are written whole: still valid */
+static int holds(const gp_arb_dev *d) {
+    return d->lease != 0 && __atomic_load_n(&d->view->lease, __ATOMIC_ACQUIRE) == d->lease;
 }
 
-static int holder_gone(const gp_arb_file *f) {
-    if (f->holder_pid == 0) return 1;
-    if (kill(f->holder_pid, 0) != 0 && errno == ESRCH) return 1;
-    return gp_proc_start_time(f->holder_pid) != f->holder_start;
-}
-
-/* the earliest clock of the shares that want the GPU, other than `self` (UINT64_MAX: none) */
-static uint64_t floor_vtime(const gp_arb_file *f, int self, uint64_t now) {
-    uint64_t low = UINT64_MAX;
-    for (int i = 0; i < GP_ARB_SHARES; i++) {
-        const gp_arb_share *s = &f->share[i];
-        if (i == self || s->share_id == 0 || s->wanted_ns + GP_IDLE_NS < now) continue;
-        if (s->vtime < low) low = s->vtime;
-    }
-    return low;
-}
-
-static int claim_slot(gp_arb_dev *d, uint64_t share, uint64_t now) {
-    gp_arb_file *f = d->file;
-    if (d->slot >= 0 && f->share[d->slot].share_id == share) return d->slot;
-    int spare = -1;
-    for (int i = 0; i < GP_ARB_SHARES; i++) {
-        if (f->share[i].share_id == share) return d->slot = i;
-        if (spare < 0 && (f->share[i].share_id == 0 || f->share[i].wanted_ns + GP_STALE_NS < now))
-            spare = i;
-    }
-    if (spare < 0) gp_fatal("more than %d compute shares on one GPU", GP_ARB_SHARES);
-    uint64_t low = floor_vtime(f, spare, now);
-    f->share[spare] = (gp_arb_share){.share_id = share, .vtime = low == UINT64_MAX ? 0 : low};
-    return d->slot = spare;
-}
-
-/* under the lock: whether this process may take the lease now */
-static int try_take(gp_arb_dev *d, uint32_t weight, uint64_t now) {
-    gp_arb_file *f = d->file;
-    int me = claim_slot(d, gp_region_share_id(), now);
-    gp_arb_share *s = &f->share[me];
-    if (s->wanted_ns + GP_IDLE_NS < now) {
-        uint64_t low = floor_vtime(f, me, now);
-        if (low != UINT64_MAX && low > s->vtime) s->vtime = low;
-    }
-    s->wanted_ns = now;
-    s->weight = weight;
-    s->priority = priority;
-    s->policy = (uint32_t)gp_region_policy();
-    s->pid = my_pid;
-    if (f->holder_pid == my_pid) return 1;
-    const gp_arb_share *holder = &f->share[f->holder_slot % GP_ARB_SHARES];
-    /* a high share takes the GPU from a low holder at once: the low one finds it gone at its
-     * next slice, and what it has in flight then is one small slice */
-    int preempt = priority == GP_PRIORITY_HIGH && is_low(holder);
-    /* a high holder between requests lets a waiting low share in soon: its work is done */
-    uint64_t hold_idle =
-        holder->priority == GP_PRIORITY_HIGH && is_low(s) ? GP_HIGH_HOLD_IDLE_NS : GP_HOLD_IDLE_NS;
-    int idle = now > f->last_launch_ns + hold_idle && now > f->busy_until_ns;
-    if (!holder_gone(f) && !idle && !preempt) return 0;
-    for (int i = 0; i < GP_ARB_SHARES; i++) {
-        const gp_arb_share *o = &f->share[i];
-        if (i == me || !wants(o, now)) continue;
-        /* a high share goes first; within a class, the earliest clock */
-        if (is_low(o) < is_low(s) || (is_low(o) == is_low(s) && o->vtime < s->vtime)) return 0;
-    }
-    f->holder_pid = my_pid;
-    f->holder_start = my_start;
-    f->holder_slot = (uint32_t)me;
-    f->granted_ns = f->last_launch_ns = f->busy_until_ns = now;
-    return 1;
-}
-
-int gp_arbiter_active(int dev) { return ready(dev) != NULL; }
-
-void gp_arbiter_acquire(int dev, uint32_t weight) {
+void gp_arbiter_acquire(int dev) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
-    uint64_t waiting_since = 0;
-    for (;;) {
-        uint64_t now = gp_now_ns();
-        lock(d->file);
-        uint32_t turn = __atomic_load_n(&d->file->turn, __ATOMIC_ACQUIRE);
-        int taken = try_take(d, weight, now);
-        pthread_mutex_unlock(&d->file->lock.mutex);
-        if (taken) {
-            /* the share's time held back for the lease (counted once, when it ends) */
-            if (waiting_since != 0) gp_region_count_wait(dev, GP_WAIT_LEASE, now - waiting_since);
-            return;
-        }
-        if (waiting_since == 0) waiting_since = now;
-        wait_turn(d->file, turn);
+    pthread_mutex_lock(&d->lock);
+    if (d->state != GP_ARB_JOINED || holds(d)) {
+        pthread_mutex_unlock(&d->lock);
+        return;
     }
+    uint64_t since = gp_now_ns();
+    gpupool_arbiter_msg m;
+    d->lease = 0;
+    d->resting = 0;
+    if (send_msg(d, GPUPOOL_ARB_ACQUIRE, 0) != 0 || recv_msg(d, &m) != 0 ||
+        m.kind != GPUPOOL_ARB_GRANT) {
+        lost(d, dev);
+    } else {
+        d->lease = m.value;
+        uint64_t now = gp_now_ns();
+        /* the share's time held back for the lease */
+        if (now - since > 20000) gp_region_count_wait(dev, GP_WAIT_LEASE, now - since);
+    }
+    pthread_mutex_unlock(&d->lock);
 }
 
 int gp_arbiter_should_yield(int dev, uint64_t now) {
+    (void)now;
     gp_arb_dev *d = ready(dev);
-    if (d == NULL) return 0;
-    gp_arb_file *f = d->file;
-    if (__atomic_load_n(&f->holder_pid, __ATOMIC_RELAXED) != my_pid) return 0;
-    int low = priority == GP_PRIORITY_LOW;
-    int expired = now >= __atomic_load_n(&f->granted_ns, __ATOMIC_RELAXED) + GP_LEASE_NS;
-    /* only a low holder yields before its lease is up: the others need not look (this runs at
-     * every batch of a busy share) */
-    if (!expired && !low) return 0;
-    for (int i = 0; i < GP_ARB_SHARES; i++) {
-        const gp_arb_share *o = &f->share[i];
-        if (i == d->slot || !wants(o, now)) continue;
-        /* a low holder yields to a high share at once; nobody yields to a low one */
-        if (low && !is_low(o)) return 1;
-        if (expired && is_low(o) == low) return 1;
-    }
-    return 0;
+    if (d == NULL || d->lease == 0) return 0;
+    const gpupool_arbiter_view *v = d->view;
+    uint64_t current = __atomic_load_n(&v->lease, __ATOMIC_ACQUIRE);
+    /* asked back, or taken already: either way its work drains before it asks again */
+    return current != d->lease || __atomic_load_n(&v->yield_lease, __ATOMIC_RELAXED) == d->lease;
 }
 
 int gp_arbiter_high_active(int dev, uint64_t now) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return 0;
-    for (int i = 0; i < GP_ARB_SHARES; i++) {
-        const gp_arb_share *o = &d->file->share[i];
-        if (i == d->slot || o->share_id == 0 || is_low(o)) continue;
+    for (int i = 0; i < GPUPOOL_ARBITER_SHARES; i++) {
+        const gpupool_arbiter_share *o = &d->view->share[i];
+        if (i == d->slot || o->share_id == 0 || o->priority == GP_PRIORITY_LOW) continue;
+        if (__atomic_load_n(&o->resting, __ATOMIC_RELAXED)) continue;
         if (__atomic_load_n(&o->wanted_ns, __ATOMIC_RELAXED) + GP_IDLE_NS >= now) return 1;
     }
     return 0;
@@ -303,71 +320,58 @@ int gp_arbiter_high_active(int dev, uint64_t now) {
 
 int gp_arbiter_holds(int dev) {
     gp_arb_dev *d = ready(dev);
-    return d != NULL && __atomic_load_n(&d->file->holder_pid, __ATOMIC_RELAXED) == my_pid;
+    return d != NULL && holds(d);
 }
 
 void gp_arbiter_release(int dev) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
-    lock(d->file);
-    if (d->file->holder_pid == my_pid) {
-        d->file->holder_pid = 0;
-        pass_turn(d->file);
-    }
-    pthread_mutex_unlock(&d->file->lock.mutex);
+    pthread_mutex_lock(&d->lock);
+    if (d->state == GP_ARB_JOINED && holds(d) && send_msg(d, GPUPOOL_ARB_RELEASE, d->lease) != 0)
+        lost(d, dev);
+    d->lease = 0;
+    pthread_mutex_unlock(&d->lock);
 }
 
-/* A share asleep for its cap has work it may not run yet: it stops wanting the GPU until it asks
- * again, so that the others, a low share too, use the time it leaves (without this, a low share
- * next to a capped share with no priority waited out the want window after its every batch) */
+/* A share asleep for its cap has work it may not run yet: it says so once, so that a low share
+ * does not keep its batches small for a high share that is only sleeping */
 void gp_arbiter_rest(int dev, uint64_t now) {
+    (void)now;
     gp_arb_dev *d = ready(dev);
-    if (d == NULL || d->slot < 0 || now <= GP_WANT_NS) return;
-    lock(d->file);
-    gp_arb_share *s = &d->file->share[d->slot];
-    /* just outside every want window, and far from the idle and stale limits */
-    if (s->share_id == gp_region_share_id() && s->wanted_ns >= now - GP_WANT_NS) {
-        s->wanted_ns = now - GP_WANT_NS - 1;
-        pass_turn(d->file);
-    }
-    pthread_mutex_unlock(&d->file->lock.mutex);
+    if (d == NULL || d->resting) return;
+    pthread_mutex_lock(&d->lock);
+    d->resting = 1;
+    if (d->state == GP_ARB_JOINED && send_msg(d, GPUPOOL_ARB_REST, 0) != 0) lost(d, dev);
+    pthread_mutex_unlock(&d->lock);
 }
 
 void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
-    gp_arb_file *f = d->file;
-    uint64_t until = __atomic_load_n(&f->busy_until_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(&f->busy_until_ns, (until > now ? until : now) + estimate_ns,
+    gpupool_arbiter_beat *b = d->beat;
+    uint64_t until = __atomic_load_n(&b->busy_until_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->busy_until_ns, (until > now ? until : now) + estimate_ns,
                      __ATOMIC_RELAXED);
-    __atomic_store_n(&f->last_launch_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->last_launch_ns, now, __ATOMIC_RELAXED);
 }
 
-void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight) {
-    gp_arb_dev *d = ready(dev);
-    if (d == NULL || d->slot < 0 || weight == 0) return;
-    lock(d->file);
-    gp_arb_share *s = &d->file->share[d->slot];
-    if (s->share_id == gp_region_share_id()) {
-        s->vtime += busy_ns * 100 / weight;
-        s->busy_ns += busy_ns;
-    }
-    pthread_mutex_unlock(&d->file->lock.mutex);
-}
-
-/* at exit: a lease this process holds goes back at once, not after the idle timeout */
+/* at exit: a lease this process holds goes back at once, not when the arbiter sees it quiet */
 void gp_arbiter_close(void) {
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
-        if (__atomic_load_n(&devs[dev].state, __ATOMIC_ACQUIRE) > 0) gp_arbiter_release(dev);
+        if (__atomic_load_n(&devs[dev].state, __ATOMIC_ACQUIRE) == GP_ARB_JOINED)
+            gp_arbiter_release(dev);
     }
 }
 
+/* the child shares its parent's connections and beat pages: it makes its own */
 void gp_arbiter_after_fork(void) {
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    local_lock = fresh;
-    my_pid = getpid();
-    my_start = 0;
     for (int dev = 0; dev < GP_MAX_DEVICES; dev++) {
-        if (devs[dev].state > 0) my_start = gp_proc_start_time(my_pid);
+        gp_arb_dev *d = &devs[dev];
+        pthread_mutex_init(&d->lock, NULL);
+        if (d->state == GP_ARB_NONE) continue;
+        disconnect(d);
+        d->state = GP_ARB_UNKNOWN;
+        d->said = 0;
+        d->resting = 0;
     }
 }

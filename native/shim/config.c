@@ -178,6 +178,19 @@ static void load_per_device(gp_config *cfg) {
     }
 }
 
+/* "<16 hex digits>:<16 hex digits>": the share's id and key at the arbiter */
+static void parse_share(const char *text, gp_config *cfg) {
+    char *end = NULL;
+    int ok = strlen(text) == 33 && text[16] == ':';
+    for (int i = 0; ok && i < 33; i++) ok = i == 16 || isxdigit((unsigned char)text[i]);
+    if (ok) {
+        cfg->arbiter_share = strtoull(text, &end, 16);
+        cfg->arbiter_key = strtoull(text + 17, &end, 16);
+    }
+    if (!ok || cfg->arbiter_share == 0)
+        gp_fatal("invalid GPUPOOL_ARBITER_SHARE: expected <16 hex digits>:<16 hex digits>");
+}
+
 void gp_config_load(gp_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     source = config_source();
@@ -209,13 +222,26 @@ void gp_config_load(gp_config *cfg) {
     } else {
         gp_fatal("invalid GPUPOOL_COMPUTE_PRIORITY=%s: expected high or low", text);
     }
+    text = get(GP_ENV_ELASTIC);
+    if (text == NULL || *text == '\0' || strcmp(text, "0") == 0) {
+        cfg->elastic = 0;
+    } else if (strcmp(text, "1") == 0) {
+        cfg->elastic = 1;
+    } else {
+        gp_fatal("invalid GPUPOOL_ELASTIC=%s: expected 0 or 1", text);
+    }
+    text = get(GP_ENV_MEMORY_BURST);
+    cfg->memory_burst = (text && *text) ? parse_memory(GP_ENV_MEMORY_BURST, text) : 0;
+    if (cfg->memory_burst != 0 && !cfg->elastic)
+        gp_fatal("GPUPOOL_MEMORY_BURST needs GPUPOOL_ELASTIC=1 (a burst is managed memory)");
     text = get(GP_ENV_SHARED_REGION);
     cfg->region_path = (text && *text) ? text : NULL;
-    /* node-wide: as configured (a directory every container of the node mounts), a simulated
-     * node's directory, else /dev/shm */
+    /* the trusted arbiter: its directory and this share's id and key there, as the launch
+     * registered them; without both, the share is not arbitrated (it holds its cap alone) */
     text = get(GP_ENV_ARBITER_DIR);
-    const char *node = getenv(GP_ENV_SIM_NODE);
     if (text != NULL && *text != '\0' && (*text != '/' || strlen(text) >= 512))
         gp_fatal("invalid GPUPOOL_ARBITER_DIR=%s: expected an absolute path under 512 bytes", text);
-    cfg->arbiter_dir = (text && *text) ? text : (node && *node) ? node : "/dev/shm";
+    cfg->arbiter_dir = (text && *text) ? text : NULL;
+    text = get(GP_ENV_ARBITER_SHARE);
+    if (text != NULL && *text != '\0') parse_share(text, cfg);
 }

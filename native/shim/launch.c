@@ -68,6 +68,9 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
     do {                                                                                           \
         __typeof__(&real_name) real = GP_REAL(real_name);                                          \
         if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;                                       \
+        /* a suspended share's launches wait here (one load when it is not) */                     \
+        if (__builtin_expect(__atomic_load_n(&gp_elastic_closed, __ATOMIC_RELAXED), 0))            \
+            gp_elastic_wait();                                                                     \
         gp_launch launch;                                                                          \
         gp_throttle_before(&launch, (stream), (ptsz));                                             \
         __atomic_add_fetch(launch.dev >= 0 ? &held[GP_ENTRY_##real_name]                           \

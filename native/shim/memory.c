@@ -86,6 +86,10 @@ static uint64_t refusals;
 /* 0: reserved (or nothing to account); -1: over the limit, the caller returns out of memory */
 static int reserve(int dev, uint64_t bytes) {
     if (dev < 0) return 0;
+    if (gp_elastic_enabled()) {
+        gp_elastic_gate();
+        gp_elastic_start();
+    }
     uint64_t limit = gp_memory_limit(dev), used = 0;
     if (gp_region_reserve(dev, bytes, limit, &used) == 0) return 0;
     char used_text[32], asked_text[32], limit_text[32];
@@ -127,6 +131,15 @@ static CUresult credit_free(uint64_t key, gp_alloc_kind kind, CUresult (*do_free
     int dev = -1;
     uint64_t bytes = 0, ctx = 0;
     int known = gp_ptrmap_take(key, kind, &dev, &bytes, &ctx) == 0;
+    if (!known && kind == GP_KIND_DEVPTR &&
+        gp_ptrmap_take(key, GP_KIND_BURST, &dev, &bytes, &ctx) == 0) {
+        CUresult rc = do_free(arg);
+        if (rc == CUDA_SUCCESS)
+            gp_elastic_burst_freed(key, bytes, dev);
+        else
+            gp_ptrmap_put(key, GP_KIND_BURST, dev, bytes, ctx);
+        return rc;
+    }
     CUresult rc = do_free(arg);
     if (!known) return rc;
     if (rc == CUDA_SUCCESS) {
@@ -139,11 +152,49 @@ static CUresult credit_free(uint64_t key, gp_alloc_kind kind, CUresult (*do_free
 
 /* ---- allocations ---------------------------------------------------------------------------- */
 
+/* an elastic allocation: managed memory within the share; past it, within the share's burst */
+static CUresult alloc_managed(__typeof__(&cuMemAllocManaged) managed, CUdeviceptr *dptr,
+                              size_t bytesize, int dev, uint64_t ctx) {
+    gpupool_region_elastic *e = gp_region_elastic();
+    uint64_t limit = gp_memory_limit(dev), used = 0;
+    int burst = e != NULL && e->burst_limit[dev] != 0 && limit != 0;
+    if (!burst) {
+        if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        gp_elastic_gate();
+        gp_elastic_start();
+        if (gp_region_reserve(dev, bytesize, limit, &used) == 0) {
+            burst = 0; /* within the share */
+        } else if (gp_region_burst_reserve(dev, bytesize) != 0) {
+            /* past the burst too: refused as any allocation over the limit (logged, counted) */
+            if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+            burst = 0;
+        }
+    }
+    gp_alloc_kind kind = burst ? GP_KIND_BURST : GP_KIND_DEVPTR;
+    CUresult rc = managed(dptr, bytesize, CU_MEM_ATTACH_GLOBAL);
+    if (kind == GP_KIND_BURST) {
+        if (rc == CUDA_SUCCESS) {
+            gp_ptrmap_put(*dptr, kind, dev, bytesize, ctx);
+            gp_elastic_placed_burst(*dptr, bytesize, dev, ctx);
+        } else {
+            gp_region_burst_release(dev, bytesize);
+        }
+        return rc;
+    }
+    settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);
+    return rc;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     __typeof__(&cuMemAlloc_v2) real = GP_REAL(cuMemAlloc_v2);
+    __typeof__(&cuMemAllocManaged) managed = GP_REAL(cuMemAllocManaged);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = 0;
     int dev = gp_current_device_and_context(&ctx);
+    /* elastic: managed memory, which suspend can move to the host at the same address */
+    if (gp_elastic_enabled() && managed != NULL && dev >= 0)
+        return alloc_managed(managed, dptr, bytesize, dev, ctx);
     if (reserve(dev, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize);
     settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_KIND_DEVPTR, dev, bytesize, ctx);

@@ -122,6 +122,24 @@ out:
     pthread_mutex_unlock(&map_lock);
 }
 
+gp_ptrmap_item *gp_ptrmap_snapshot(size_t *n_out) {
+    gp_ptrmap_item *items = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&map_lock);
+    if (count > 0) items = malloc(count * sizeof *items);
+    for (size_t i = 0; items != NULL && i < capacity; i++) {
+        if (table[i].key == 0) continue;
+        items[n++] = (gp_ptrmap_item){.key = table[i].key,
+                                      .ctx = table[i].ctx,
+                                      .size = table[i].size,
+                                      .dev = (int)table[i].dev,
+                                      .kind = (gp_alloc_kind)table[i].kind};
+    }
+    pthread_mutex_unlock(&map_lock);
+    *n_out = n;
+    return items;
+}
+
 /* in a forked child: the parent's allocations are not the child's to free */
 void gp_ptrmap_reset(void) {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;

@@ -172,6 +172,7 @@ static void after_fork_in_child(void) {
     gp_throttle_after_fork();
     gp_launch_after_fork();
     gp_arbiter_after_fork();
+    gp_elastic_after_fork();
 }
 
 __attribute__((constructor)) static void gp_load(void) {
@@ -179,7 +180,8 @@ __attribute__((constructor)) static void gp_load(void) {
     find_real_dlsym();
     gp_config_load(&cfg);
     gp_region_open(&cfg);
-    gp_arbiter_configure(cfg.arbiter_dir, cfg.priority);
+    gp_elastic_configure(&cfg);
+    gp_arbiter_configure(&cfg);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 

@@ -117,6 +117,7 @@ static void init_region(gp_region *r, const gp_config *cfg) {
     r->policy = (uint32_t)cfg->policy;
     memcpy(r->memory_limit, cfg->memory_limit, sizeof r->memory_limit);
     memcpy(r->compute_limit, cfg->compute_limit, sizeof r->compute_limit);
+    for (int dev = 0; dev < GP_MAX_DEVICES; dev++) r->elastic.burst_limit[dev] = cfg->memory_burst;
     init_mutex(&r->lock.mutex);
     __atomic_store_n(&r->magic, GP_REGION_MAGIC, __ATOMIC_RELEASE);
 }
@@ -213,6 +214,11 @@ static int claim_slot(void) {
             memset(proc, 0, sizeof *proc);
             proc->pid = my_pid;
             proc->start_time = start;
+            /* a process that starts while its share runs has carried out the daemon's request */
+            gpupool_region_elastic *e = &region->elastic;
+            uint32_t running = __atomic_load_n(&e->control, __ATOMIC_ACQUIRE) == GP_ELASTIC_RUN;
+            e->ack_state[i] = GP_ACK_RUNNING;
+            __atomic_store_n(&e->ack_seq[i], running ? e->control_seq : 0, __ATOMIC_RELEASE);
             return i;
         }
         reclaim_dead(0);
@@ -262,6 +268,29 @@ void gp_region_close(void) {
     }
     memset(proc, 0, sizeof *proc);
     my_slot = -1;
+    region_unlock();
+}
+
+gpupool_region_elastic *gp_region_elastic(void) { return region ? &region->elastic : NULL; }
+int gp_region_slot(void) { return my_slot; }
+
+/* a burst allocation: `bytes` more of the share's burst on `dev`, if it has them */
+int gp_region_burst_reserve(int dev, uint64_t bytes) {
+    if (region == NULL) return -1;
+    region_lock();
+    gpupool_region_elastic *e = &region->elastic;
+    int ok = e->burst_used[dev] <= e->burst_limit[dev] &&
+             bytes <= e->burst_limit[dev] - e->burst_used[dev];
+    if (ok) e->burst_used[dev] += bytes;
+    region_unlock();
+    return ok ? 0 : -1;
+}
+
+void gp_region_burst_release(int dev, uint64_t bytes) {
+    if (region == NULL) return;
+    region_lock();
+    uint64_t *used = &region->elastic.burst_used[dev];
+    *used -= bytes < *used ? bytes : *used;
     region_unlock();
 }
 

@@ -13,6 +13,7 @@
 
 #include "gpupool_cuda.h"
 #include "gpupool_nvml.h"
+#include "gpupool_region.h"
 #include "gpupool_settings.h"
 
 /* per-thread default stream variants: cuda.h declares them only under a build flag */
@@ -65,7 +66,11 @@ typedef struct {
     gp_policy policy;
     gp_priority priority;
     const char *region_path; /* NULL: this process alone */
-    const char *arbiter_dir; /* where the GPUs' compute arbiters live (node-wide) */
+    int elastic;             /* allocations are managed memory, so the share can be suspended */
+    uint64_t memory_burst;   /* bytes per device past memory_limit, host-backed (elastic only) */
+    const char *arbiter_dir; /* the trusted arbiter's runtime directory; NULL: none */
+    uint64_t arbiter_share;  /* the share's id at the arbiter (GPUPOOL_ARBITER_SHARE) */
+    uint64_t arbiter_key;    /* and its key; both 0: not arbitrated */
 } gp_config;
 
 void gp_config_load(gp_config *cfg);
@@ -88,6 +93,11 @@ uint64_t gp_region_share_id(void);
 int gp_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
 void gp_region_release(int dev, uint64_t bytes);
 uint64_t gp_region_used(int dev);
+/* elastic memory's part of the region (gpupool_region.h), NULL before it is open */
+gpupool_region_elastic *gp_region_elastic(void);
+int gp_region_slot(void); /* this process's slot, -1 before its first reservation */
+int gp_region_burst_reserve(int dev, uint64_t bytes);
+void gp_region_burst_release(int dev, uint64_t bytes);
 /* the share's compute bucket on `dev`: refill X % of the time since the last call (up to cap_ns),
  * pay for the GPU busy from busy_start to busy_end (what the share has not paid yet), return
  * what is left (negative: in debt) */
@@ -106,7 +116,8 @@ typedef enum {
     GP_KIND_DEVPTR = 1,
     GP_KIND_ARRAY = 2,
     GP_KIND_MIPMAP = 3,
-    GP_KIND_MEMHANDLE = 4
+    GP_KIND_MEMHANDLE = 4,
+    GP_KIND_BURST = 5 /* managed memory past the share's limit, counted in its burst */
 } gp_alloc_kind;
 
 void gp_ptrmap_put(uint64_t key, gp_alloc_kind kind, int dev, uint64_t size, uint64_t ctx);
@@ -115,6 +126,13 @@ int gp_ptrmap_take(uint64_t key, gp_alloc_kind kind, int *dev, uint64_t *size, u
 /* forgets every allocation of a destroyed context, calling `release` for each */
 void gp_ptrmap_drop_context(uint64_t ctx, void (*release)(int dev, uint64_t bytes));
 void gp_ptrmap_reset(void);
+typedef struct {
+    uint64_t key, ctx, size;
+    int dev;
+    gp_alloc_kind kind;
+} gp_ptrmap_item;
+/* a copy of the live allocations (malloc'd, *count of them; NULL if none or out of memory) */
+gp_ptrmap_item *gp_ptrmap_snapshot(size_t *count);
 
 /* ---- real.c: the real driver and NVML, dlsym and cuGetProcAddress hooks --------------------- */
 
@@ -144,6 +162,23 @@ uint64_t gp_memory_limit(int dev);
 /* at exit: how many allocations were refused, when more than were logged */
 void gp_memory_report_refusals(void);
 
+/* ---- elastic.c: suspend, resume and burst, asked for by the daemon through the region ------ */
+
+void gp_elastic_configure(const gp_config *cfg);
+int gp_elastic_enabled(void);
+/* starts the thread that carries out the daemon's requests (once per process, at its first
+ * reservation: a process that holds no memory has nothing to move) */
+void gp_elastic_start(void);
+void gp_elastic_after_fork(void);
+/* set while the share is suspended: launches and allocations wait in gp_elastic_wait */
+extern int gp_elastic_closed;
+void gp_elastic_wait(void);
+/* an allocation waits while the share is suspended or being suspended */
+void gp_elastic_gate(void);
+/* a burst allocation was made (it goes to the host past the daemon's budget), or freed */
+void gp_elastic_placed_burst(uint64_t ptr, uint64_t size, int dev, uint64_t ctx);
+void gp_elastic_burst_freed(uint64_t ptr, uint64_t size, int dev);
+
 /* ---- throttle.c: compute shares ------------------------------------------------------ */
 
 typedef struct {
@@ -159,14 +194,14 @@ void gp_throttle_after_fork(void);
 void gp_launch_report(void);
 void gp_launch_after_fork(void);
 
-/* ---- arbiter.c: one lease per GPU, node-wide, shared by every compute share on it ----------- */
+/* ---- arbiter.c: a client of the node's trusted arbiter (native/arbiterd): one lease per GPU -- */
 
-void gp_arbiter_configure(const char *dir, gp_priority priority);
+void gp_arbiter_configure(const gp_config *cfg);
 gp_priority gp_arbiter_priority(void);
 int gp_arbiter_active(int dev);
-/* wait until this process holds the GPU's lease (the share's clock is earliest of the wanting) */
-void gp_arbiter_acquire(int dev, uint32_t weight);
-/* this process has held the lease its length and another share wants the GPU */
+/* wait until this process holds the GPU's lease (the arbiter grants it) */
+void gp_arbiter_acquire(int dev);
+/* the arbiter asked this process to give the lease back (or took it): drain, then release */
 int gp_arbiter_should_yield(int dev, uint64_t now);
 int gp_arbiter_holds(int dev);
 /* a high-priority share asked for the GPU within the last 50 ms */
@@ -176,8 +211,6 @@ void gp_arbiter_release(int dev);
 void gp_arbiter_rest(int dev, uint64_t now);
 /* a launch of about `estimate_ns` of GPU time was queued at `now` */
 void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);
-/* the share's measured GPU time, on its virtual clock */
-void gp_arbiter_charge(int dev, uint64_t busy_ns, uint32_t weight);
 void gp_arbiter_close(void);
 void gp_arbiter_after_fork(void);
 

@@ -145,7 +145,6 @@ static void charge(gp_throttle *t, const gp_batch *b, uint64_t end_ns) {
         t->batch_target = target < 1 ? 1 : target > GP_MAX_BATCH ? GP_MAX_BATCH : (uint32_t)target;
     }
     if (busy > 0) settle(t, gp_now_ns(), start, end_ns);
-    if (busy > 0) gp_arbiter_charge(t->dev, busy, t->percent);
     if (end_ns > t->frontier_ns) t->frontier_ns = end_ns;
 }
 
@@ -243,7 +242,7 @@ static void take_turn(gp_throttle *t) {
      * then waits for little */
     if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, gp_now_ns()))
         drain(t);
-    if (arbitrated) gp_arbiter_acquire(t->dev, t->percent);
+    if (arbitrated) gp_arbiter_acquire(t->dev);
 }
 
 /* the driver's entry points do not change once resolved: look once, not at every launch */

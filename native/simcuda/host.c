@@ -185,6 +185,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = info.ctx->ordinal; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = info.start; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = info.size; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = (unsigned int)info.managed; break;
     default: return CUDA_ERROR_NOT_SUPPORTED;
     }
     return CUDA_SUCCESS;

@@ -80,7 +80,7 @@ static void sim_unmap_linear(uintptr_t ptr, size_t size) {
 
 /* Gives the memory back to the GPU and frees the host side; the record is already unlinked. */
 void sim_mem_teardown(sim_mem *m) {
-    sim_memory_release(m->gpu, m->size);
+    if (!m->on_host) sim_memory_release(m->gpu, m->size);
     if (m->kind == SIM_MEM_LINEAR) sim_unmap_linear(m->ptr, m->size);
     if (m->kind == SIM_MEM_VMM && m->fd >= 0) close(m->fd);
     m->magic = 0;
@@ -89,7 +89,7 @@ void sim_mem_teardown(sim_mem *m) {
 
 /* Counts `size` against GPU `phys` (-1: the current context's) and makes the record. */
 static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **ctx_out,
-                            sim_mem **out) {
+                            sim_mem **out, int managed) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
     if (rc != CUDA_SUCCESS) return rc;
@@ -101,12 +101,18 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **
     sim_mem *m = calloc(1, sizeof *m);
     if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     rc = sim_memory_reserve(phys, size);
+    /* managed memory the GPU has no room for lives in host memory (oversubscription) */
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && managed) {
+        m->on_host = 1;
+        rc = CUDA_SUCCESS;
+    }
     if (rc != CUDA_SUCCESS) {
         free(m);
         return rc;
     }
     m->magic = SIM_MAGIC_MEM;
     m->kind = kind;
+    m->managed = managed;
     m->size = size;
     m->gpu = phys;
     m->fd = -1;
@@ -115,15 +121,15 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys) {
+static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys, int managed) {
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
-    CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, phys, &ctx, &m);
+    CUresult rc = sim_mem_new(SIM_MEM_LINEAR, size, phys, &ctx, &m, managed);
     if (rc != CUDA_SUCCESS) return rc;
     void *p = sim_map_linear(size);
     if (p == MAP_FAILED) {
-        sim_memory_release(m->gpu, size);
+        if (!m->on_host) sim_memory_release(m->gpu, size);
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -139,7 +145,7 @@ static CUresult sim_alloc_linear_on(CUdeviceptr *dptr, size_t size, int phys) {
 }
 
 static CUresult sim_alloc_linear(CUdeviceptr *dptr, size_t size) {
-    return sim_alloc_linear_on(dptr, size, -1);
+    return sim_alloc_linear_on(dptr, size, -1, 0);
 }
 
 /* The linear allocation holding address `p` (a copy of its record), for pointer queries. */
@@ -155,6 +161,17 @@ int sim_linear_find(uintptr_t p, sim_mem *out) {
     if (hit != NULL) *out = *hit;
     pthread_mutex_unlock(&g_sim.mu);
     return hit != NULL;
+}
+
+/* where a managed allocation now lives (migrate.c) */
+void sim_linear_set_place(uintptr_t ptr, int gpu, int on_host) {
+    pthread_mutex_lock(&g_sim.mu);
+    for (sim_mem *m = sim_linear[sim_hash(ptr)]; m != NULL; m = m->hnext) {
+        if (m->ptr != ptr) continue;
+        m->gpu = gpu;
+        m->on_host = on_host;
+    }
+    pthread_mutex_unlock(&g_sim.mu);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
@@ -175,14 +192,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_alloc_linear(dptr, bytesize);
-    if (rc == CUDA_SUCCESS) {
-        pthread_mutex_lock(&g_sim.mu);
-        for (sim_mem *m = sim_linear[sim_hash((uintptr_t)*dptr)]; m != NULL; m = m->hnext)
-            if (m->ptr == (uintptr_t)*dptr) m->managed = 1;
-        pthread_mutex_unlock(&g_sim.mu);
-    }
-    return rc;
+    return sim_alloc_linear_on(dptr, bytesize, -1, 1);
 }
 
 /* Stream-ordered allocation: the memory is ready at once, which is a legal schedule. */
@@ -252,7 +262,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
     if (rc != CUDA_SUCCESS) return rc;
     sim_pool *pool = sim_pool_of(h);
     if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return sim_alloc_linear_on(dptr, bytesize, pool->gpu);
+    return sim_alloc_linear_on(dptr, bytesize, pool->gpu, 0);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -315,7 +325,7 @@ static CUresult sim_array_new(size_t bytes, void **handle) {
     if (handle == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     sim_ctx *ctx;
     sim_mem *m;
-    CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, -1, &ctx, &m);
+    CUresult rc = sim_mem_new(SIM_MEM_ARRAY, bytes, -1, &ctx, &m, 0);
     if (rc != CUDA_SUCCESS) return rc;
     sim_ctx_link_mem(ctx, m);
     *handle = m;
@@ -386,61 +396,67 @@ static CUresult sim_memop(int kind, void *dst, const void *src, uint32_t value, 
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_memop_sync(int kind, void *dst, const void *src, uint32_t value, size_t count) {
+/* `link`: the copy crosses the host link (host to device or back), which takes its time */
+static CUresult sim_memop_sync(int kind, void *dst, const void *src, uint32_t value, size_t count,
+                               int link) {
     sim_ctx *ctx;
     CUresult rc = sim_current_ctx_checked(&ctx);
     if (rc != CUDA_SUCCESS) return rc;
     sim_ctx_wait_blocking(ctx);
-    return sim_memop(kind, dst, src, value, count);
+    rc = sim_memop(kind, dst, src, value, count);
+    if (rc == CUDA_SUCCESS && link) sim_link_copy(ctx, NULL, count);
+    return rc;
 }
 
 static CUresult sim_memop_async(int kind, void *dst, const void *src, uint32_t value, size_t count,
-                                CUstream hStream) {
+                                CUstream hStream, int link) {
     sim_stream *st;
     CUresult rc = sim_resolve_stream(hStream, &st);
     if (rc != CUDA_SUCCESS) return rc;
     if (st->capture != NULL)
         return sim_capture_memop(st, kind, (CUdeviceptr)(uintptr_t)dst, src, value, count);
-    return sim_memop(kind, dst, src, value, count);
+    rc = sim_memop(kind, dst, src, value, count);
+    if (rc == CUDA_SUCCESS && link) sim_link_copy(st->ctx, st, count);
+    return rc;
 }
 
 #define DEV(p) ((void *)(uintptr_t)(p))
 
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, 0);
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    return sim_memop_sync(SIM_OP_COPY, DEV(dst), src, 0, n);
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), src, 0, n, 1);
 }
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
-    return sim_memop_sync(SIM_OP_COPY, dst, DEV(src), 0, n);
+    return sim_memop_sync(SIM_OP_COPY, dst, DEV(src), 0, n, 1);
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n);
+    return sim_memop_sync(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, 0);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s, 0);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_COPY, DEV(dst), src, 0, n, s);
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), src, 0, n, s, 1);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_COPY, dst, DEV(src), 0, n, s);
+    return sim_memop_async(SIM_OP_COPY, dst, DEV(src), 0, n, s, 1);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s);
+    return sim_memop_async(SIM_OP_COPY, DEV(dst), DEV(src), 0, n, s, 0);
 }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
-    return sim_memop_sync(SIM_OP_SET8, DEV(dst), NULL, uc, n);
+    return sim_memop_sync(SIM_OP_SET8, DEV(dst), NULL, uc, n, 0);
 }
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n) {
-    return sim_memop_sync(SIM_OP_SET32, DEV(dst), NULL, ui, n);
+    return sim_memop_sync(SIM_OP_SET32, DEV(dst), NULL, ui, n, 0);
 }
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_SET8, DEV(dst), NULL, uc, n, s);
+    return sim_memop_async(SIM_OP_SET8, DEV(dst), NULL, uc, n, s, 0);
 }
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s) {
-    return sim_memop_async(SIM_OP_SET32, DEV(dst), NULL, ui, n, s);
+    return sim_memop_async(SIM_OP_SET32, DEV(dst), NULL, ui, n, s, 0);
 }
 
 /* replays a copy or fill recorded in a graph */

@@ -58,6 +58,7 @@ typedef struct sim_mem {
     int maps;      /* VMM: live cuMemMap mappings */
     int released;  /* VMM: cuMemRelease called */
     int managed;   /* LINEAR: from cuMemAllocManaged */
+    int on_host;   /* LINEAR, managed: migrated to host memory, not counted against the GPU */
     struct sim_ctx *ctx;
     struct sim_mem *hnext;       /* LINEAR: hash chain */
     struct sim_mem *prev, *next; /* the owning context's list */
@@ -121,6 +122,7 @@ CUresult sim_memory_reserve(int phys, size_t size);
 void sim_memory_release(int phys, size_t size);
 gpupool_sim_proc *sim_proc(int slot);
 uint64_t sim_on_device_ns(int phys, uint64_t duration_ns);
+uint64_t sim_link_ns(int phys, uint64_t bytes);
 void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now);
 uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
 void sim_complain(const char *fmt, const char *arg);
@@ -142,6 +144,9 @@ void sim_ctx_link_mem(sim_ctx *ctx, sim_mem *m);
 void sim_mem_teardown(sim_mem *m);
 void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
 int sim_linear_find(uintptr_t p, sim_mem *out);
+void sim_linear_set_place(uintptr_t ptr, int gpu, int on_host);
+/* a copy over the host link: `st` NULL waits for it, else it is queued on the stream */
+void sim_link_copy(sim_ctx *ctx, sim_stream *st, uint64_t bytes);
 CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value, size_t count);
 
 /* host.c */

@@ -283,6 +283,14 @@ uint64_t sim_on_device_ns(int phys, uint64_t duration_ns) {
     return (uint64_t)((unsigned __int128)duration_ns * gpu_sms / rec->sm_count);
 }
 
+/* The time `bytes` take over the GPU's host link (PCIe or NVLink-C2C), 0 when the state file
+ * gives no bandwidth. A MIG instance shares its GPU's link. */
+uint64_t sim_link_ns(int phys, uint64_t bytes) {
+    uint64_t rate = sim_gpu(sim_parent_of(phys))->link_bytes_s;
+    if (rate == 0 || bytes == 0) return 0;
+    return (uint64_t)((unsigned __int128)bytes * 1000000000u / rate);
+}
+
 /* Charges `busy_ns` of SM time to the GPU and to this process's slot (taken under the lock). */
 void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now) {
     sim_gpu(phys)->busy_ns_total += busy_ns;

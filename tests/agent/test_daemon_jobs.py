@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import resource
 import sys
 import time
@@ -13,7 +14,7 @@ from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
 
 from gpupool.core.errors import InvalidRequest, NotFound, Unschedulable
 from gpupool.core.units import GiB
-from gpupool.isolation.arbiter import arbiter_dir
+from gpupool.isolation.arbiter_control import node_arbiter_dir
 
 
 def test_submit_prints_the_id_alone_and_wait_returns_the_exit_code(daemon: Daemon) -> None:
@@ -67,17 +68,18 @@ def test_the_share_reaches_the_job_through_the_launch_spec(daemon: Daemon) -> No
     daemon.wait(job_id)
     out = daemon.call("GET", f"/v1/jobs/{job_id}/logs")["data"]
     assert out.split() == ["0", str(6 * GiB), "25"]
-    # the queue's priority is the compute arbiter's too, on the node-wide arbiter directory
-    # that `gpupool exec` uses
+    # the queue's priority is the compute arbiter's too: the node's arbiter, which root's
+    # `gpupool exec` uses as well, holds the share registered under a name only it was given
     low = daemon.submit(
-        ["sh", "-c", "echo $GPUPOOL_COMPUTE_PRIORITY $GPUPOOL_ARBITER_DIR"],
+        ["sh", "-c", "echo $GPUPOOL_COMPUTE_PRIORITY $GPUPOOL_ARBITER_DIR $GPUPOOL_ARBITER_SHARE"],
         compute=25,
         priority="low",
     )
     daemon.wait(low)
-    priority, arbiters = daemon.call("GET", f"/v1/jobs/{low}/logs")["data"].split()
+    priority, arbiters, share = daemon.call("GET", f"/v1/jobs/{low}/logs")["data"].split()
     assert priority == "low"
-    assert arbiters == str(arbiter_dir(daemon.node_dir))
+    assert arbiters == str(node_arbiter_dir(daemon.node_dir))
+    assert re.fullmatch(r"[0-9a-f]{16}:[0-9a-f]{16}", share), share
     exclusive = daemon.submit(
         ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES ${GPUPOOL_MEMORY_LIMIT_0:-none}"],
         gpus=2,

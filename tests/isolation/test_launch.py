@@ -9,6 +9,7 @@ import pytest
 
 from gpupool.core.errors import InvalidRequest, NativeLibraryError
 from gpupool.core.units import GiB, MemoryShare
+from gpupool.isolation.arbiter_control import ArbiterShare, Registration
 from gpupool.isolation.launch import (
     ComputePolicy,
     ShareLimits,
@@ -65,9 +66,22 @@ def test_share_environment(native: Path, tmp_path: Path) -> None:
         "GPUPOOL_COMPUTE_LIMIT": "30",
         "GPUPOOL_COMPUTE_POLICY": "share",
         "GPUPOOL_SHARED_REGION": str(tmp_path / "region"),
-        "GPUPOOL_ARBITER_DIR": "/dev/shm",  # node-wide: every launcher of the node uses it
         "LD_PRELOAD": f"{native / 'libgpupool-cuda.so'}:/opt/other.so",
     }
+    # registered with an arbiter: its directory and the share's name there
+    share = ArbiterShare(0x1234, 0xABCD)
+    arbitrated = build_launch_spec(
+        ["prog"],
+        limits,
+        gpu_totals=[80 * GiB, 40 * GiB],
+        native_dir=native,
+        arbiter=(Path("/run/gpupool/arbiter"), share),
+    )
+    assert arbitrated.env["GPUPOOL_ARBITER_DIR"] == "/run/gpupool/arbiter"
+    assert arbitrated.env["GPUPOOL_ARBITER_SHARE"] == "0000000000001234:000000000000abcd"
+    assert limits.arbitrated and limits.percent == 30
+    registration = limits.registration(share, 1000, ["GPU-a", "GPU-b", "GPU-c"])
+    assert registration == Registration(share, 1000, ("GPU-b", "GPU-c"), 30, None, "share")
 
 
 def test_simulated_node_environment(native: Path, tmp_path: Path) -> None:
@@ -79,7 +93,7 @@ def test_simulated_node_environment(native: Path, tmp_path: Path) -> None:
         native_dir=native,
     )
     assert spec.env["LD_LIBRARY_PATH"] == f"{native / 'sim'}:/usr/local/lib"
-    assert spec.env["GPUPOOL_ARBITER_DIR"] == str(tmp_path / "node")  # the node's own directory
+    assert "GPUPOOL_ARBITER_DIR" not in spec.env  # no compute limit, no priority: no arbiter
     assert spec.env["GPUPOOL_SIM_NODE"] == str(tmp_path / "node")
     assert spec.env["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
     assert "GPUPOOL_COMPUTE_LIMIT" not in spec.env  # a whole GPU's compute: no throttling
@@ -94,13 +108,15 @@ def test_inherited_limits_do_not_leak_into_a_share(native: Path) -> None:
         "GPUPOOL_SIM_KERNEL_NS": "5000000",
         "GPUPOOL_CONFIG_FILE": "/elsewhere/shim.conf",
         "GPUPOOL_ARBITER_DIR": "/elsewhere",
+        "GPUPOOL_ARBITER_SHARE": "0000000000000001:0000000000000002",
     }
     spec = build_launch_spec(["prog"], ShareLimits((0,)), base_env=inherited, native_dir=native)
     assert not any(
         k.startswith(("GPUPOOL_MEMORY_LIMIT", "GPUPOOL_COMPUTE_LIMIT")) for k in spec.env
     )
     assert "GPUPOOL_CONFIG_FILE" not in spec.env
-    assert spec.env["GPUPOOL_ARBITER_DIR"] == "/dev/shm"  # the node's, not the caller's
+    # another share's name at the arbiter is never inherited
+    assert "GPUPOOL_ARBITER_DIR" not in spec.env and "GPUPOOL_ARBITER_SHARE" not in spec.env
     assert spec.env["GPUPOOL_SIM_KERNEL_NS"] == "5000000"
 
 

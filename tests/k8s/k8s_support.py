@@ -20,6 +20,9 @@ from gpupool.k8s.extender_http import create_app
 from gpupool.k8s.proto import api_pb2 as pb
 from gpupool.k8s.proto import api_pb2_grpc as pb_grpc
 
+#: the allocation key the tests' extenders and device plugins share (the Secret's)
+KEY = b"k" * 48
+
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
@@ -41,6 +44,9 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         self.directory = directory
         self.registrations: list[Any] = []
         self.device_lists: list[list[tuple[str, str]]] = []
+        #: slots of the containers admitted, and of the last one
+        self.held: set[str] = set()
+        self.last_devices: list[str] = []
         self.plugin: pb_grpc.DevicePluginStub | None = None
         self._channel: grpc.Channel | None = None
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -78,6 +84,30 @@ class TestKubelet(pb_grpc.RegistrationServicer):
 
     def latest_devices(self) -> list[tuple[str, str]]:
         return self.device_lists[-1] if self.device_lists else []
+
+    def admit(self, size: int) -> Any:
+        """Admit a container asking for `size` slots as the kubelet's device manager does:
+        GetPreferredAllocation over the healthy slots no container holds, then Allocate of
+        what it preferred; the slots are held from then on. Returns the container's answer."""
+        assert self.plugin is not None
+        free = [d for d, h in self.latest_devices() if h == "Healthy" and d not in self.held]
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=free, allocation_size=size
+                )
+            ]
+        )
+        preferred = list(
+            self.plugin.GetPreferredAllocation(request).container_responses[0].deviceIDs
+        )
+        allocate = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devicesIDs=preferred)]
+        )
+        response = self.plugin.Allocate(allocate).container_responses[0]
+        self.held.update(preferred)
+        self.last_devices = preferred
+        return response
 
 
 def free_port() -> int:

@@ -30,9 +30,18 @@ def gpupool(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
         (["extender", "--listen", "8888"], "invalid --listen '8888': use HOST:PORT"),
         (["extender", "--policy", "fastest"], "unknown policy 'fastest'"),
         (["extender", "--resync", "0"], "invalid --resync 0.0: must be positive"),
-        (["extender"], "no Kubernetes configuration: not in a cluster and no kubeconfig"),
+        (["extender", "--key-file", "/no/key"], "cannot read the allocation key /no/key"),
         (["device-plugin", "--kubelet-dir", "/no/such/dir"], "invalid --kubelet-dir"),
-        (["webhook", "--tls-cert", "/no/cert.pem"], "invalid TLS file /no/cert.pem: not found"),
+        (
+            ["device-plugin", "--kubelet-dir", "/tmp", "--key-file", "/no/key"],
+            "cannot read the allocation key /no/key",
+        ),
+        (["webhook"], "the webhook serves HTTPS only"),
+        (["webhook", "--tls-cert", "/no/cert.pem"], "the webhook serves HTTPS only"),
+        (
+            ["webhook", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
+            "invalid TLS file /no/cert.pem: not found",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:
@@ -40,4 +49,22 @@ def test_bad_input_is_one_line(args: list[str], line: str, tmp_path: Path) -> No
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("gpupool: error: ")
     assert line in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "line"),
+    [
+        (b"short", "the allocation key KEY is 5 bytes: use at least 32 random bytes"),
+        (b"k" * 48, "no Kubernetes configuration: not in a cluster and no kubeconfig"),
+    ],
+)
+def test_the_extender_needs_a_long_key_then_the_api_server(
+    key: bytes, line: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(key)
+    result = gpupool("extender", "--key-file", str(path), home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert line.replace("KEY", str(path)) in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

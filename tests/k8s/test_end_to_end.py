@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -18,15 +19,17 @@ from typing import Any
 
 import grpc
 import pytest
-from k8s_support import ExtenderServer, TestKubelet, gpu_pod, wait_for
+from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
 
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.devices.sim.state import FLAG_LOST
-from gpupool.k8s import names
+from gpupool.isolation.arbiter import find_share, lease_clients, view_file
+from gpupool.k8s import hostfiles, names
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
+from gpupool.k8s.hostfiles import CONTAINER_LIBRARY
 from gpupool.k8s.inventory import decode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.k8s.proto import api_pb2 as pb
@@ -71,8 +74,9 @@ def kubelet(sockets: Path) -> Iterator[TestKubelet]:
 def plugin(
     api: InMemoryKube, node: SimulatedBackend, sockets: Path, kubelet: TestKubelet, tmp_path: Path
 ) -> Iterator[DevicePlugin]:
-    files = ShareFiles(tmp_path / "state", container_root=tmp_path / "container")
-    plugin = DevicePlugin(api, "gpu-1", node, sockets, files)
+    lib_dir = hostfiles.install(tmp_path / "lib")
+    files = ShareFiles(tmp_path / "state", lib_dir, container_root=tmp_path / "container")
+    plugin = DevicePlugin(api, "gpu-1", node, sockets, files, KEY)
     thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
     thread.start()
     wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
@@ -102,7 +106,9 @@ def _run_container(response: Any, argv: list[str]) -> subprocess.CompletedProces
     env.update(response.envs)
     # what /etc/ld.so.preload and /etc/gpupool/shim.conf do for every process of a container
     mounts = {Path(m.container_path).name: m for m in response.mounts}
-    env["LD_PRELOAD"] = Path(mounts[Path(CONTAINER_PRELOAD).name].host_path).read_text().strip()
+    preload = Path(mounts[Path(CONTAINER_PRELOAD).name].host_path).read_text()
+    assert preload == f"{CONTAINER_LIBRARY}\n"
+    env["LD_PRELOAD"] = mounts[Path(CONTAINER_LIBRARY).name].container_path
     env["GPUPOOL_CONFIG_FILE"] = mounts[Path(CONTAINER_CONFIG).name].container_path
     # the workload tries to raise its own limit: the read-only settings file wins
     env["GPUPOOL_MEMORY_LIMIT_0"] = "70Gi"
@@ -124,7 +130,7 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     # a pod already on GPU 1: the 10Gi pod goes next to it under the gpupool policy
     api.add_pod(gpu_pod("other", memory="20Gi", compute="50"))
     pod = api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
-    extender = Extender(api)
+    extender = Extender(api, key=KEY)
     with ExtenderServer(extender) as http:
         first = http.post(
             "/bind",
@@ -136,6 +142,9 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
             },
         )
         assert first.json() == {}
+        # the kubelet admits it before gpupool binds another 1-GPU pod to the node
+        other = kubelet.admit(1)
+        assert other.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(20 * GiB)
         args = {"pod": pod, "nodenames": ["gpu-1", "cpu-1"]}
         filtered = http.post("/filter", json=args).json()
         assert filtered["nodenames"] == ["gpu-1"]
@@ -161,29 +170,12 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     assert ann[names.ANN_MEMORY_BYTES] == str(10 * GiB)
     assert ann[names.ANN_COMPUTE_MILLI] == "300"
 
-    # the kubelet admits "other" first (bound first), then "train"
-    assert kubelet.plugin is not None
-    slots = [d for d, health in kubelet.latest_devices() if health == "Healthy"]
-    preferred = (
-        kubelet.plugin.GetPreferredAllocation(
-            pb.PreferredAllocationRequest(
-                container_requests=[
-                    pb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=slots, allocation_size=1
-                    )
-                ]
-            )
-        )
-        .container_responses[0]
-        .deviceIDs
-    )
-    assert len(preferred) == 1 and preferred[0] in slots
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=list(preferred))]
-    )
-    kubelet.plugin.Allocate(request)
-    response = kubelet.plugin.Allocate(request).container_responses[0]
-    assert api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_ALLOCATED] == "true"
+    response = kubelet.admit(1)
+    # the slot the kubelet was steered to is the one the extender chose, on the pod's GPU
+    assert kubelet.last_devices == ann[names.ANN_SLOTS].split(",")
+    gpu = next(g for g in plugin.gpus if g.index == int(ann[names.ANN_GPUS]))
+    assert kubelet.last_devices[0].startswith(f"{gpu.uuid}::")
+    assert names.ANN_ALLOCATED in api.pods[("default", "train")]["metadata"]["annotations"]
     assert response.envs["CUDA_VISIBLE_DEVICES"] == ann[names.ANN_GPUS]
     assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(10 * GiB)
     assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
@@ -192,12 +184,17 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         "ld.so.preload": True,
         "shim.conf": True,
         "share": False,
-        "arbiter": False,
+        "arbiter": True,
+        # --simulate: the simulated driver and node, from the host as well
+        "sim": True,
+        "sim-node": False,
     }
-    # the node's compute arbiters: one host directory for every container, named in the
-    # read-only settings; the pod asked for no priority, so it is a high share
+    # the node's compute arbiter, read-only, named in the read-only settings with the share's
+    # name there; the pod asked for no priority, so it is a high share
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert Path(arbiter.host_path) == plugin.arbiter.directory
     assert response.envs["GPUPOOL_ARBITER_DIR"] == arbiter.container_path
+    assert "GPUPOOL_ARBITER_SHARE" in response.envs
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "high"
 
     result = _run_container(
@@ -209,11 +206,14 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         f"alloc {CUDA_OUT_OF_MEMORY}",
         "alloc 0",
     ]
-    # its kernels take turns through the GPU's arbiter file in the shared host directory
+    # its kernels take turns through the node's arbiter, which charged it for its leases
     busy = _run_container(response, [str(shim_client), "run", "0.3", "kernel"])
     assert busy.returncode == 0, busy.stderr
-    files = [p.name for p in Path(arbiter.host_path).iterdir()]
-    assert len(files) == 1 and files[0].startswith("gpupool-arbiter-"), files
+    assert "compute arbiter" not in busy.stderr, busy.stderr
+    share_id = int(response.envs["GPUPOOL_ARBITER_SHARE"].split(":")[0], 16)
+    gpu = next(g for g in inventory if str(g.index) == ann[names.ANN_GPUS])
+    charged = find_share(Path(arbiter.host_path), gpu.uuid, share_id)
+    assert charged is not None and charged.percent == 30 and charged.busy_ns > 0, charged
 
 
 def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
@@ -228,7 +228,9 @@ def test_allocate_for_a_pod_the_extender_never_saw_is_refused(
     with pytest.raises(grpc.RpcError) as caught:
         kubelet.plugin.Allocate(request)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "no pod bound to gpu-1 by the gpupool extender" in str(caught.value.details())
+    assert str(caught.value.details()) == (
+        "pod default/stray carries no gpupool allocation: was it scheduled by gpupool-scheduler?"
+    )
 
 
 def test_a_lost_gpu_becomes_unhealthy(
@@ -263,21 +265,24 @@ def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works
     plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube
 ) -> None:
     api.add_pod(gpu_pod("late", memory="4Gi"))
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         args = {"podName": "late", "podNamespace": "default", "podUID": "uid-default-late"}
         assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = kubelet.latest_devices()[0][0]
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    api.fail_next = 1
+    # the list answers, the patch that marks the pod served times out
+    original = api.patch_pod_annotations
+
+    def timing_out(*args: Any) -> None:
+        api.fail_next = 1
+        original(*args)
+
+    api.patch_pod_annotations = timing_out  # type: ignore[method-assign]
     with pytest.raises(grpc.RpcError) as caught:
-        kubelet.plugin.Allocate(request)
+        kubelet.admit(1)
+    api.patch_pod_annotations = original  # type: ignore[method-assign]
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "timed out" in str(caught.value.details())
     assert names.ANN_ALLOCATED not in api.pods[("default", "late")]["metadata"]["annotations"]
-    response = kubelet.plugin.Allocate(request).container_responses[0]
+    response = kubelet.admit(1)
     assert response.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(4 * GiB)
 
 
@@ -286,17 +291,11 @@ def test_the_files_of_a_finished_pod_are_removed(
 ) -> None:
     for name in ("keep", "done"):
         api.add_pod(gpu_pod(name, memory="1Gi"))
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("keep", "done"):
             args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
             assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = kubelet.latest_devices()[0][0]
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    for _ in range(2):
-        kubelet.plugin.Allocate(request)
+            kubelet.admit(1)
     assert plugin.files.keys() == {"uid-default-keep", "uid-default-done"}
     api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
     plugin.collect_garbage()
@@ -311,18 +310,73 @@ def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     api.add_pod(
         gpu_pod("batch", memory="10Gi", compute="30", annotations={names.ANN_PRIORITY: "low"})
     )
-    with ExtenderServer(Extender(api)) as http:
+    with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("busy", "batch"):
             bind = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
             assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
-    assert kubelet.plugin is not None
-    slot = next(d for d, health in kubelet.latest_devices() if health == "Healthy")
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=[slot])]
-    )
-    response = kubelet.plugin.Allocate(request).container_responses[0]
+    response = kubelet.admit(1)
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
     # it holds no compute in placement, and its share still asks the arbiter for what it asked
     assert response.envs["GPUPOOL_COMPUTE_LIMIT"] == "30"
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
-    assert Path(arbiter.host_path) == plugin.files.arbiter_dir()
+    assert Path(arbiter.host_path) == plugin.arbiter.directory
+
+
+def _rate(stdout: str) -> float:
+    _run, launches, elapsed = stdout.split()
+    return int(launches) * 1e9 / int(elapsed)
+
+
+def test_a_host_share_and_a_pods_share_on_one_gpu_are_arbitrated_together(
+    api: InMemoryKube,
+    plugin: DevicePlugin,
+    kubelet: TestKubelet,
+    node: SimulatedBackend,
+    shim_client: Path,
+) -> None:
+    """One arbiter per GPU per node: `gpupool exec` (root's, so the node's arbiter) with 70 %
+    next to a pod with 30 % on the same simulated GPU; each gets its share, and the arbiter
+    knows both processes."""
+    api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
+    with ExtenderServer(Extender(api, key=KEY)) as http:
+        bind = {"podName": "train", "podNamespace": "default", "podUID": "uid-default-train"}
+        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+    response = kubelet.admit(1)
+    gpu = api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_GPUS]
+    alone = _run_container(response, [str(shim_client), "run", "1", "kernel"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    exec_argv = ["gpupool", "exec", "--node-dir", str(node.node_dir), "--gpu", gpu]
+    host_cmd = [sys.executable, "-m", *exec_argv, "--compute", "70", "--"]
+    base_cmd = [*host_cmd[:-3], "--"]
+    base = subprocess.run(
+        [*base_cmd, str(shim_client), "run", "1", "kernel"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert alone.returncode == 0 and base.returncode == 0, (alone.stderr, base.stderr)
+    host = subprocess.Popen(
+        [*host_cmd, str(shim_client), "run", "4", "kernel"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pod: dict[str, subprocess.CompletedProcess[str]] = {}
+    runner = threading.Thread(
+        target=lambda: pod.update(
+            done=_run_container(response, [str(shim_client), "run", "4", "kernel"])
+        )
+    )
+    runner.start()
+    uuid = next(g.uuid for g in plugin.gpus if str(g.index) == gpu)
+    view = view_file(plugin.arbiter.directory, uuid)
+    seen = wait_for(lambda: len(lease_clients(view)) == 2 and lease_clients(view), what="both")
+    runner.join()
+    out, err = host.communicate(timeout=60)
+    assert host.returncode == 0 and pod["done"].returncode == 0, (err, pod["done"].stderr)
+    assert len({c.share_id for c in seen}) == 2  # two shares of one arbiter, one GPU
+    full = _rate(base.stdout)
+    assert abs(_rate(out) / full - 0.70) <= 0.05, (out, base.stdout)
+    assert abs(_rate(pod["done"].stdout) / full - 0.30) <= 0.05, (pod["done"].stdout, base.stdout)

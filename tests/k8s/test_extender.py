@@ -23,7 +23,8 @@ def gpus(count: int, memory: int = 80 * GiB, model: str = "H100-80GB") -> str:
 
 
 def cluster(nodes: int = 2, per_node: int = 2) -> InMemoryKube:
-    api = InMemoryKube()
+    # every pod runs once bound: the extender binds one waiting pod per node and size
+    api = InMemoryKube(run_on_bind=True)
     for n in range(nodes):
         api.add_node(f"node-{n}", {names.ANN_NODE_GPUS: gpus(per_node)})
     return api

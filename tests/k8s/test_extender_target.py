@@ -41,6 +41,7 @@ def test_bound_pods_become_the_target_the_policy_scores_against() -> None:
         for i in range(TARGET_EVERY):
             args = {"podName": f"p{i}", "podNamespace": "default", "podUID": f"uid-default-p{i}"}
             assert http.post("/bind", json={**args, "node": f"node-{i // 4}"}).json() == {}
+            api.pods[("default", f"p{i}")]["status"] = {"phase": "Running"}  # admitted
         after = http.get("/debug/placement").json()["target_workload"]
     assert after[0]["gpus"] == 2 and after[0]["probability"] > 0.5
     assert target_of(extender).specs[0].gpus == 2

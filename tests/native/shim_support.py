@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.units import GiB
 from gpupool.devices.sim.state import SimGpuSpec, SimState
+from gpupool.isolation.arbiter_control import (
+    ArbiterControl,
+    ArbiterShare,
+    Registration,
+    prepare_dir,
+    start_arbiter,
+)
 from gpupool.isolation.libraries import native_libraries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +171,41 @@ def read_until(proc: subprocess.Popen[str], word: str) -> list[list[str]]:
 def codes(result: Result, step: str) -> list[int]:
     """The CUresult of every `step` line."""
     return [int(fields[0]) for fields in result.step(step)]
+
+
+@contextmanager
+def arbiter(directory: Path) -> Iterator[tuple[ArbiterControl, int]]:
+    """The trusted compute arbiter running in `directory`: a control connection and its pid;
+    killed afterwards."""
+    prepare_dir(directory)
+    pid = start_arbiter(directory, directory.parent / "arbiter.log")
+    control = ArbiterControl(directory)
+    try:
+        yield control, pid
+    finally:
+        control.close()
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def register(
+    control: ArbiterControl,
+    gpu_uuid: str,
+    percent: int,
+    policy: str = "cap",
+    priority: str | None = None,
+) -> dict[str, str]:
+    """Register a share of this user on `gpu_uuid`; the GPUPOOL_* keywords of shim_env that
+    make a process of it (ARBITER_DIR, ARBITER_SHARE)."""
+    share = ArbiterShare.new()
+    control.register(Registration(share, os.getuid(), (gpu_uuid,), percent, priority, policy))
+    return {"ARBITER_DIR": str(control.directory), "ARBITER_SHARE": share.setting}
+
+
+def gpu_uuid(node: Path, index: int = 0) -> str:
+    """The UUID of GPU `index` of the simulated node at `node`."""
+    state = SimState.open(node / "state.bin")
+    try:
+        return state.gpu(index).uuid
+    finally:
+        state.close()

@@ -13,9 +13,12 @@ from shim_support import (
     INCLUDE,
     PROGS,
     Result,
+    arbiter,
     codes,
     compile_prog,
+    gpu_uuid,
     make_node,
+    register,
     run_client,
     shim_env,
 )
@@ -106,15 +109,26 @@ def test_time_waited_for_the_lease_is_counted(client: Path, tmp_path: Path) -> N
     paths = [tmp_path / "region-a", tmp_path / "region-b"]
     results: list[Result] = []
 
-    def one(path: Path) -> None:
-        env = shim_env(node, COMPUTE_LIMIT="50", COMPUTE_POLICY="share", SHARED_REGION=str(path))
+    def one(path: Path, arbitrated: dict[str, str]) -> None:
+        env = shim_env(
+            node,
+            COMPUTE_LIMIT="50",
+            COMPUTE_POLICY="share",
+            SHARED_REGION=str(path),
+            **arbitrated,
+        )
         results.append(run_client(client, env, "run", 1.0, "kernel"))
 
-    workers = [threading.Thread(target=one, args=(path,)) for path in paths]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    with arbiter(tmp_path / "arbiter") as (control, _pid):
+        names = [register(control, gpu_uuid(node), 50, "share") for _ in paths]
+        workers = [
+            threading.Thread(target=one, args=(path, name))
+            for path, name in zip(paths, names, strict=True)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     for path in paths:
         counters = region.read_counters(path)

@@ -1,13 +1,13 @@
 """The native libraries under AddressSanitizer and UndefinedBehaviorSanitizer.
 
-`make -C native sanitize` builds both libraries with the sanitizers into build/sanitize/. The C
-test programs, built with them too, drive the libraries through the paths the other native tests
-take: the simulated driver alone (sim_probe; MIG instances, MPS clients), the interception
-library's memory hooks and accounting, its launch hooks, throttle and arbiter (shim_client,
-request_loop), its NVML hooks (shim_nvml_direct), and its configuration errors. Python is not
-built with the sanitizers, so no Python process loads these libraries here (one can, with the
-ASan runtime preloaded and leak checks off, but the C programs keep leak checks and cover every
-hook).
+`make -C native sanitize` builds the libraries and the arbiter with the sanitizers into
+build/sanitize/. The C test programs, built with them too, drive the libraries through the paths
+the other native tests take: the simulated driver alone (sim_probe; MIG instances, MPS clients),
+the interception library's memory hooks and accounting, its launch hooks, throttle and arbiter
+client (shim_client, request_loop) with the trusted arbiter (gpupool-arbiterd) itself, its NVML
+hooks (shim_nvml_direct), and its configuration errors. Python is not built with the
+sanitizers, so no Python process loads these libraries here (one can, with the ASan runtime
+preloaded and leak checks off, but the C programs keep leak checks and cover every hook).
 
 Any report fails: an error or undefined behaviour ends the process at once
 (-fno-sanitize-recover), a leak is reported at its exit (LeakSanitizer), with the exit status
@@ -18,19 +18,29 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from shim_support import PROGS, Result, codes, compile_prog, make_node, shim_env
+from shim_support import PROGS, Result, codes, compile_prog, gpu_uuid, make_node, shim_env
 
+from gpupool.core.errors import DeviceError
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim import mps_twin
 from gpupool.devices.sim.node import SimNode
 from gpupool.devices.sim.spec import parse_spec
+from gpupool.isolation.arbiter import view_file
+from gpupool.isolation.arbiter_control import (
+    ArbiterControl,
+    ArbiterShare,
+    Registration,
+    prepare_dir,
+)
 from gpupool.isolation.libraries import NativeLibraries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -254,29 +264,74 @@ def test_launch_hooks_and_the_throttle(sanitized: Sanitized, node: Path) -> None
     assert result.gpupool_lines()[-1].startswith(f"{result.prefix}launches seen: ")
 
 
+def _sanitized_arbiter(sanitized: Sanitized, directory: Path) -> subprocess.Popen[str]:
+    """The sanitized gpupool-arbiterd in `directory`, once its control socket answers."""
+    prepare_dir(directory)
+    env = sanitized.env({"PATH": os.environ["PATH"]})
+    proc = start([sanitized.libs.root / "gpupool-arbiterd", directory], env)
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            ArbiterControl(directory, timeout_s=1).close()
+            return proc
+        except DeviceError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the sanitized arbiter did not start: {proc.communicate()[1]}")
+
+
 def test_the_arbiter_with_shares_and_priorities(
     sanitized: Sanitized, node: Path, tmp_path: Path
 ) -> None:
-    def share(name: str, **settings: str) -> dict[str, str]:
-        return sanitized.env(shim_env(node, SHARED_REGION=str(tmp_path / name), **settings))
+    """The sanitized arbiter and library: capped, share, low and high shares busy together, one
+    killed holding or asking for its lease, garbage on the lease channel, a foreign view."""
+    directory = tmp_path / "arbiter"
+    daemon = _sanitized_arbiter(sanitized, directory)
+    control = ArbiterControl(directory)
+    uuid = gpu_uuid(node)
+
+    def share(
+        name: str, percent: int = 100, policy: str = "cap", **settings: str
+    ) -> dict[str, str]:
+        arbiter = ArbiterShare.new()
+        priority = settings.get("COMPUTE_PRIORITY")
+        control.register(Registration(arbiter, os.getuid(), (uuid,), percent, priority, policy))
+        named = {"ARBITER_DIR": str(directory), "ARBITER_SHARE": arbiter.setting, **settings}
+        if percent < 100:
+            named.update(COMPUTE_LIMIT=str(percent), COMPUTE_POLICY=policy)
+        return sanitized.env(shim_env(node, SHARED_REGION=str(tmp_path / name), **named))
 
     client = sanitized.prog("shim_client")
     busy = [
-        start([client, "run", 1, "kernel"], share("a", COMPUTE_LIMIT="30")),
-        start([client, "run", 1, "kernel"], share("b", COMPUTE_LIMIT="70", COMPUTE_POLICY="share")),
+        start([client, "run", 1, "kernel"], share("a", 30)),
+        start([client, "run", 1, "kernel"], share("b", 70, "share")),
         start([client, "run", 1.5, "kernel"], share("low", COMPUTE_PRIORITY="low")),
-        start([client, "run", 30, "kernel"], share("doomed", COMPUTE_LIMIT="50")),
+        start([client, "run", 30, "kernel"], share("doomed", 50)),
     ]
-    with killed_after(busy):
+    with killed_after([*busy, daemon]):
         # a latency-bound high share among them: one request at a time, gaps between
         service = run([sanitized.prog("request_loop"), 1, 20, 64, 5000], share("high"))
         assert int(service.step("requests")[0][0]) > 0
         busy[-1].send_signal(signal.SIGKILL)  # killed holding or asking for the lease
         busy[-1].communicate()
+        for blob in (b"x", os.urandom(48), os.urandom(4000)):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                sock.connect(str(directory / "lease.sock"))
+                sock.send(blob)
         for proc in busy[:-1]:
             assert finish(proc).returncode == 0
-    after = run([client, "run", 0.3, "kernel"], share("after", COMPUTE_LIMIT="50"))
-    assert after.returncode == 0, after.stderr
+        after = run([client, "run", 0.3, "kernel"], share("after", 50))
+        assert after.returncode == 0, after.stderr
+        view = view_file(directory, uuid)
+        forged = view.with_name("forged")
+        forged.write_bytes(b"\xff" * view.stat().st_size)
+        forged.replace(view)
+        alone = run([client, "run", 0.3, "kernel"], share("alone", 50))
+        assert alone.returncode == 0 and len(alone.gpupool_lines()) == 1, alone.stderr
+        control.close()
+        daemon.send_signal(signal.SIGTERM)
+        ended = finish(daemon)
+    assert ended.returncode == 0, ended.stderr
 
 
 def test_nvml_hooks(sanitized: Sanitized, tmp_path: Path) -> None:
@@ -324,11 +379,6 @@ def test_the_simulated_driver_s_complaints(sanitized: Sanitized, tmp_path: Path)
 
 def test_corrupt_files_stop_the_workload(sanitized: Sanitized, node: Path, tmp_path: Path) -> None:
     client = sanitized.prog("shim_client")
-    env = sanitized.env(shim_env(node, COMPUTE_LIMIT="50"))
-    assert run([client, "run", 0.05, "kernel"], env).returncode == 0
-    (arbiter,) = node.glob("gpupool-arbiter-*")
-    arbiter.write_bytes(b"\xff" * arbiter.stat().st_size)
-    assert run([client, "run", 0.05, "kernel"], env).returncode == 2
     region = tmp_path / "region"
     region.write_bytes(b"not a region")
     env = sanitized.env(shim_env(node, SHARED_REGION=str(region)))

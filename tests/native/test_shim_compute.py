@@ -12,7 +12,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from shim_support import PROGS, Result, compile_prog, make_node, run_client, shim_env
+from shim_support import (
+    PROGS,
+    Result,
+    arbiter,
+    compile_prog,
+    gpu_uuid,
+    make_node,
+    register,
+    run_client,
+    shim_env,
+)
 
 SECONDS = 1.0
 TOLERANCE = 0.05
@@ -77,11 +87,15 @@ def test_no_share_means_no_throttling(client: Path, node: Path) -> None:
 
 
 def test_share_policy_uses_an_idle_gpu(client: Path, tmp_path: Path) -> None:
+    """Work-conserving needs the arbiter (it alone knows the GPU is idle): registered with it,
+    as every launch registers a share; without it the share holds its cap alone."""
     idle = make_node(tmp_path / "idle")
-    env = shim_env(idle, COMPUTE_LIMIT="30", COMPUTE_POLICY="share")
-    ratio = throughput(run_client(client, env, "run", SECONDS, "kernel")) / exclusive(
-        client, idle, "kernel"
-    )
+    with arbiter(tmp_path / "arbiter") as (control, _pid):
+        settings = register(control, gpu_uuid(idle), 30, "share")
+        env = shim_env(idle, COMPUTE_LIMIT="30", COMPUTE_POLICY="share", **settings)
+        ratio = throughput(run_client(client, env, "run", SECONDS, "kernel")) / exclusive(
+            client, idle, "kernel"
+        )
     # issue 8's target: 90 % or more (about 98 % on a quiet machine; 94.6 % seen under load)
     assert ratio >= 0.90
 

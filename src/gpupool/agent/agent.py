@@ -21,9 +21,12 @@ from collections.abc import Callable
 from functools import partial
 
 from gpupool.agent import launcher, mps, node
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
+from gpupool.agent.elastic import ElasticJobs
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
+from gpupool.agent.leases import held_leases
 from gpupool.agent.logs import Failures, log
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.migschedule import MigScheduler
@@ -31,6 +34,7 @@ from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
 from gpupool.agent.sampler import Sampler
+from gpupool.agent.service_manager import ServiceManager
 from gpupool.agent.store import Store
 from gpupool.agent.target import LiveTarget
 from gpupool.agent.view import NodeView
@@ -40,9 +44,10 @@ from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import NodeSnapshot
-from gpupool.isolation.arbiter import arbiter_dir, prepare_arbiters
+from gpupool.isolation.arbiter_control import node_arbiter_dir
 from gpupool.isolation.node import launch_node
 from gpupool.scheduler.gpu_placement import check_possible
+from gpupool.scheduler.gpus import GpuView
 
 __all__ = ["Agent", "AgentConfig"]
 
@@ -65,12 +70,15 @@ class Agent:
         self.context_reserve: int = (
             default_reserve if config.context_reserve is None else config.context_reserve
         )
+        #: the node's trusted compute arbiter, which the daemon keeps running
+        self.arbiter = NodeArbiter(node_arbiter_dir(self.launch_node.sim_node), config.state_dir)
         self.watchdog = Watchdog(
             self.store,
             config.watchdog,
             self.context_reserve,
             self.jobdir,
             config.watchdog_exempt,
+            lambda running: held_leases(self.arbiter, running, self.launch_node),
         )
         self.mig = MigJobs(self.store, backend, self._backend_lock, config.mig_keep_instances)
         self._mig_scheduler = MigScheduler(
@@ -103,6 +111,9 @@ class Agent:
         self.inventory = self.sampler.capacity
         #: the shapes the placement policy expects next (recent submissions)
         self.target = LiveTarget(self.store)
+        self.elastic = ElasticJobs(self.store, self.jobdir, self.context_reserve)
+        #: admission (the loop's) and a resize (an API call's) one at a time
+        self._admission = threading.Lock()
         #: what the API, /metrics and the dashboard read
         self.view = NodeView(
             config,
@@ -115,7 +126,18 @@ class Agent:
             context_reserve=self.context_reserve,
             simulated=backend.simulated,
             target_workload=self.target.describe,
+            elastic=self.elastic.shown,
         )
+        #: services: their replicas are jobs submitted through `submit` (service_manager.py)
+        self.services = ServiceManager(
+            self.store,
+            self.submit,
+            self.cancel,
+            self.check_fits,
+            lambda job_id: self._waiting.get(job_id, ()),
+            config.access,
+        )
+        self.view.services = self.services
         self._pruned_at = -PRUNE_EVERY_S
         #: one prune at a time (the loop's and an admin's); rmtree of one dir twice would race
         self._prune_lock = threading.Lock()
@@ -125,20 +147,22 @@ class Agent:
     def start(self) -> None:
         """Recover what the last daemon left, then run the loop and the sampler."""
         self.recover()
-        uuids = [gpu.uuid for gpu in self._snapshot().gpus]
-        prepare_arbiters(arbiter_dir(self.launch_node.sim_node), uuids)
+        self._keep_arbiter()
         sampler = partial(self.sampler.run, self._stop, self.config.sample_s)
         for target, name in ((self._loop, "gpupool-queue"), (sampler, "gpupool-sampler")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.services.start()
 
     def stop(self) -> None:
         """Stop the threads; running jobs go on (their supervisors outlive the daemon)."""
+        self.services.stop()
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.arbiter.close()
         self.store.close()
 
     def jobdir(self, job_id: int) -> JobDir:
@@ -183,6 +207,14 @@ class Agent:
             self._mig_scheduler.changed()
             self._wake.set()
             return job
+        self.check_fits(spec)
+        job = self.store.add(spec, uid, user)
+        self.target.submitted(spec.request())
+        self._wake.set()
+        return job
+
+    def check_fits(self, spec: JobSpec) -> None:
+        """Unschedulable for a share (not MIG) that can never fit this node."""
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
@@ -193,10 +225,6 @@ class Agent:
                 f"{err} for shares (each job also needs {reserve} per GPU for its CUDA context: "
                 "gpupool serve --context-reserve)"
             ) from None
-        job = self.store.add(spec, uid, user)
-        self.target.submitted(spec.request())
-        self._wake.set()
-        return job
 
     def cancel(self, job_id: int, uid: int, user: str) -> Job:
         job = self.store.job(job_id)
@@ -219,6 +247,36 @@ class Agent:
         self._wake.set()
         return self.store.job(job_id)
 
+    def suspend(self, job_id: int, uid: int, user: str) -> Job:
+        """Move a running shim job's memory to host memory and free its GPU memory."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "suspend it")
+        self.elastic.suspend(job, f"asked by {user}")
+        self._wake.set()
+        return self.store.job(job_id)
+
+    def resume(self, job_id: int, uid: int, user: str) -> Job:
+        """Bring a suspended job back (when its GPUs have room for it again)."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "resume it")
+        self.elastic.resume(job, user)
+        self._wake.set()
+        return self.store.job(job_id)
+
+    def resize(
+        self, job_id: int, uid: int, memory: str | None, compute: int | None
+    ) -> tuple[Job, str]:
+        """Change a running shim job's memory (a size or a %) or compute (milli-GPU) share;
+        the job as it is now and what changed."""
+        job = self.store.job(job_id)
+        self.config.access.require_owner(uid, job.uid, job_id, "resize it")
+        with self._admission:
+            running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+            capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
+            detail = self.elastic.resize(job, memory, compute, running, capacity)
+        self._wake.set()
+        return self.store.job(job_id), detail
+
     def drain(self, on: bool, uid: int) -> None:
         """Stop starting jobs (on) or start them again, for `uid` if an admin."""
         self.config.access.require_admin(uid, "draining the node" if on else "ending a drain")
@@ -232,8 +290,11 @@ class Agent:
         while not self._stop.is_set():
             wait = self.config.tick_s
             try:
+                self._keep_arbiter()
                 self.reconcile()
-                self.schedule()
+                with self._admission:
+                    self._elastic_tick()
+                    self.schedule()
                 self._prune_now_and_then()
                 failures.succeeded()
             except Exception as err:  # a full disk, a locked store, a bug: the node goes on
@@ -264,6 +325,12 @@ class Agent:
         started = self._cancel_at.get(job.id)
         if started is not None and time.monotonic() - started > self.config.cancel_grace_s:
             self._signal(job, signal.SIGKILL)
+
+    def _elastic_tick(self) -> None:
+        running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
+        waiting = [j for j in self.store.jobs([State.QUEUED]) if j.id in self._waiting]
+        self.elastic.tick(running, capacity, waiting)
 
     def _each_job(self, job: Job, doing: str, step: Callable[[], object]) -> None:
         """`step()` for `job`; when it fails, the job fails with the reason and the others go
@@ -342,10 +409,12 @@ class Agent:
         running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
         mig_mode = self.sampler.mig_mode
         capacity = [gpu for gpu in self.sampler.capacity if gpu.index not in mig_mode]
-        free = node.free_now(capacity, running, self.context_reserve)
+        # a suspended job's memory is free; what a burst still has on a GPU is not
+        occupying = self.elastic.occupying(running, self.elastic.rows())
+        free = self.elastic.less_bursts(node.free_now(capacity, occupying, self.context_reserve))
         decided = plan(
             queued,
-            running,
+            occupying,
             free,
             capacity,
             self.config.policy,
@@ -357,6 +426,9 @@ class Agent:
         self.observed.scheduling.observe(time.perf_counter() - began)
         if mig_queued:
             self._waiting.update(self._mig_scheduler.schedule(mig_queued))
+        if self.config.preempt == "suspend" and decided.waiting:
+            blocked = [job for job in queued if job.id in decided.waiting]
+            self.elastic.preempt(blocked, occupying, partial(self._fits_without, capacity))
         mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
             if start.job.spec.mode is Mode.MPS:
@@ -370,6 +442,23 @@ class Agent:
             self.observed.started(start.job.submitted_at)
             self._each_job(start.job, "launch", partial(self._start, start))
 
+    def _fits_without(self, capacity: list[GpuView], job: Job, victims: list[Job]) -> bool:
+        """`job` would start now were `victims` suspended."""
+        gone = {v.id for v in victims}
+        rest = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        rest = [j for j in self.elastic.occupying(rest, self.elastic.rows()) if j.id not in gone]
+        free = self.elastic.less_bursts(node.free_now(capacity, rest, self.context_reserve))
+        trial = plan(
+            [job],
+            rest,
+            free,
+            capacity,
+            self.config.policy,
+            self.target.target(),
+            self.context_reserve,
+        )
+        return bool(trial.starts)
+
     def _start(self, start: Start) -> None:
         where = ", ".join(str(g) for g in start.gpus)
         detail = f"GPUs {where}" + (" (backfill)" if start.backfill else "")
@@ -380,7 +469,15 @@ class Agent:
             self._fail_start(job, f"launch failed: {err}")
 
     def _launch(self, job: Job) -> None:
-        launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps)
+        launcher.launch(job, self.launch_node, self.jobdir(job.id), self.mps, self.arbiter)
+
+    def _keep_arbiter(self) -> None:
+        """The arbiter answers; started again (with every running share) if it does not."""
+        self.arbiter.keep(
+            lambda: launcher.registrations(
+                self.store.jobs([State.RUNNING]), self.arbiter, self.launch_node
+            )
+        )
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)

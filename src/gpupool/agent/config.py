@@ -14,6 +14,9 @@ from gpupool.core.errors import InvalidRequest
 from gpupool.core.settings import DAEMON
 from gpupool.scheduler.names import check_policy
 
+#: `serve --preempt`
+PREEMPT_MODES = ("none", "suspend")
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -40,11 +43,18 @@ class AgentConfig:
     access: Access = field(default_factory=lambda: Access(os.geteuid()))
     #: finished jobs, their events and directories are deleted this long after they finished
     keep_finished_s: float = DAEMON.keep_finished_s
+    #: what a high job that does not fit does to low jobs: "none" (it waits), or "suspend"
+    #: (suspends them to host memory; they resume, in queue order, when room returns)
+    preempt: str = "none"
 
     def __post_init__(self) -> None:
         if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:
             raise InvalidRequest(
                 f"invalid maximum log size {self.max_log_size} bytes (--max-log-size): "
                 f"0 for no limit, or at least {MIN_LOG_SIZE // 1024}Ki"
+            )
+        if self.preempt not in PREEMPT_MODES:
+            raise InvalidRequest(
+                f"unknown preemption {self.preempt!r} (--preempt): use {' or '.join(PREEMPT_MODES)}"
             )
         check_policy(self.policy)

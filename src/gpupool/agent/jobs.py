@@ -9,7 +9,7 @@ from typing import Any
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode, Priority
-from gpupool.core.units import MILLI_PER_GPU, MemoryShare, parse_memory_share
+from gpupool.core.units import MILLI_PER_GPU, MemoryShare, parse_bytes, parse_memory_share
 from gpupool.isolation.node import mig_label
 from gpupool.scheduler.gpus import GpuRequest
 
@@ -61,6 +61,8 @@ class JobSpec:
     workdir: str = "/"
     #: mode mig: the profile of the MIG instance the job runs on (`1g.10gb`)
     mig_profile: str | None = None
+    #: a low job's memory past its share, host-backed (`24Gi`; elastic memory)
+    memory_burst: str | None = None
 
     def __post_init__(self) -> None:
         if not self.argv or not self.argv[0]:
@@ -80,6 +82,7 @@ class JobSpec:
             raise InvalidRequest("a MIG job runs on one MIG instance: drop --gpus")
         self.check_bounds()
         self.request()  # the share itself must be valid
+        self.burst_bytes()
 
     def check_bounds(self) -> None:
         """InvalidRequest, naming the field, for text that is not valid UTF-8 or is too big."""
@@ -117,6 +120,23 @@ class JobSpec:
                 f"{MAX_WORKDIR_BYTES} bytes"
             )
 
+    def burst_bytes(self) -> int:
+        """The burst in bytes per GPU (0: none); InvalidRequest for a burst this job cannot
+        have."""
+        if not self.memory_burst:
+            return 0
+        if self.priority is not Priority.LOW:
+            raise InvalidRequest(
+                "--memory-burst is for low-priority jobs (a high job's memory is guaranteed: "
+                "give it a larger --memory)"
+            )
+        if self.mode is not Mode.SHIM or not self.memory:
+            raise InvalidRequest("--memory-burst needs mode shim and a --memory share")
+        burst = parse_bytes(self.memory_burst)
+        if burst <= 0:
+            raise InvalidRequest(f"invalid --memory-burst {self.memory_burst!r}: must be above 0")
+        return burst
+
     def memory_share(self) -> MemoryShare | None:
         return parse_memory_share(self.memory) if self.memory else None
 
@@ -139,6 +159,7 @@ class JobSpec:
             "env": dict(self.env),
             "workdir": self.workdir,
             "mig_profile": self.mig_profile,
+            "memory_burst": self.memory_burst,
         }
 
     @classmethod
@@ -155,6 +176,7 @@ class JobSpec:
             env=dict(data["env"]),
             workdir=data["workdir"],
             mig_profile=data.get("mig_profile"),  # absent from jobs stored before MIG jobs
+            memory_burst=data.get("memory_burst"),  # and before elastic memory
         )
 
 
@@ -190,6 +212,7 @@ def _check_words(spec: JobSpec) -> None:
         )
     words = [(f"gpu_models[{i}]", model) for i, model in enumerate(spec.gpu_models)]
     words += [("memory", spec.memory or ""), ("mig_profile", spec.mig_profile or "")]
+    words += [("memory_burst", spec.memory_burst or "")]
     for what, word in words:
         _text(what, word)
         if len(word) > MAX_WORD_CHARS or not word.isprintable():
@@ -266,6 +289,7 @@ class Job:
             "gpu_count": self.spec.gpus,
             "memory": self.memory_per_gpu(),
             "memory_request": self.spec.memory,
+            "memory_burst": self.spec.burst_bytes() if self.spec.memory_burst else None,
             "compute": round(self.spec.request().compute * 100 / MILLI_PER_GPU),
             "mode": self.spec.mode.value,
             "priority": self.spec.priority.value,

@@ -10,6 +10,7 @@ is the shim's on the job's MIG instance.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import subprocess
@@ -18,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gpupool.agent import mps, supervisor
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.jobdir import JobDir
-from gpupool.agent.jobs import Job
+from gpupool.agent.jobs import Job, MigUse
 from gpupool.core import settings
-from gpupool.core.errors import DaemonError
+from gpupool.core.errors import DaemonError, GpupoolError
 from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
+from gpupool.isolation.arbiter_control import Registration
 from gpupool.isolation.launch import (
     ShareLimits,
     build_launch_spec,
@@ -36,10 +39,17 @@ from gpupool.isolation.node import LaunchNode
 
 _KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "TZ")
 
+log = logging.getLogger(__name__)
+
 
 class ModeLauncher(Protocol):
     def env(
-        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+        self,
+        job: Job,
+        node: LaunchNode,
+        jobdir: JobDir,
+        base: Mapping[str, str],
+        arbiter: NodeArbiter | None,
     ) -> dict[str, str]:
         """The job's whole environment for its mode."""
 
@@ -62,9 +72,20 @@ def _shim_env(
     node: LaunchNode,
     jobdir: JobDir,
     base: Mapping[str, str],
+    arbiter: NodeArbiter | None = None,
 ) -> dict[str, str]:
     """The interception library's launch of `job` under `limits` (the shim, mps and mig modes
-    all enforce memory through it), its accounting region in the job's directory."""
+    all enforce memory through it), its accounting region in the job's directory; a share with
+    a compute limit or a priority registered with the node's arbiter first."""
+    seat = None
+    if arbiter is not None and limits.arbitrated:
+        share = arbiter.share_of(f"job {job.id}")
+        try:
+            arbiter.register(limits.registration(share, job.uid, node.uuids))
+            seat = (arbiter.directory, share)
+        except GpupoolError as err:
+            # the job still holds its cap, alone; its processes say so on its stderr
+            log.warning("job %d runs unarbitrated: %s", job.id, err)
     spec = build_launch_spec(
         job.spec.argv,
         limits,
@@ -72,25 +93,77 @@ def _shim_env(
         sim_node=node.sim_node,
         base_env=base,
         shared_region=new_shared_region(jobdir.path),
+        arbiter=seat,
     )
     return dict(spec.env)
 
 
+def _shim_limits(job: Job) -> ShareLimits:
+    return ShareLimits(job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority)
+
+
+def _mig_limits(job: Job, mig: MigUse) -> ShareLimits:
+    return ShareLimits(
+        (mig.gpu,),
+        job.spec.memory_share(),
+        job.spec.compute,
+        priority=job.spec.priority,
+        mig_uuid=mig.uuid,
+    )
+
+
+def arbiter_limits(job: Job) -> ShareLimits | None:
+    """The share the arbiter holds a running job of mode shim or mig to; None for the others."""
+    if job.spec.mode is Mode.SHIM:
+        return _shim_limits(job)
+    if job.spec.mode is Mode.MIG and job.mig is not None:
+        return _mig_limits(job, job.mig)
+    return None
+
+
+def registrations(
+    jobs: Sequence[Job], arbiter: NodeArbiter, node: LaunchNode
+) -> list[Registration]:
+    """What the arbiter holds the running jobs' shares to (registered again after its restart)."""
+    found = []
+    for job in jobs:
+        limits = arbiter_limits(job)
+        if limits is not None and limits.arbitrated:
+            found.append(
+                limits.registration(arbiter.share_of(f"job {job.id}"), job.uid, node.uuids)
+            )
+    return found
+
+
 class ShimLauncher:
     def env(
-        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+        self,
+        job: Job,
+        node: LaunchNode,
+        jobdir: JobDir,
+        base: Mapping[str, str],
+        arbiter: NodeArbiter | None,
     ) -> dict[str, str]:
         # the queue's priority is also the compute arbiter's: a low job runs on a GPU only in
-        # the time high shares leave (`gpupool exec --priority` and jobs arbitrate together)
-        limits = ShareLimits(
-            job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority
-        )
-        return _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base)
+        # the time high shares leave (root's `gpupool exec --priority` and jobs arbitrate together)
+        limits = _shim_limits(job)
+        env = _shim_env(job, limits, node.totals_of(job.gpus), node, jobdir, base, arbiter)
+        # elastic memory: managed allocations, so that the job can be suspended and resumed,
+        # and a low job's burst past its share
+        env[settings.ELASTIC.name] = "1"
+        if job.spec.memory_burst:
+            env[settings.MEMORY_BURST.name] = str(job.spec.burst_bytes())
+        return env
 
 
 class ExclusiveLauncher:
     def env(
-        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+        self,
+        job: Job,
+        node: LaunchNode,
+        jobdir: JobDir,
+        base: Mapping[str, str],
+        arbiter: NodeArbiter | None,
     ) -> dict[str, str]:
         env = {k: v for k, v in base.items() if not k.startswith("GPUPOOL_")}
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -108,7 +181,12 @@ class MpsLauncher:
         self.control = control
 
     def env(
-        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+        self,
+        job: Job,
+        node: LaunchNode,
+        jobdir: JobDir,
+        base: Mapping[str, str],
+        arbiter: NodeArbiter | None,
     ) -> dict[str, str]:
         [gpu] = job.gpus
         # no compute limit and no priority for the shim: it neither throttles nor joins the
@@ -130,18 +208,18 @@ class MigLauncher:
     memory share (if asked) is enforced inside the instance, resolved against its memory."""
 
     def env(
-        self, job: Job, node: LaunchNode, jobdir: JobDir, base: Mapping[str, str]
+        self,
+        job: Job,
+        node: LaunchNode,
+        jobdir: JobDir,
+        base: Mapping[str, str],
+        arbiter: NodeArbiter | None,
     ) -> dict[str, str]:
         if job.mig is None:
             raise DaemonError(f"job {job.id} has no MIG instance to run on")
-        limits = ShareLimits(
-            (job.mig.gpu,),
-            job.spec.memory_share(),
-            job.spec.compute,
-            priority=job.spec.priority,
-            mig_uuid=job.mig.uuid,
-        )
-        return _shim_env(job, limits, [job.mig.memory_total], node, jobdir, base)
+        limits = _mig_limits(job, job.mig)
+        totals = [job.mig.memory_total]
+        return _shim_env(job, limits, totals, node, jobdir, base, arbiter)
 
 
 LAUNCHERS: dict[Mode, ModeLauncher] = {
@@ -172,11 +250,17 @@ def _identity(uid: int) -> dict[str, Any]:
     return {"uid": uid, "gid": entry.pw_gid, "groups": groups}
 
 
-def launch(job: Job, node: LaunchNode, jobdir: JobDir, mps_control: mps.MpsControl) -> None:
+def launch(
+    job: Job,
+    node: LaunchNode,
+    jobdir: JobDir,
+    mps_control: mps.MpsControl,
+    arbiter: NodeArbiter | None = None,
+) -> None:
     """Write the job's launch file and start its supervisor (which starts the job, detached)."""
     jobdir.create()
     chosen = MpsLauncher(mps_control) if job.spec.mode is Mode.MPS else LAUNCHERS[job.spec.mode]
-    env = chosen.env(job, node, jobdir, base_env(job))
+    env = chosen.env(job, node, jobdir, base_env(job), arbiter)
     identity = _identity(job.uid)
     if os.geteuid() == 0:
         # the job's own processes create its accounting region in there

@@ -98,6 +98,36 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX jobs_finished ON jobs (finished_at);
     """,
+    # elastic memory: a running job asked to suspend, suspended, or waiting to resume
+    # (agent/elastic_store.py); no row: it runs as launched
+    """
+    CREATE TABLE elastic (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs (id),
+        want TEXT NOT NULL,
+        released INTEGER NOT NULL DEFAULT 0,
+        then_resume INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        since REAL NOT NULL
+    );
+    """,
+    # services (agent/service_store.py): each one's spec and owner, and its replicas' jobs
+    """
+    CREATE TABLE services (
+        name TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        generation INTEGER NOT NULL DEFAULT 1,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE replicas (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs (id),
+        service TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        port INTEGER NOT NULL,
+        generation INTEGER NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -490,7 +520,11 @@ class Store:
         with self.transaction() as db:
             ids = [int(row[0]) for row in db.execute(f"SELECT id FROM jobs WHERE {kept}", args)]
             if ids:
-                for table, column in (("events", "job_id"), ("mig_instances", "job_id")):
+                for table, column in (
+                    ("events", "job_id"),
+                    ("mig_instances", "job_id"),
+                    ("elastic", "job_id"),
+                ):
                     db.execute(
                         f"DELETE FROM {table} WHERE {column} IN (SELECT id FROM jobs WHERE {kept})",
                         args,

@@ -23,6 +23,7 @@ from gpupool.agent.jobs import Job, State
 from gpupool.agent.mpsjobs import MpsJobs
 from gpupool.agent.observe import HistogramReading, HistoryPoint, Observations
 from gpupool.agent.sampler import Sampler
+from gpupool.agent.service_manager import ServiceManager
 from gpupool.agent.store import Store
 from gpupool.agent.usage import Usage
 from gpupool.agent.watchdog import KINDS, Action, GpuProcess, Watchdog
@@ -50,6 +51,7 @@ class NodeView:
         context_reserve: int,
         simulated: bool,
         target_workload: Callable[[], list[dict[str, object]]] = list,
+        elastic: Callable[[int], dict[str, Any] | None] = lambda _job_id: None,
     ) -> None:
         self._config = config
         self._store = store
@@ -59,12 +61,16 @@ class NodeView:
         self._mps_jobs = mps_jobs
         self._jobdir = jobdir
         self._waiting = waiting
+        #: a job's elastic memory (suspended, host bytes, burst), as of the queue loop's tick
+        self.elastic = elastic
         self.context_reserve = context_reserve
         self.simulated = simulated
         self._target_workload = target_workload
         #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
         #: see it, as others see it: no command)
         self._listed: dict[int, tuple[int, bytes, bytes]] = {}
+        #: the node's services (set by the agent): their listings and traffic
+        self.services: ServiceManager | None = None
 
     # -- settings -----------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class NodeView:
         data["utilization"] = live.utilization if live else None
         data["over_share"] = self.over_share(job.id)
         data["mps_server"] = self.mps_server(job)
+        data["elastic"] = self.elastic(job.id)
         return data
 
     def jobs_json(self, everything: bool, may_see: Callable[[int], bool]) -> bytes:
@@ -163,6 +170,7 @@ class NodeView:
         job = self.job(job_id)
         data = job.to_json()
         data["events"] = self._store.events(job_id)
+        data["elastic"] = self.elastic(job_id)
         data["waiting"] = list(self._waiting(job_id)) if job.state is State.QUEUED else []
         if self.context_reserve and any(" memory " in line for line in data["waiting"]):
             data["waiting"].append(
@@ -214,6 +222,8 @@ class NodeView:
     def node_json(self) -> dict[str, Any]:
         """Each GPU's admitted memory and compute and its jobs, and the node's settings."""
         running = self._store.jobs([State.RUNNING])
+        # a suspended job's memory is free (elastic memory): admission counts it so
+        running = [j for j in running if (self.elastic(j.id) or {}).get("state") != "suspended"]
         capacity = self._sampler.capacity
         reserve = self.context_reserve
         free = node.free_now(capacity, running, reserve)

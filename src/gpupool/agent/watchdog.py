@@ -8,7 +8,12 @@ findings come out of each pass:
   process tree), a node event;
 - `over_share`: a job whose processes hold more memory on a GPU than its share there plus one
   context reserve per process (each process has its own CUDA context, which the share does not
-  count), a job event. A GPU the job was not placed on is a share of 0.
+  count), a job event. A GPU the job was not placed on is a share of 0;
+- `compute_escape`: a process of a job whose compute the arbiter holds (a limit or a priority)
+  that used the GPU's time in the last sample (NVML's per-process utilisation; the simulated
+  driver's per-process GPU time) in two passes running, while the arbiter knows no such process
+  of its share (it never asked for a lease: it escaped the interception), a job event. Not while
+  the arbiter is away or just back (the shares hold their caps alone then; leases.py).
 Each is recorded once: a process (pid and start time) once per kind, a job once per GPU while
 it stays over (again if it comes back under and goes over once more). With action `kill`, each
 offending process gets SIGKILL (for a job over its share, all its processes on that GPU: the
@@ -33,6 +38,7 @@ from typing import Any
 from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions, executable
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
+from gpupool.agent.leases import Leases
 from gpupool.agent.owners import Owners, identified
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
@@ -43,11 +49,12 @@ from gpupool.devices.snapshot import NodeSnapshot, ProcessKind
 NO_JOB = "no_job"
 EXEMPT = "exempt"
 OVER_SHARE = "over_share"
+COMPUTE_ESCAPE = "compute_escape"
 KILLED = "watchdog_kill"
 #: the event kinds the watchdog writes (job events and node events alike)
-KINDS = (NO_JOB, EXEMPT, OVER_SHARE, KILLED)
+KINDS = (NO_JOB, EXEMPT, OVER_SHARE, COMPUTE_ESCAPE, KILLED)
 #: the findings `kill` acts on (an exempt process is only reported)
-KILLABLE = (NO_JOB, OVER_SHARE)
+KILLABLE = (NO_JOB, OVER_SHARE, COMPUTE_ESCAPE)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +126,11 @@ class Finding:
 
     def detail(self) -> str:
         pids = ", ".join(f"{p.pid} ({p.name or '?'})" for p in self.processes)
+        if self.kind == COMPUTE_ESCAPE:
+            return (
+                f"GPU {self.gpu}: pid {pids} used the GPU's time without asking the compute "
+                "arbiter for a lease"
+            )
         if self.job is None:
             first = self.processes[0]
             memory = "memory unknown" if first.memory is None else format_bytes(first.memory)
@@ -151,8 +163,10 @@ def classify(
     job_of: Callable[[int], int | None],
     ignore: frozenset[int] = frozenset(),
     exemptions: Exemptions = NO_EXEMPTIONS,
+    leases: Leases | None = None,
 ) -> tuple[list[GpuProcess], list[Finding]]:
-    """Every GPU process with its job and share, and what is wrong (or exempt) among them."""
+    """Every GPU process with its job and share, and what is wrong (or exempt) among them
+    (`leases`: the arbiter's clients, for compute escapes; None: not looked for)."""
     by_id = {job.id: job for job in jobs}
     seen: list[GpuProcess] = []
     findings: list[Finding] = []
@@ -178,6 +192,9 @@ def classify(
             if job_id is not None:
                 # whatever its kind: a job's graphics context holds GPU memory of its share too
                 per_job.setdefault(job_id, []).append(entry)
+                busy = (process.gpu_utilization or 0) > 0
+                if busy and leases is not None and leases.escaped(gpu.index, job_id, entry.pid):
+                    findings.append(Finding(COMPUTE_ESCAPE, gpu.index, (entry,), job_id))
                 continue
             entry, finding = _of_no_job(entry, exemptions)
             seen.append(entry)
@@ -229,8 +246,10 @@ class Watchdog:
         reserve: int,
         jobdir: Callable[[int], JobDir],
         exemptions: Exemptions = NO_EXEMPTIONS,
+        leases: Callable[[Sequence[Job]], Leases | None] | None = None,
     ) -> None:
         self.store = store
+        self.leases = leases
         self.jobdir = jobdir
         self.action = action
         self.reserve = reserve
@@ -239,6 +258,9 @@ class Watchdog:
         #: jobs that went over their share at least once (the mark in `ps`)
         self.flagged: set[int] = store.job_ids_with(OVER_SHARE)
         self._open: set[tuple[str, int, int]] = set()
+        #: compute escapes seen in the last pass: one pass alone (a process that joined the
+        #: arbiter just after its first kernel) is no finding
+        self._suspects: set[tuple[str, int, int]] = set()
         self._ignore = frozenset({os.getpid()})
 
     def check(
@@ -249,9 +271,13 @@ class Watchdog:
         running = [identified(job, self.jobdir) for job in running]
         owners = Owners(running)
         ignored = self._ignore | frozenset(helpers)
+        leases = self.leases(running) if self.leases is not None else None
         processes, findings = classify(
-            snapshot, running, self.reserve, owners.job_of, ignored, self.exemptions
+            snapshot, running, self.reserve, owners.job_of, ignored, self.exemptions, leases
         )
+        suspects = {f.key for f in findings if f.kind == COMPUTE_ESCAPE}
+        findings = [f for f in findings if f.kind != COMPUTE_ESCAPE or f.key in self._suspects]
+        self._suspects = suspects
         self.processes = processes
         new = [finding for finding in findings if finding.key not in self._open]
         for finding in new:

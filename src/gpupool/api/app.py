@@ -27,7 +27,7 @@ from gpupool import __version__
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, JobSpec
-from gpupool.api import admin_routes, watchdog_routes
+from gpupool.api import admin_routes, elastic_routes, service_routes, watchdog_routes
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
@@ -52,6 +52,8 @@ class SubmitBody(BaseModel):
     workdir: str = "/"
     #: mode mig: the instance's profile; given alone, it implies mode mig
     mig_profile: str | None = None
+    #: a low job's memory past its share, host-backed (elastic memory)
+    memory_burst: str | None = None
 
 
 class DrainBody(BaseModel):
@@ -86,6 +88,7 @@ def _spec(body: SubmitBody) -> JobSpec:
         env=dict(body.env),
         workdir=body.workdir,
         mig_profile=body.mig_profile,
+        memory_burst=body.memory_burst,
     )
 
 
@@ -208,6 +211,8 @@ def create_app(
 
     watchdog_routes.register(app, view, caller)
     admin_routes.register(app, agent, caller)
+    elastic_routes.register(app, agent, caller)
+    service_routes.register(app, agent, caller)
     app.include_router(metrics_router(view, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(view, secret, sessions, caller))

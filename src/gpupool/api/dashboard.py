@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.view import NodeView
 from gpupool.api import dashboard_html
+from gpupool.api.dashboard_services import services_data
 from gpupool.api.guard import OVER_TCP
 from gpupool.core.errors import NotFound, Unauthorized
 from gpupool.core.units import MILLI_PER_GPU
@@ -111,11 +112,17 @@ def recent_events(view: NodeView, uid: int, limit: int = EVENTS_SHOWN) -> list[d
 def _job_row(view: NodeView, job: Job) -> dict[str, Any]:
     live = view.live(job.id)
     share = job.memory_per_gpu()
+    elastic = view.elastic(job.id) or {}
+    suspended = elastic.get("state", "running") != "running"
     return {
         "id": job.id,
         "name": job.name,
         "user": job.user,
-        "state": job.state.value,
+        # a suspended job still runs: its memory is in host memory
+        "state": elastic["state"] if suspended else job.state.value,
+        "memory_host": elastic.get("host_bytes", 0)
+        + elastic.get("burst_bytes", 0)
+        - elastic.get("burst_on_device", 0),
         "priority": job.spec.priority.value,
         "mode": job.spec.mode.value,
         "gpus": list(job.gpus),
@@ -182,6 +189,7 @@ def dashboard_data(view: NodeView, uid: int) -> dict[str, Any]:
             "utilization": [list(point.utilization) for point in points],
         },
         "events": recent_events(view, uid),
+        "services": services_data(view),
     }
 
 

@@ -12,6 +12,7 @@ from html import escape
 from importlib import resources
 from typing import Any
 
+from gpupool.api.dashboard_services import services_html
 from gpupool.core.units import format_bytes
 
 #: colours of jobs' segments, chosen by job id (readable with white text)
@@ -120,7 +121,9 @@ def jobs_html(data: dict[str, Any]) -> str:
             f"{escape(job['name'])}</td><td>{escape(job['user'])}</td>"
             f'<td><span class="badge {job["state"]}">{job["state"]}</span></td>'
             f"<td>{gpus}</td>"
-            f"<td>{_bytes(job['memory_used'])} / {_bytes(job['memory_share'])}</td>"
+            f"<td>{_bytes(job['memory_used'])} / {_bytes(job['memory_share'])}"
+            + (f" ({_bytes(job['memory_host'])} in host memory)" if job.get("memory_host") else "")
+            + "</td>"
             f"<td>{util} / {job['compute_share']}%</td>"
             f"<td>{job['priority']}</td><td>{job['mode']}</td>"
             f"<td>{_clock(job['started_at'] or job['submitted_at'])}</td></tr>"
@@ -211,6 +214,7 @@ def parts(data: dict[str, Any]) -> dict[str, str]:
         "jobs": jobs_html(data),
         "history": history_html(data),
         "events": events_html(data),
+        "services": services_html(data),
     }
 
 
@@ -232,7 +236,8 @@ def page(data: dict[str, Any]) -> str:
         f'</section><section class="panel"><h2>Recent events</h2>'
         f'<div id="events">{live["events"]}</div></section>'
         f'<section class="panel wide"><h2>Jobs</h2><div id="jobs">{live["jobs"]}</div></section>'
-        "</main>"
+        f'<section class="panel wide"><h2>Services</h2><div id="services">{live["services"]}'
+        "</div></section></main>"
     )
     script = (
         f"<script>const REFRESH_MS = {REFRESH_MS};</script>"

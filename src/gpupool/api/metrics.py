@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from gpupool.agent.jobs import Job, State
 from gpupool.agent.usage import Usage
 from gpupool.agent.view import NodeView
+from gpupool.api import elastic_metrics, service_metrics
 from gpupool.api.exposition import Family, Histogram, render
 from gpupool.core.errors import ConfigError
 from gpupool.core.resources import Mode
@@ -59,7 +60,7 @@ class AgentCollector(Collector):
     def families(self) -> list[Family | Histogram]:
         up = Family("gpupool_up", "1 when the daemon could read all its state", "gauge")
         try:
-            families = [*self._gpus(), *self._jobs()]
+            families = [*self._gpus(), *self._jobs(), *service_metrics.families(self.view.services)]
         except Exception as err:  # a store closing under a stopping daemon: say so, not crash
             self._report(err)
             up.add((), 0)
@@ -220,6 +221,7 @@ class AgentCollector(Collector):
             draining,
             over,
             strangers,
+            *elastic_metrics.families(view, jobs),
             Histogram(
                 "gpupool_queue_wait_seconds",
                 "Time from submission to start, for jobs started by this daemon",

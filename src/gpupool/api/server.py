@@ -126,11 +126,11 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def tcp_socket(listen: str) -> socket.socket:
-    """A listening TCP socket for `HOST:PORT`."""
+def tcp_socket(listen: str, option: str = "--listen") -> socket.socket:
+    """A listening TCP socket for `HOST:PORT` (given as `option`)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
-        raise InvalidRequest(f"invalid --listen {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8470")
+        raise InvalidRequest(f"invalid {option} {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8470")
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -140,7 +140,7 @@ def tcp_socket(listen: str) -> socket.socket:
     except OSError as err:
         sock.close()
         raise ConfigError(f"cannot listen on {listen}: {err.strerror}") from err
-    sock.listen(128)
+    sock.listen(1024)
     return sock
 
 

@@ -10,14 +10,8 @@ from typing import Any
 
 from gpupool.cli import texttable
 from gpupool.devices.snapshot import NodeSnapshot
-from gpupool.isolation.arbiter import (
-    ArbitratedShare,
-    arbiter_dir,
-    arbiter_file,
-    compute_use,
-    find_share,
-)
-from gpupool.isolation.region import region_share_id
+from gpupool.isolation.arbiter import ArbitratedShare, compute_use, find_share, view_file
+from gpupool.isolation.arbiter_control import NODE_DIR, node_arbiter_dir, private_arbiter_dir
 
 #: how long `gpupool gpus` watches the shares' GPU time (only when a share runs)
 WINDOW_SECONDS = 0.5
@@ -30,19 +24,22 @@ class ShareRow:
     used_percent: float
 
 
-def _directory(snapshot: NodeSnapshot) -> Path:
+def _directories(snapshot: NodeSnapshot) -> list[Path]:
+    """The node's arbiter (root's: the daemon's and the pods'), and the caller's own if any."""
     simulated = Path(snapshot.node_dir) if snapshot.simulated and snapshot.node_dir else None
-    return arbiter_dir(simulated)
+    node = simulated / "arbiter" if simulated is not None else NODE_DIR
+    own = private_arbiter_dir(simulated)
+    return [node] if node_arbiter_dir(simulated) == node else [node, own]
 
 
 def sample_shares(snapshot: NodeSnapshot, window_s: float = WINDOW_SECONDS) -> list[ShareRow]:
-    """Every running compute share of the node's GPUs and its use over `window_s`."""
-    directory = _directory(snapshot)
+    """Every running compute share of the node's GPUs and its charged use over `window_s`."""
     gpus = [gpu for gpu in snapshot.gpus if gpu.uuid]
-    uses = compute_use([arbiter_file(directory, gpu.uuid) for gpu in gpus], window_s)
+    places = [(gpu, directory) for directory in _directories(snapshot) for gpu in gpus]
+    uses = compute_use([view_file(directory, gpu.uuid) for gpu, directory in places], window_s)
     return [
         ShareRow(gpu.index, use.share, use.used_percent)
-        for gpu, per_gpu in zip(gpus, uses, strict=True)
+        for (gpu, _), per_gpu in zip(places, uses, strict=True)
         for use in per_gpu
     ]
 
@@ -85,17 +82,16 @@ def shares_json(rows: Sequence[ShareRow]) -> list[dict[str, Any]]:
 
 
 def exec_use_lines(
-    region: Path, directory: Path, gpus: Sequence[tuple[int, str]], seconds: float
+    directory: Path, share_id: int, gpus: Sequence[tuple[int, str]], seconds: float
 ) -> list[str]:
-    """What a finished `gpupool exec` share used of each of its GPUs over its `seconds` of run,
-    against its share; nothing where it was not arbitrated (it never launched under a share)."""
-    share_id = region_share_id(region)
-    if share_id is None or seconds <= 0:
+    """What a finished `gpupool exec` share was charged of each of its GPUs over its `seconds`
+    of run, against its share; nothing where it never asked for a lease."""
+    if seconds <= 0:
         return []
     lines = []
     for index, uuid in gpus:
         share = find_share(directory, uuid, share_id)
-        if share is None:
+        if share is None or share.pid == 0:
             continue
         used = 100.0 * share.busy_ns / (seconds * 1e9)
         priority = f", priority {share.priority}" if share.priority else ""

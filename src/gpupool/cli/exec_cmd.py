@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,12 @@ from gpupool.core.units import (
     parse_int_range,
     parse_memory_share,
 )
-from gpupool.isolation.arbiter import arbiter_dir
+from gpupool.isolation.arbiter_control import (
+    ArbiterControl,
+    ArbiterShare,
+    ensure_arbiter,
+    node_arbiter_dir,
+)
 from gpupool.isolation.launch import (
     ComputePolicy,
     LaunchSpec,
@@ -132,26 +139,65 @@ class _ExecCommand(TyperCommand):
             raise
 
 
+@dataclass
+class _Seat:
+    """The share's place at its arbiter: kept open while the command runs."""
+
+    control: ArbiterControl
+    directory: Path
+    share: ArbiterShare
+
+
+def _join_arbiter(node: LaunchNode, limits: ShareLimits) -> _Seat | None:
+    """Register the share with the node's arbiter (root's) or this user's own, started if none
+    runs; without one the share still holds its cap, alone (said once)."""
+    if not limits.arbitrated:
+        return None
+    directory = node_arbiter_dir(node.sim_node)
+    private = os.geteuid() != 0
+    try:
+        control = ensure_arbiter(directory, private=private)
+    except GpupoolError as err:
+        typer.echo(f"gpupool: warning: {err}: the share holds its compute cap alone", err=True)
+        return None
+    share = ArbiterShare.new()
+    try:
+        control.register(limits.registration(share, os.geteuid(), node.uuids))
+    except GpupoolError as err:
+        control.close()
+        typer.echo(f"gpupool: warning: {err}: the share holds its compute cap alone", err=True)
+        return None
+    return _Seat(control, directory, share)
+
+
 def _prepare(
     command: list[str], limits: ShareLimits, simulate: str | None, node_dir: Path | None
-) -> tuple[LaunchSpec, LaunchNode]:
+) -> tuple[LaunchSpec, LaunchNode, ShareLimits, _Seat | None]:
     """Check every value against the node, announce a simulated one, and build the launch."""
     node = open_launch_node(simulate, node_dir)
     limits, totals = _on_node(node, limits)
-    spec = build_launch_spec(command, limits, gpu_totals=totals, sim_node=node.sim_node)
     _announce(node, simulate)
+    seat = _join_arbiter(node, limits)
+    spec = build_launch_spec(
+        command,
+        limits,
+        gpu_totals=totals,
+        sim_node=node.sim_node,
+        arbiter=(seat.directory, seat.share) if seat is not None else None,
+    )
     if limits.memory is not None or limits.compute_milli < MILLI_PER_GPU or limits.priority:
         typer.echo(f"gpupool: {_share_line(node, limits, totals)}", err=True)
-    return spec, node
+    return spec, node, limits, seat
 
 
-def _report_use(spec: LaunchSpec, node: LaunchNode, limits: ShareLimits, seconds: float) -> None:
-    """On stderr, what the share used of each GPU against its share (stdout is the command's)."""
-    if spec.shared_region is None or not node.uuids:
+def _report_use(seat: _Seat, node: LaunchNode, limits: ShareLimits, seconds: float) -> None:
+    """On stderr, what the share was charged of each GPU against its share (stdout is the
+    command's)."""
+    if not node.uuids:
         return
-    gpus = [(index, node.uuids[index]) for index in limits.gpus]
+    gpus = [(index, limits.mig_uuid or node.uuids[index]) for index in limits.gpus]
     try:
-        lines = exec_use_lines(spec.shared_region, arbiter_dir(node.sim_node), gpus, seconds)
+        lines = exec_use_lines(seat.directory, seat.share.share_id, gpus, seconds)
     except GpupoolError as err:
         lines = [f"compute use unknown: {err}"]
     for line in lines:
@@ -228,15 +274,18 @@ def register(app: typer.Typer) -> None:
         try:
             _check_mode(mode)
             limits = _limits(gpu, memory, compute, compute_policy, priority)
-            spec, node = _prepare(command, limits, simulate, node_dir)
+            spec, node, limits, seat = _prepare(command, limits, simulate, node_dir)
         except GpupoolError as err:
             typer.echo(f"gpupool: error: {err}", err=True)
             raise typer.Exit(EXIT_EXEC_FAILED) from err
         try:
             started = time.monotonic()
             code = _run(spec)
-            _report_use(spec, node, limits, time.monotonic() - started)
+            if seat is not None:
+                _report_use(seat, node, limits, time.monotonic() - started)
         finally:
+            if seat is not None:
+                seat.control.close()  # the share goes with it
             if spec.shared_region is not None:
                 shutil.rmtree(spec.shared_region.parent, ignore_errors=True)
         sys.stdout.flush()

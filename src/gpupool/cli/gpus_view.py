@@ -15,7 +15,7 @@ from typing import Any
 from gpupool.api.client import Client
 from gpupool.cli import texttable
 from gpupool.cli.compute_view import ShareRow, sample_shares, shares_json, shares_table
-from gpupool.cli.gpus_jobs import mig_jobs
+from gpupool.cli.gpus_jobs import daemon_jobs, elastic_lines, mig_jobs
 from gpupool.cli.gpus_marks import UNSEEN, Marks, daemon_marks
 from gpupool.core.errors import GpupoolError
 from gpupool.core.units import format_bytes
@@ -199,6 +199,11 @@ def document(snapshot: NodeSnapshot) -> dict[str, object]:
 
 def view(backend: GpuBackend, url: str | None) -> str:
     # the daemon is asked first: its answer comes while the backend's utilisation window runs
-    users, node = mig_jobs(url), daemon_node(url)
+    jobs = daemon_jobs(url)
+    users, node = mig_jobs(jobs), daemon_node(url)
     snapshot = backend.snapshot()
-    return render(snapshot, url, sample_shares(snapshot), users, node)
+    shown = render(snapshot, url, sample_shares(snapshot), users, node)
+    elastic = elastic_lines(jobs)
+    if elastic:  # elastic memory: what is in host memory rather than on the GPUs
+        shown += "\n\nIn host memory:\n" + "\n".join(f"  {line}" for line in elastic)
+    return shown

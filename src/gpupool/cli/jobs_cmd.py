@@ -15,7 +15,7 @@ from typing import Any
 
 from gpupool.api.client import Client
 from gpupool.cli import jobs_view, options, plain
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import InvalidRequest, NotFound
 from gpupool.core.units import (
     MILLI_PER_GPU,
     parse_compute_percent,
@@ -140,6 +140,8 @@ def _submit(args: argparse.Namespace) -> int:
         args.workdir,
     )
     body["mig_profile"] = args.mig_profile
+    if args.memory_burst is not None:
+        body["memory_burst"] = args.memory_burst
     with Client(args.url) as client:
         job = client.call("POST", "/v1/jobs", json=body)["job"]
         if not args.wait:
@@ -157,11 +159,25 @@ def _submit(args: argparse.Namespace) -> int:
 def _ps(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         jobs = client.call("GET", "/v1/jobs", params={"all": args.all})["jobs"]
+        services = _services(client)
     if args.json:
-        _echo_json({"jobs": jobs})
+        _echo_json({"jobs": jobs, "services": services})
     else:
         jobs_view.print_jobs(jobs)
+        if services:  # their replicas are among the jobs above, named SERVICE/REPLICA
+            from gpupool.cli import service_view
+
+            print()
+            service_view.print_services(services)
     return 0
+
+
+def _services(client: Client) -> list[dict[str, Any]]:
+    """The daemon's services (none from a daemon older than services)."""
+    try:
+        return list(client.call("GET", "/v1/services")["services"])
+    except NotFound:
+        return []
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -239,6 +255,11 @@ def _submit_options(parser: argparse.ArgumentParser) -> None:
     )
     options.add(parser, options.MEMORY)
     options.add(parser, options.COMPUTE)
+    parser.add_argument(
+        "--memory-burst",
+        metavar="SIZE",
+        help="Low priority: memory past --memory, host-backed, evicted first (e.g. 24Gi).",
+    )
     parser.add_argument(
         "--mode", metavar="shim|mps|exclusive|mig", help="Default shim (mig with a profile)."
     )

@@ -54,6 +54,9 @@ def _row(job: dict[str, Any], now: float) -> list[str]:
         state += " oom"
     if job.get("over_share"):
         state += " over-share"
+    elastic = job.get("elastic") or {}
+    if elastic.get("state", "running") != "running":
+        state = elastic["state"]  # suspended, suspending, resuming: the job still runs
     util = job.get("utilization")
     return [
         str(job["id"]),
@@ -96,6 +99,26 @@ def _when(at: float | None) -> str:
     return "-" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _elastic_lines(elastic: dict[str, Any] | None) -> list[str]:
+    """Elastic memory: suspended (where its memory is), its burst."""
+    if not elastic:
+        return []
+    lines = []
+    if elastic["state"] != "running":
+        why = f" ({elastic['reason']})" if elastic["reason"] else ""
+        lines.append(
+            f"  elastic:  {elastic['state']}{why}, {format_bytes(elastic['host_bytes'])} in "
+            "host memory"
+        )
+    if elastic["burst_bytes"]:
+        lines.append(
+            f"  burst:    {format_bytes(elastic['burst_bytes'])} past the share, "
+            f"{format_bytes(elastic['burst_on_device'])} of it on the GPU"
+        )
+    lines.extend(f"  {line}" for line in elastic["waiting"])
+    return lines
+
+
 def print_job(job: dict[str, Any]) -> None:
     gpus = ",".join(str(g) for g in job["gpus"]) or "not placed yet"
     models = ", ".join(job["gpu_models"]) or "any"
@@ -125,6 +148,7 @@ def print_job(job: dict[str, Any]) -> None:
         lines.append(
             "  watchdog: the driver saw it over its memory share (events below; gpupool events)"
         )
+    lines.extend(_elastic_lines(job.get("elastic")))
     if job.get("waiting"):
         lines.append("  waiting because:")
         lines.extend(f"    {reason}" for reason in job["waiting"])

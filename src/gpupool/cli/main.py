@@ -84,12 +84,34 @@ COMMANDS: dict[str, Entry] = {
         "A job's share, placement, events and, while queued, why it waits.",
         argparse=True,
     ),
+    "suspend": Entry(
+        "elastic_cmd",
+        "Suspend a running shim job: its memory to host memory, its GPU memory freed.",
+        argparse=True,
+    ),
+    "resume": Entry(
+        "elastic_cmd",
+        "Resume a suspended job, at the same device addresses, once its GPUs have room.",
+        argparse=True,
+    ),
+    "resize": Entry(
+        "elastic_cmd",
+        "Change a running shim job's memory or compute share; the library applies it within "
+        "a second.",
+        argparse=True,
+    ),
     "drain": Entry(
         "jobs_cmd", "Start nothing new; running jobs finish (--off: back to normal).", argparse=True
     ),
     "prune": Entry(
         "jobs_cmd",
         "Delete finished jobs, with their events, logs and directories (admins).",
+        argparse=True,
+    ),
+    "service": Entry(
+        "service_cmd",
+        "Model services: replicas kept up, routed by `gpupool serve --router`, scaled with "
+        "their traffic.",
         argparse=True,
     ),
     "events": Entry(

@@ -215,6 +215,21 @@ def register(app: typer.Typer) -> None:
             f"finished (e.g. 12h, 30m; default {settings.DAEMON.keep_finished_s / 86400:g}d; "
             "gpupool prune does it at once).",
         ),
+        preempt: str = typer.Option(
+            "none",
+            "--preempt",
+            metavar="HOW",
+            help="What a high job that does not fit does to running low jobs: none (it waits) "
+            "or suspend (their memory goes to host memory; they resume, in queue order, when "
+            "room returns).",
+        ),
+        router: str | None = typer.Option(
+            None,
+            "--router",
+            metavar="HOST:PORT",
+            help="Also run the services' router: http://HOST:PORT/NAME/... goes to a ready "
+            "replica of service NAME (docs/inference.md).",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -262,6 +277,7 @@ def register(app: typer.Typer) -> None:
             max_log_size=settings.DAEMON.max_log_size if log_cap is None else log_cap,
             keep_finished_s=settings.DAEMON.keep_finished_s if keep_s is None else keep_s,
             access=access,
+            preempt=preempt,
         )
         lock = statedir.hold(root)
         statedir.share(root, socket_gid)
@@ -270,6 +286,7 @@ def register(app: typer.Typer) -> None:
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
             sockets.append(server.tcp_socket(listen))
+        router_socket = server.tcp_socket(router, "--router") if router is not None else None
         with open_backend(simulate, node_dir) as backend:
             agent = Agent(config, backend)
             if agent.launch_node.sim_node is not None:
@@ -291,9 +308,18 @@ def register(app: typer.Typer) -> None:
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
             app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
+            proxy = None
+            if router_socket is not None:
+                from gpupool.api.router import Router
+
+                proxy = Router(agent.services.traffic, router_socket)
+                proxy.start()
+                logs.log.info(f"router on http://{router}/NAME/ for the services")
             try:
                 gone = server.serve(app, sockets, tls, {p: i for p, i in watched.items() if i})
             finally:
+                if proxy is not None:
+                    proxy.stop()
                 agent.stop()
                 server.remove_socket(socket_path, watched[socket_path])
                 lock.close()

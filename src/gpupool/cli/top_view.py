@@ -18,6 +18,8 @@ from gpupool.core.units import format_bytes
 
 COLOURS = ("blue", "dark_orange", "green", "magenta", "yellow", "cyan", "red", "bright_black")
 MEMORY_BAR, COMPUTE_BAR = 20, 14
+#: service lines a frame shows at most (the jobs get the rest of the screen)
+MAX_SERVICES = 6
 
 
 def _colour(job_id: int) -> str:
@@ -58,6 +60,20 @@ def _gpu_line(gpu: dict[str, Any]) -> Text:
     line.append(" cmp ")
     line.append_text(_bar(COMPUTE_BAR, compute, 100))
     line.append(f" {sum(j['compute_share'] for j in gpu['jobs']):>3}%")
+    return line
+
+
+def _service_line(service: dict[str, Any]) -> Text:
+    """A service: its replicas ready of desired, its traffic, its problem if any."""
+    replicas = service["replicas"]
+    line = Text(f"svc {service['name'][:14]:<14} ", style="bold")
+    line.append(f"{replicas['ready']}/{replicas['desired']} ready ({replicas['min']}..")
+    line.append(f"{replicas['max']})  {service['in_flight']:>3} in flight {service['queued']:>3} ")
+    line.append(f"waiting {service['requests_total']:>7} req")
+    if service["errors_total"]:
+        line.append(f" {service['errors_total']} 5xx", style="red")
+    if service["problem"]:
+        line.append("  !", style="bold red")
     return line
 
 
@@ -107,7 +123,8 @@ def frame(data: dict[str, Any], height: int = 24, error: str | None = None) -> G
     else:
         title.append(f"  {time.strftime('%H:%M:%S', time.localtime(data['time']))}")
     gpus = [_gpu_line(gpu) for gpu in data["gpus"]]
-    # title, GPU lines, a blank line, the jobs' header, the keys line
+    gpus += [_service_line(service) for service in data.get("services", [])[:MAX_SERVICES]]
+    # title, GPU and service lines, a blank line, the jobs' header, the keys line
     rows = max(1, height - len(gpus) - 4)
     footer = Text("q quit", style="bright_black")
     return Group(title, *gpus, Text(""), _jobs(data["jobs"], rows), footer)

@@ -72,6 +72,20 @@ COMPUTE_PRIORITY = Setting(
     "arbitrated with the other shares only when the share has a compute limit).",
     Reader.NATIVE,
 )
+ELASTIC = Setting(
+    "GPUPOOL_ELASTIC",
+    "0",
+    "`1`: the share's allocations are managed memory, so that it can be suspended to host memory "
+    "and resumed at the same addresses (set by the daemon for its shim-mode jobs).",
+    Reader.NATIVE,
+)
+MEMORY_BURST = Setting(
+    "GPUPOOL_MEMORY_BURST",
+    None,
+    "Bytes per GPU a low-priority share may allocate past its memory share, host-backed managed "
+    "memory evicted first (needs GPUPOOL_ELASTIC=1).",
+    Reader.NATIVE,
+)
 SHARED_REGION = Setting(
     "GPUPOOL_SHARED_REGION",
     None,
@@ -81,8 +95,15 @@ SHARED_REGION = Setting(
 ARBITER_DIR = Setting(
     "GPUPOOL_ARBITER_DIR",
     None,
-    "The node-wide directory of the GPUs' compute arbiters, one file per GPU (set by the launch: "
-    "a simulated node's directory, else /dev/shm).",
+    "The trusted compute arbiter's runtime directory: its lease socket and the GPUs' read-only "
+    "views (set by the launch).",
+    Reader.NATIVE,
+)
+ARBITER_SHARE = Setting(
+    "GPUPOOL_ARBITER_SHARE",
+    None,
+    "The share's id and key at the arbiter, ID:KEY in hex (set by the launch, which registered "
+    "the share; without it the share holds its compute cap alone).",
     Reader.NATIVE,
 )
 CONFIG_FILE = Setting(
@@ -182,8 +203,11 @@ ALL: tuple[Setting, ...] = (
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
     COMPUTE_PRIORITY,
+    ELASTIC,
+    MEMORY_BURST,
     SHARED_REGION,
     ARBITER_DIR,
+    ARBITER_SHARE,
     CONFIG_FILE,
     LOG_LEVEL,
     SIM_NODE,
@@ -203,9 +227,12 @@ SHARE_SETTINGS: tuple[Setting, ...] = (
     COMPUTE_LIMIT,
     COMPUTE_POLICY,
     COMPUTE_PRIORITY,
+    ELASTIC,
+    MEMORY_BURST,
     SHARED_REGION,
     CONFIG_FILE,
     ARBITER_DIR,
+    ARBITER_SHARE,
 )
 
 

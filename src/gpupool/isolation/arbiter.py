@@ -1,15 +1,17 @@
-"""The GPUs' compute arbiters, read: Python's side of native/include/gpupool_arbiter.h.
+"""The GPUs' compute arbiter, read: Python's side of native/include/gpupool_arbiter.h.
 
-Every compute share on a GPU has a slot in the GPU's arbiter file (in the node's arbiter
-directory), where the interception library keeps its percent, priority, policy, the latest of its
-processes and the GPU time measured for it. `gpupool gpus` shows each live share's use against its
-share; `gpupool exec` says what its own share used. Offsets here and in the header change together
-(bump VERSION); a test compares them.
+The trusted arbiter (native/arbiterd, one per node) keeps one view per GPU in its runtime
+directory, a file it alone writes: each registered share's percent, priority and policy, the
+lease time charged to it, and the processes that ask for leases. `gpupool gpus` shows each live
+share's use against its share, `gpupool exec` what its own share used, and the watchdog tells a
+process that uses a GPU without asking for its lease. Offsets here and in the header change
+together (bump VERSION); a test compares them.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import time
 from collections.abc import Sequence
@@ -18,14 +20,19 @@ from pathlib import Path
 
 from gpupool.core.errors import ConfigError
 
-MAGIC = 0x3142524150505047  # b"GPPARB1" as a little-endian u64
-VERSION = 3
+MAGIC = 0x3242524150505047  # b"GPPARB2" as a little-endian u64
+VERSION = 4
 SHARES = 64
+CLIENTS = 256
 HEADER = struct.Struct("<QII")  # magic, version, size
-SHARES_OFFSET = 192
-SHARE = struct.Struct("<QIIQQQiI")  # share_id .. policy
-FILE_SIZE = SHARES_OFFSET + SHARES * SHARE.size
-FILE_PREFIX = "gpupool-arbiter-"
+SHARES_OFFSET = 128
+SHARE = struct.Struct("<QIIQQQiIIIII")  # share_id .. clients
+CLIENTS_OFFSET = SHARES_OFFSET + SHARES * SHARE.size
+CLIENT = struct.Struct("<iIQ")  # pid, slot, start
+FILE_SIZE = CLIENTS_OFFSET + CLIENTS * CLIENT.size
+VIEW_PREFIX = "gpu-"
+SOCKET = "lease.sock"
+CONTROL = "control.sock"
 
 #: the library's numbers for a share's priority and policy
 PRIORITIES = {0: None, 1: "high", 2: "low"}
@@ -37,7 +44,7 @@ LIVE_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class ArbitratedShare:
-    """One share's slot in a GPU's arbiter, as read at `read_ns` (CLOCK_MONOTONIC)."""
+    """One share's slot in a GPU's view, as read at `read_ns` (CLOCK_MONOTONIC)."""
 
     share_id: int
     percent: int
@@ -47,74 +54,87 @@ class ArbitratedShare:
     busy_ns: int
     wanted_ns: int
     read_ns: int
+    clients: int = 0
+
+
+@dataclass(frozen=True)
+class LeaseClient:
+    """A process connected to the arbiter for a share on one GPU."""
+
+    pid: int
+    start: int
+    share_id: int
 
 
 @dataclass(frozen=True)
 class ComputeUse:
-    """A share's measured GPU use over a window, against its share."""
+    """A share's charged GPU use over a window, against its share."""
 
     share: ArbitratedShare
     used_percent: float
 
 
-def arbiter_dir(sim_node: Path | None) -> Path:
-    """The node-wide directory of the GPUs' compute arbiters (one file per GPU UUID), the same
-    for `gpupool exec` and the node daemon: a simulated node's own directory, else /dev/shm.
-    (The Kubernetes device plugin keeps its pods' arbiters in a directory of its own, which it
-    mounts into every container: the host's /dev/shm is not for a pod to see.)"""
-    return sim_node if sim_node is not None else Path("/dev/shm")
+def view_file(directory: Path, gpu_uuid: str) -> Path:
+    """The view of the GPU `gpu_uuid` ("GPU-xxxxxxxx-..." or "MIG-..."): its 32 hex digits, as
+    the library names it from cuDeviceGetUuid."""
+    return directory / f"{VIEW_PREFIX}{uuid_bytes(gpu_uuid).hex()}"
 
 
-def arbiter_file(directory: Path, gpu_uuid: str) -> Path:
-    """The arbiter of the GPU `gpu_uuid` ("GPU-xxxxxxxx-..."): its 32 hex digits, as the library
-    names it from cuDeviceGetUuid."""
-    digits = gpu_uuid.removeprefix("GPU-").replace("-", "").lower()
-    return directory / f"{FILE_PREFIX}{digits}"
-
-
-def prepare_arbiters(directory: Path, gpu_uuids: Sequence[str]) -> None:
-    """Create each GPU's arbiter file, empty, as this process's (the daemon's) with mode 0666,
-    where none exists: the first share of any user then initialises it in place. Made by a
-    share itself, the file would be that share's user's, and on a host with
-    fs.protected_regular=1 no other user could open it in a sticky directory such as
-    /dev/shm (the kernel refuses O_CREAT on another user's file there), so a second user's
-    share would die at start. (The file stays writable by every share: see the threat model.)"""
-    for uuid in gpu_uuids:
-        path = arbiter_file(directory, uuid)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-        except FileExistsError:
-            continue
-        except OSError as err:
-            raise ConfigError(f"cannot create the compute arbiter {path}: {err.strerror}") from err
-        try:
-            os.fchmod(fd, 0o666)  # past the umask
-        finally:
-            os.close(fd)
-
-
-def read_shares(path: Path) -> list[ArbitratedShare]:
-    """Every share with a slot in the arbiter at `path`; none if the GPU has no arbiter yet."""
+def uuid_bytes(gpu_uuid: str) -> bytes:
+    """The 16 bytes cuDeviceGetUuid gives for `gpu_uuid`; ConfigError if it is no UUID."""
+    digits = gpu_uuid.removeprefix("GPU-").removeprefix("MIG-").replace("-", "").lower()
     try:
-        data = path.read_bytes()
+        raw = bytes.fromhex(digits)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise ConfigError(f"{gpu_uuid!r} is not a GPU UUID")
+    return raw
+
+
+def _read(path: Path) -> bytes | None:
+    """The view's bytes, only from a regular file of the directory's owner (the arbiter's
+    user); None if the GPU has no view yet."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        owner = os.stat(path.parent).st_uid
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        return []
+        return None
     except OSError as err:
-        raise ConfigError(f"cannot read the compute arbiter {path}: {err.strerror}") from err
-    now = time.monotonic_ns()
-    if not any(data[: HEADER.size]):
-        return []  # created (and maybe sized) by its first process, not yet initialised
+        raise ConfigError(f"cannot read the compute arbiter's view {path}: {err.strerror}") from err
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != owner:
+            raise ConfigError(f"{path} is not the compute arbiter's view: ignored")
+        return os.read(fd, FILE_SIZE + 1)
+    finally:
+        os.close(fd)
+
+
+def _view(path: Path) -> bytes | None:
+    data = _read(path)
+    if data is None:
+        return None
     magic, version, size = HEADER.unpack_from(data.ljust(HEADER.size, b"\0"))
     if magic != MAGIC or version != VERSION or size != FILE_SIZE or len(data) != FILE_SIZE:
         raise ConfigError(
-            f"{path} is not a compute arbiter of this gpupool version (it reads version "
-            f"{VERSION}): remove it when no workload runs on this GPU"
+            f"{path} is not a compute arbiter's view of this gpupool version (it reads version "
+            f"{VERSION}): restart the arbiter (the node daemon does)"
         )
+    return data
+
+
+def read_shares(path: Path) -> list[ArbitratedShare]:
+    """Every share registered in the view at `path`; none if the GPU has no view yet."""
+    data = _view(path)
+    if data is None:
+        return []
+    now = time.monotonic_ns()
     shares = []
     for slot in range(SHARES):
-        share_id, weight, priority, _vtime, wanted, busy, pid, policy = SHARE.unpack_from(
-            data, SHARES_OFFSET + slot * SHARE.size
-        )
+        fields = SHARE.unpack_from(data, SHARES_OFFSET + slot * SHARE.size)
+        share_id, weight, priority, _vtime, wanted, busy, pid, policy = fields[:8]
         if share_id != 0:
             shares.append(
                 ArbitratedShare(
@@ -126,9 +146,27 @@ def read_shares(path: Path) -> list[ArbitratedShare]:
                     busy,
                     wanted,
                     now,
+                    fields[11],
                 )
             )
     return shares
+
+
+def lease_clients(path: Path) -> list[LeaseClient]:
+    """The processes connected to the arbiter for a share on the view's GPU."""
+    data = _view(path)
+    if data is None:
+        return []
+    ids = {
+        slot: SHARE.unpack_from(data, SHARES_OFFSET + slot * SHARE.size)[0]
+        for slot in range(SHARES)
+    }
+    clients = []
+    for entry in range(CLIENTS):
+        pid, slot, start = CLIENT.unpack_from(data, CLIENTS_OFFSET + entry * CLIENT.size)
+        if pid > 0:
+            clients.append(LeaseClient(pid, start, ids.get(slot, 0)))
+    return clients
 
 
 def _alive(pid: int) -> bool:
@@ -148,7 +186,7 @@ def live_shares(path: Path) -> list[ArbitratedShare]:
 
 
 def compute_use(paths: Sequence[Path], window_s: float) -> list[list[ComputeUse]]:
-    """For the arbiter of each GPU in `paths`: each live share's GPU use over the next
+    """For the view of each GPU in `paths`: each live share's charged GPU use over the next
     `window_s` seconds, in percent of the GPU (one wait for all; none if no share is live)."""
     before = [{s.share_id: s for s in live_shares(path)} for path in paths]
     if not any(before):
@@ -169,8 +207,8 @@ def compute_use(paths: Sequence[Path], window_s: float) -> list[list[ComputeUse]
 
 
 def find_share(directory: Path, gpu_uuid: str, share_id: int) -> ArbitratedShare | None:
-    """The slot of share `share_id` in the arbiter of `gpu_uuid`, if it has one."""
-    for share in read_shares(arbiter_file(directory, gpu_uuid)):
+    """The slot of share `share_id` in the view of `gpu_uuid`, if it has one."""
+    for share in read_shares(view_file(directory, gpu_uuid)):
         if share.share_id == share_id:
             return share
     return None

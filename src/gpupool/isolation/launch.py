@@ -19,7 +19,7 @@ from gpupool.core import settings
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare
-from gpupool.isolation.arbiter import arbiter_dir
+from gpupool.isolation.arbiter_control import ArbiterShare, Registration
 from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
 
 
@@ -43,6 +43,24 @@ class ShareLimits:
     #: the MIG instance the share runs on (its GPU is `gpus[0]`); CUDA shows a process one MIG
     #: device at most, so a share on an instance has exactly one
     mig_uuid: str | None = None
+
+    @property
+    def arbitrated(self) -> bool:
+        """Whether the share takes leases from the GPU's arbiter (as the library decides)."""
+        return self.compute_milli < MILLI_PER_GPU or self.priority is not None
+
+    @property
+    def percent(self) -> int:
+        """Its compute in percent of a GPU, the arbiter's weight (at least 1)."""
+        return max(1, min(100, round(self.compute_milli * 100 / MILLI_PER_GPU)))
+
+    def registration(
+        self, share: ArbiterShare, uid: int, uuids: Sequence[str] | Mapping[int, str]
+    ) -> Registration:
+        """What the arbiter holds the share to; `uuids`: the node's GPUs' UUIDs by index."""
+        gpus = (self.mig_uuid,) if self.mig_uuid is not None else tuple(uuids[g] for g in self.gpus)
+        priority = self.priority.value if self.priority is not None else None
+        return Registration(share, uid, gpus, self.percent, priority, self.policy.value)
 
     def __post_init__(self) -> None:
         if not self.gpus:
@@ -69,8 +87,8 @@ class LaunchSpec:
 
 
 #: a share's settings come only from its launch: inherited limits would apply to the wrong
-#: ordinals, an inherited settings file would override the share wholesale, and a stray arbiter
-#: directory would hide this share's launches from the other shares of the node
+#: ordinals, an inherited settings file would override the share wholesale, and an inherited
+#: arbiter share would be another share's name
 _SHARE_VARIABLES = tuple(s.name for s in settings.SHARE_SETTINGS)
 
 
@@ -151,8 +169,10 @@ def build_launch_spec(
     base_env: Mapping[str, str] | None = None,
     shared_region: Path | None = None,
     native_dir: Path = NATIVE_DIR,
+    arbiter: tuple[Path, ArbiterShare] | None = None,
 ) -> LaunchSpec:
-    """The full launch spec for `argv` under `limits`; `sim_node` runs it on a simulated node."""
+    """The full launch spec for `argv` under `limits`; `sim_node` runs it on a simulated node;
+    `arbiter`: the arbiter's directory and the share's name there, once registered."""
     if not argv:
         raise InvalidRequest("no command given: put it after `--`")
     totals = list(gpu_totals) if gpu_totals is not None else [None] * len(limits.gpus)
@@ -165,7 +185,9 @@ def build_launch_spec(
         del env[name]
     region = shared_region if shared_region is not None else new_shared_region()
     env.update(share_env(limits, totals, region))
-    env[settings.ARBITER_DIR.name] = str(arbiter_dir(sim_node))
+    if arbiter is not None:
+        env[settings.ARBITER_DIR.name] = str(arbiter[0])
+        env[settings.ARBITER_SHARE.name] = arbiter[1].setting
     env["LD_PRELOAD"] = _prepend_path(str(shim_library(native_dir)), env.get("LD_PRELOAD"), ":")
     if sim_node is not None:
         sim_dir = str(sim_driver_dir(native_dir))

@@ -1,5 +1,5 @@
-"""Where the native libraries built from native/ live: the interception library and the
-simulated CUDA driver (installed as sim/libcuda.so.1)."""
+"""Where the native libraries built from native/ live: the interception library, the
+simulated CUDA driver (installed as sim/libcuda.so.1) and the compute arbiter's program."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ NATIVE_DIR = Path(__file__).resolve().parent.parent / "_native"
 SHIM_LIBRARY = "libgpupool-cuda.so"
 SIM_DIR = "sim"
 SIM_DRIVER_NAME = "libcuda.so.1"
+ARBITERD = "gpupool-arbiterd"
 _FIX = "run `make native` in the source tree, or reinstall gpupool"
 
 
@@ -28,6 +29,10 @@ class NativeLibraries:
     @property
     def sim_driver(self) -> Path:
         return self.root / SIM_DIR / SIM_DRIVER_NAME
+
+    @property
+    def arbiterd(self) -> Path:
+        return self.root / ARBITERD
 
     @property
     def sim_dir(self) -> Path:
@@ -56,3 +61,8 @@ def sim_driver_dir(root: Path = NATIVE_DIR) -> Path:
     libs = native_libraries(root)
     _require(libs.sim_driver, "the gpupool simulated CUDA driver")
     return libs.sim_dir
+
+
+def arbiterd_program(root: Path = NATIVE_DIR) -> Path:
+    """The trusted compute arbiter's program, or NativeLibraryError saying how to build it."""
+    return _require(native_libraries(root).arbiterd, "the gpupool compute arbiter")

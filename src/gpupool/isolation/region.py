@@ -1,9 +1,9 @@
 """A share's accounting region, read: Python's side of native/include/gpupool_region.h.
 
 Every process of a share maps one region file (GPUPOOL_SHARED_REGION; the daemon puts it in the
-job's directory). Python reads the share's id (which names its slots in the GPUs' arbiters) and
-its counters per device: allocations refused over the memory share, and the time its launches
-were held back, sleeping for the compute cap or waiting for the GPU's lease. The library only
+job's directory). Python reads its counters per device: allocations refused over the memory
+share, and the time its launches were held back, sleeping for the compute cap or waiting for the
+GPU's lease. The library only
 ever adds to the counters (relaxed atomics), so a read without its lock is a consistent snapshot
 of each one. Offsets here and in the header change together (bump VERSION); a test compares them.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from gpupool.core.errors import ConfigError
 
 MAGIC = 0x314E474552505047  # b"GPPREGN1" as a little-endian u64
-VERSION = 3
+VERSION = 4
 DEVICES = 16
 PROCS = 256
 SPANS = 16
@@ -32,8 +32,14 @@ _COUNTERS_END = COUNTERS_OFFSET + DEVICES * COUNTERS.size
 _LOCK_SIZE = 128
 _PROC_SIZE = 16 + 8 * DEVICES
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# counters, lock, used, credit_ns, credit_at_ns, spans, procs
-FILE_SIZE = _COUNTERS_END + _LOCK_SIZE + 3 * 8 * DEVICES + DEVICES * SPANS * 16 + PROCS * _PROC_SIZE
+LIMITS_OFFSET = 32  # memory_limit[DEVICES] (u64), then compute_limit[DEVICES] (u32) at 160
+USED_OFFSET = _COUNTERS_END + _LOCK_SIZE
+PROCS_OFFSET = USED_OFFSET + 3 * 8 * DEVICES + DEVICES * SPANS * 16
+PROC_SIZE = _PROC_SIZE
+#: elastic memory's part (isolation/elastic.py reads and writes it), after the process table
+ELASTIC_OFFSET = PROCS_OFFSET + PROCS * _PROC_SIZE
+ELASTIC_SIZE = 16 + 5 * 8 * DEVICES + PROCS * 12
+FILE_SIZE = ELASTIC_OFFSET + ELASTIC_SIZE
 
 
 @dataclass(frozen=True)
@@ -46,11 +52,12 @@ class DeviceCounters:
     lease_wait_seconds: float
 
 
-def open_region(region: Path) -> int:
-    """`region` opened for reading, as a file its share's user made: never through a link,
-    never blocking (a FIFO), and only a regular file owned by the owner of its directory (the
-    share's private directory); else ConfigError, one line. FileNotFoundError when missing."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+def open_region(region: Path, write: bool = False) -> int:
+    """`region` opened for reading (or `write`: reading and writing, for the daemon's requests),
+    as a file its share's user made: never through a link, never blocking (a FIFO), and only a
+    regular file owned by the owner of its directory (the share's private directory); else
+    ConfigError, one line. FileNotFoundError when missing."""
+    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         where = os.open(region.parent, _DIR_FLAGS)
         try:
@@ -68,25 +75,6 @@ def open_region(region: Path) -> int:
     os.close(fd)
     what = "a regular file" if not stat.S_ISREG(found.st_mode) else f"owned by uid {owner}"
     raise ConfigError(f"the shared region {region} is not {what}: skipped")
-
-
-def region_share_id(region: Path) -> int | None:
-    """The id of the share whose accounting region is at `region`; None if it was never created
-    (the command never used a GPU), is not one of this version, or not a file of its share."""
-    try:
-        fd = open_region(region)
-    except (OSError, ConfigError):
-        return None
-    try:
-        head = os.pread(fd, HEADER.size, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(head) < HEADER.size:
-        return None
-    magic, version, _size, found = HEADER.unpack(head)
-    return found if magic == MAGIC and version == VERSION else None
 
 
 def read_counters(region: Path, devices: int = DEVICES) -> list[DeviceCounters] | None:

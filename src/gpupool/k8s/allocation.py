@@ -3,11 +3,13 @@
 The same share a `gpupool exec` launch gets (isolation/'s share_env), but in a container the
 workload must not be able to drop it: the interception library is named in /etc/ld.so.preload
 and the share's settings are in /etc/gpupool/shim.conf, both mounted read-only; the library reads
-that file instead of the environment. The accounting region lives in a per-container host
-directory, mounted read-write, so the node sees every share's use. The GPUs' compute arbiters
-(one file per GPU, shared by every share on it) live in one host directory of the plugin,
-mounted read-write into every container at the same path, so shares of different pods take
-turns on a GPU as `gpupool exec` and the node daemon's shares do on a server.
+that file instead of the environment. Both come from the host directory the plugin installed at
+start (hostfiles), never from the plugin's image. The accounting region lives in a per-container
+host directory, owned by the container's user and nobody else's to write, mounted read-write,
+so the node sees every share's use. The node's trusted compute arbiter (the same one as the
+host's shares: one per GPU per node) has its runtime directory mounted read-only into every
+container: its lease socket and its views. The share's name and key there are in the read-only
+settings, which only its container sees.
 """
 
 from __future__ import annotations
@@ -19,15 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core import settings
+from gpupool.isolation.arbiter_control import ArbiterShare
 from gpupool.isolation.launch import ShareLimits, share_env
-from gpupool.isolation.libraries import NATIVE_DIR, shim_library, sim_driver_dir
+from gpupool.isolation.libraries import SHIM_LIBRARY, SIM_DIR
+from gpupool.k8s.hostfiles import CONTAINER_LIBRARY, PRELOAD
 from gpupool.k8s.inventory import GpuInfo
 
-CONTAINER_LIBRARY = "/usr/lib/gpupool/libgpupool-cuda.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_CONFIG = "/etc/gpupool/shim.conf"
 CONTAINER_SHARE_DIR = "/var/run/gpupool/share"
 CONTAINER_ARBITER_DIR = "/var/run/gpupool/arbiter"
+#: under --simulate: the simulated driver and the simulated node's state
+CONTAINER_SIM_DRIVER = "/usr/lib/gpupool/sim"
+CONTAINER_SIM_NODE = "/var/run/gpupool/sim-node"
+#: under --simulate the node lives here in the state dir, so that containers mount it from the host
+SIM_NODE_DIR = "sim-node"
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,8 @@ class ShareFiles:
     """Where the plugin keeps the host side of the containers' files."""
 
     state_dir: Path
-    native_dir: Path = NATIVE_DIR
+    #: this version's installed files (hostfiles.install)
+    lib_dir: Path
     #: where the container's paths are rooted: / in a container; a directory in the tests,
     #: which stand in for the container runtime's mounts with symbolic links
     container_root: Path = Path("/")
@@ -58,30 +67,20 @@ class ShareFiles:
     def in_container(self, path: str) -> Path:
         return self.container_root / path.lstrip("/")
 
-    def preload_file(self) -> Path:
-        path = self.state_dir / "ld.so.preload"
-        if not path.exists():
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{files_library(self)}\n")
-        return path
-
-    def share_dirs(self, key: str) -> tuple[Path, Path]:
-        """(config directory, region directory) of one container; fresh each time."""
+    def share_dirs(self, key: str, owner: tuple[int, int]) -> tuple[Path, Path]:
+        """(config directory, region directory) of one container; fresh each time. The region
+        is the container user's (`owner`: uid, gid) alone: it writes its region, never its
+        settings; the parents let no other host user list them."""
         conf = self.state_dir / "conf" / key
         region = self.state_dir / "regions" / key
         for directory in (conf, region):
+            directory.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+            os.chmod(directory.parent, 0o711)
             shutil.rmtree(directory, ignore_errors=True)
-            directory.mkdir(parents=True, mode=0o700)
-        # the workload may run as any user: it must write its region, never its settings
-        os.chmod(region, 0o1777)
+            directory.mkdir(mode=0o755 if directory is conf else 0o770)
+        os.chown(region, *owner)
+        os.chmod(region, 0o770)
         return conf, region
-
-    def arbiter_dir(self) -> Path:
-        """The node's compute arbiters, shared by all containers (any user may join one)."""
-        path = self.state_dir / "arbiter"
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o1777)
-        return path
 
     def keys(self) -> set[str]:
         """The containers that have files here."""
@@ -92,39 +91,48 @@ class ShareFiles:
             shutil.rmtree(self.state_dir / kind / key, ignore_errors=True)
 
 
-def files_library(files: ShareFiles) -> str:
-    """The library's path inside the container."""
-    return str(files.in_container(CONTAINER_LIBRARY))
-
-
 def container_share(
     files: ShareFiles,
     key: str,
     limits: ShareLimits,
     gpus: Sequence[GpuInfo],
     sim_node: Path | None,
+    owner: tuple[int, int] = (0, 0),
+    arbiter: tuple[Path, ArbiterShare] | None = None,
 ) -> ContainerShare:
-    """Write the container's shim.conf and return its environment and mounts."""
-    conf_dir, region_dir = files.share_dirs(key)
+    """Write the container's shim.conf and return its environment and mounts; `arbiter`: the
+    node arbiter's directory and the share's name there, once registered."""
+    conf_dir, region_dir = files.share_dirs(key, owner)
     region = files.in_container(CONTAINER_SHARE_DIR) / "region"
     env = share_env(limits, [g.memory for g in gpus], region)
-    env[settings.ARBITER_DIR.name] = str(files.in_container(CONTAINER_ARBITER_DIR))
+    if arbiter is not None:
+        env[settings.ARBITER_DIR.name] = str(files.in_container(CONTAINER_ARBITER_DIR))
+        env[settings.ARBITER_SHARE.name] = arbiter[1].setting
     conf = {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}
     (conf_dir / "shim.conf").write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
     os.chmod(conf_dir / "shim.conf", 0o444)
+    mounts = [
+        Mount(str(files.in_container(CONTAINER_LIBRARY)), str(files.lib_dir / SHIM_LIBRARY), True),
+        Mount(str(files.in_container(CONTAINER_PRELOAD)), str(files.lib_dir / PRELOAD), True),
+        Mount(str(files.in_container(CONTAINER_CONFIG)), str(conf_dir / "shim.conf"), True),
+        Mount(str(files.in_container(CONTAINER_SHARE_DIR)), str(region_dir), False),
+    ]
     if sim_node is None:
         # the container runtime shows only these GPUs; UUIDs name them whatever their ordinals
         uuids = ",".join(g.uuid for g in gpus)
         env["NVIDIA_VISIBLE_DEVICES"] = uuids
         env["CUDA_VISIBLE_DEVICES"] = uuids
     else:
-        env["GPUPOOL_SIM_NODE"] = str(sim_node)
-        env["LD_LIBRARY_PATH"] = str(sim_driver_dir(files.native_dir))
-    mounts = (
-        Mount(files_library(files), str(shim_library(files.native_dir)), True),
-        Mount(str(files.in_container(CONTAINER_PRELOAD)), str(files.preload_file()), True),
-        Mount(str(files.in_container(CONTAINER_CONFIG)), str(conf_dir / "shim.conf"), True),
-        Mount(str(files.in_container(CONTAINER_SHARE_DIR)), str(region_dir), False),
-        Mount(str(files.in_container(CONTAINER_ARBITER_DIR)), str(files.arbiter_dir()), False),
-    )
-    return ContainerShare(env, mounts)
+        # no container runtime hides simulated GPUs: the simulated driver shows the node's
+        # GPUs and CUDA_VISIBLE_DEVICES (NVML indices, from share_env) picks the pod's
+        driver = files.in_container(CONTAINER_SIM_DRIVER)
+        node = files.in_container(CONTAINER_SIM_NODE)
+        env["GPUPOOL_SIM_NODE"] = str(node)
+        env["LD_LIBRARY_PATH"] = str(driver)
+        mounts.append(Mount(str(driver), str(files.lib_dir / SIM_DIR), True))
+        mounts.append(Mount(str(node), str(sim_node), False))
+    if arbiter is not None:
+        # read-only: a socket there can still be connected to, and nothing else is the pod's
+        container = str(files.in_container(CONTAINER_ARBITER_DIR))
+        mounts.append(Mount(container, str(arbiter[0]), True))
+    return ContainerShare(env, tuple(mounts))

@@ -1,9 +1,13 @@
 """The kubelet device plugin (API v1beta1 over gRPC on Unix sockets).
 
 Each GPU is advertised as SLOTS_PER_GPU slots of `gpupool.io/gpu`; a pod takes one slot per GPU
-it shares. Which GPUs a pod gets was decided by the extender and written on the pod: Allocate
-reads it there (the oldest bound, not yet allocated pod asking for that many GPUs) and answers
-with the share's environment and read-only files. Health comes from the devices layer; a kubelet
+it shares. Which GPUs and slots a pod gets was decided by the extender and written, signed, on
+the pod. The kubelet names no pod in GetPreferredAllocation or Allocate: the extender lets one
+pod per GPU count wait for its Allocate on a node, so the allocation size names the pod;
+GetPreferredAllocation steers the kubelet to that pod's slots, and Allocate serves only the pod
+whose slots are the device IDs it is given, whose signature holds, when no other pod of that size
+waits: else it fails (FAILED_PRECONDITION) rather than guess. The answer is the share's
+environment and read-only files. Health comes from the devices layer; a kubelet
 restart (its socket re-created, or ours removed) makes the plugin serve and register again.
 """
 
@@ -19,15 +23,24 @@ from typing import Any
 
 import grpc
 
-from gpupool.core.errors import GpupoolError, KubeApiError
-from gpupool.core.resources import Priority
+from gpupool.agent.arbiters import NodeArbiter
+from gpupool.core.errors import GpupoolError, InvalidRequest, KubeApiError
 from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.arbiter_control import ANY_UID, Registration, node_arbiter_dir
 from gpupool.isolation.launch import ShareLimits
 from gpupool.k8s import inventory, names
 from gpupool.k8s.allocation import ShareFiles, container_share
 from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.kubeapi import KubeApi, Obj
-from gpupool.k8s.podspec import pod_annotations, pod_key
+from gpupool.k8s.podshare import (
+    Allocation,
+    allocated_mark,
+    read_allocation,
+    slot_gpu,
+    slot_id,
+    waiting,
+)
+from gpupool.k8s.podspec import container_owner, gpu_count, pod_key
 from gpupool.k8s.proto import api_pb2 as pb
 from gpupool.k8s.proto import api_pb2_grpc as pb_grpc
 
@@ -39,12 +52,9 @@ PLUGIN_SOCKET = "gpupool.sock"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
 
-def slot_id(gpu: GpuInfo, slot: int) -> str:
-    return f"{gpu.uuid}::{slot}"
-
-
 class AllocateRefused(GpupoolError):
-    """Allocate cannot serve a request (no bound pod matches, or its annotations are wrong)."""
+    """Allocate cannot serve a request: no pod, or more than one, it can be for; or the pod's
+    allocation is not the extender's."""
 
 
 def _socket_id(path: Path) -> tuple[int, int] | None:
@@ -65,14 +75,20 @@ class DevicePlugin:
         backend: GpuBackend,
         kubelet_dir: Path,
         files: ShareFiles,
+        key: bytes,
     ) -> None:
         self.api = api
+        #: the extender's signing key: only what it wrote for a pod is served
+        self.key = key
         self.node_name = node_name
         self.backend = backend
         self.kubelet_dir = kubelet_dir
         self.files = files
         simulated = backend.simulated_node()
         self.sim_node = simulated.directory if simulated is not None else None
+        #: the node's compute arbiter, the host's shares' too (one per GPU per node)
+        self.arbiter = NodeArbiter(node_arbiter_dir(self.sim_node), files.state_dir)
+        self._arbitrated: dict[str, Registration] = {}
         self.gpus: list[GpuInfo] = []
         self._changed = threading.Condition()
         self._version = 0
@@ -106,11 +122,16 @@ class DevicePlugin:
             self.api.patch_node_annotations(self.node_name, {names.ANN_NODE_GPUS: text})
             self._published = text
         except KubeApiError as err:
-            log.warning("GPU inventory not published on node %s yet: %s", self.node_name, err)
+            log.warning(
+                "GPU inventory not published on node %s yet (--node-name or $NODE_NAME must be "
+                "the Node object's name): %s",
+                self.node_name,
+                err,
+            )
 
     def devices(self) -> list[Any]:
         return [
-            pb.Device(ID=slot_id(g, s), health=HEALTHY if g.healthy else UNHEALTHY)
+            pb.Device(ID=slot_id(g.uuid, s), health=HEALTHY if g.healthy else UNHEALTHY)
             for g in self.gpus
             for s in range(names.SLOTS_PER_GPU)
         ]
@@ -169,6 +190,7 @@ class DevicePlugin:
         while not self._stop.is_set():
             try:
                 self.refresh()
+                self.arbiter.keep(lambda: list(self._arbitrated.values()))
                 if self._server is None or self.kubelet_restarted():
                     self.serve()
                 rounds += 1
@@ -183,6 +205,12 @@ class DevicePlugin:
         alive = {_share_key(pod) for pod in self.api.list_pods_on_node(self.node_name)}
         for key in self.files.keys() - alive:
             self.files.release(key)
+        for key in set(self._arbitrated) - alive:
+            registration = self._arbitrated.pop(key)
+            try:
+                self.arbiter.unregister(registration.share.share_id)
+            except GpupoolError as err:
+                log.warning("pod %s: %s", key, err)
 
     def stop(self) -> None:
         self._stop.set()
@@ -197,56 +225,105 @@ class DevicePlugin:
 
     # -- allocation -----------------------------------------------------------------------------
 
-    def pending_pod(self, count: int) -> Obj:
-        """The oldest pod bound here by the extender, not yet allocated, asking for `count` GPUs."""
-        candidates = []
-        for pod in self.api.list_pods_on_node(self.node_name):
-            ann = pod_annotations(pod)
-            if names.ANN_GPUS not in ann or names.ANN_ALLOCATED in ann:
-                continue
-            if len(ann[names.ANN_GPUS].split(",")) == count:
-                candidates.append((int(ann.get(names.ANN_BIND_TIME, "0")), pod_key(pod), pod))
-        if not candidates:
+    def _target(self, size: int) -> tuple[Obj, Allocation]:
+        """The one pod this Allocate of `size` slots can be for, and its verified allocation."""
+        pods = [
+            pod
+            for pod in self.api.list_pods_on_node(self.node_name)
+            if gpu_count(pod) == size and waiting(pod, self.key)
+        ]
+        if not pods:
             raise AllocateRefused(
-                f"no pod bound to {self.node_name} by the gpupool extender waits for {count} "
+                f"no pod bound to {self.node_name} by the gpupool extender waits for {size} "
                 f"GPU(s): was it scheduled by {names.SCHEDULER_NAME}?"
             )
-        return min(candidates, key=lambda c: (c[0], c[1]))[2]
+        if len(pods) > 1:
+            both = ", ".join(sorted(pod_key(p) for p in pods))
+            raise AllocateRefused(
+                f"cannot tell which pod this Allocate is for: {both} all wait for {size} GPU(s) "
+                f"on {self.node_name}"
+            )
+        try:
+            allocation = read_allocation(pods[0], self.key)
+        except InvalidRequest as err:
+            raise AllocateRefused(str(err)) from err
+        if allocation.node != self.node_name:
+            raise AllocateRefused(
+                f"pod {pod_key(pods[0])} was placed on {allocation.node}, not {self.node_name}"
+            )
+        return pods[0], allocation
 
-    def allocate_one(self, count: int) -> Any:
+    def allocate_one(self, devices: list[str]) -> Any:
         with self._alloc_lock:
-            pod = self.pending_pod(count)
-            ann = pod_annotations(pod)
-            response = self._share_response(pod, ann)
+            pod, allocation = self._target(len(devices))
+            if sorted(devices) != sorted(allocation.slots):
+                raise AllocateRefused(
+                    f"the kubelet allocates {','.join(sorted(devices))}; pod {pod_key(pod)} was "
+                    f"given {','.join(allocation.slots)} by the extender"
+                )
+            response = self._share_response(pod, allocation)
             meta = pod["metadata"]
             self.api.patch_pod_annotations(
-                meta.get("namespace") or "default", meta["name"], {names.ANN_ALLOCATED: "true"}
+                meta.get("namespace") or "default",
+                meta["name"],
+                allocation.uid,
+                {names.ANN_ALLOCATED: allocated_mark(self.key, allocation)},
             )
         return response
 
-    def _share_response(self, pod: Obj, ann: dict[str, str]) -> Any:
+    def _share_response(self, pod: Obj, allocation: Allocation) -> Any:
+        by_index = {g.index: g for g in self.gpus}
         try:
-            indices = tuple(int(i) for i in ann[names.ANN_GPUS].split(","))
-            by_index = {g.index: g for g in self.gpus}
-            gpus = [by_index[i] for i in indices]
+            gpus = [by_index[i] for i in allocation.gpus]
+            for gpu, slot in zip(gpus, allocation.slots, strict=True):
+                if slot_gpu(slot) != gpu.uuid:
+                    raise ValueError(f"slot {slot} is not on GPU {gpu.index} ({gpu.uuid})")
             # the pod's priority is its compute arbiter priority, as a daemon job's is
             limits = ShareLimits(
-                indices,
-                int(ann[names.ANN_MEMORY_BYTES]),
-                int(ann[names.ANN_COMPUTE_MILLI]),
-                priority=Priority(ann.get(names.ANN_PRIORITY, Priority.HIGH.value)),
+                allocation.gpus,
+                allocation.memory,
+                allocation.compute,
+                priority=allocation.priority,
             )
+            owner = container_owner(pod)
         except (KeyError, ValueError, GpupoolError) as err:
-            raise AllocateRefused(f"pod {pod_key(pod)}: bad gpupool annotations: {err}") from err
-        share = container_share(self.files, _share_key(pod), limits, gpus, self.sim_node)
+            raise AllocateRefused(f"pod {pod_key(pod)}: bad gpupool allocation: {err}") from err
+        key = _share_key(pod)
+        seat = None
+        if limits.arbitrated:
+            # a container's uid is its image's: the pod is known by its key, which only its
+            # container's read-only settings hold
+            name = self.arbiter.share_of(f"pod {key}")
+            registration = limits.registration(name, ANY_UID, {g.index: g.uuid for g in gpus})
+            try:
+                self.arbiter.register(registration)
+                self._arbitrated[key] = registration
+                seat = (self.arbiter.directory, name)
+            except GpupoolError as err:
+                log.warning("pod %s runs unarbitrated: %s", pod_key(pod), err)
+        share = container_share(self.files, key, limits, gpus, self.sim_node, owner, seat)
         mounts = [
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in share.mounts
         ]
         return pb.ContainerAllocateResponse(envs=share.envs, mounts=mounts)
 
+    def steered(self, available: list[str], must: list[str], size: int) -> list[str] | None:
+        """The slots of the one pod waiting for `size` slots, if the kubelet offers them."""
+        try:
+            _, allocation = self._target(size)
+        except GpupoolError as err:
+            log.warning("GetPreferredAllocation: %s", err)
+            return None
+        offered = set(available) | set(must)
+        return list(allocation.slots) if set(allocation.slots) <= offered else None
+
     def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
-        """Slots on distinct GPUs, those that must be included first."""
+        """The waiting pod's slots; else slots on distinct GPUs, those that must be included
+        first (an Allocate of them is then refused, unless they are a waiting pod's)."""
+        steered = self.steered(available, must, size)
+        if steered is not None:
+            return steered
         chosen = list(must)
         used = {d.split("::")[0] for d in chosen}
         for device in available:
@@ -288,7 +365,7 @@ class _Service(pb_grpc.DevicePluginServicer):
     def Allocate(self, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             responses = [
-                self.plugin.allocate_one(len(r.devicesIDs)) for r in request.container_requests
+                self.plugin.allocate_one(list(r.devicesIDs)) for r in request.container_requests
             ]
         except AllocateRefused as err:
             log.warning("Allocate refused: %s", err)

@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import secrets
 import threading
-import time
 from collections import defaultdict
 from typing import Any
 
 from gpupool.core.errors import GpupoolError, InvalidRequest, KubeApiError
 from gpupool.core.resources import Priority
 from gpupool.k8s import inventory, names
-from gpupool.k8s.fleet import DEFAULT_POLICY, Charge, Fleet, check_policy
+from gpupool.k8s.fleet import DEFAULT_POLICY, UNKNOWN_NODE, Charge, Fleet, check_policy
+from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.kubeapi import Event, KubeApi, Obj
-from gpupool.k8s.podspec import GpuAsk, Pod, gpu_ask, pod_annotations, pod_key
+from gpupool.k8s.podshare import Allocation, placed, slot_id, waiting
+from gpupool.k8s.podspec import GpuAsk, Pod, gpu_ask, gpu_count, pod_annotations, pod_key
 from gpupool.scheduler.opportunistic import guaranteed_compute
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,17 @@ class Extender:
     has learnt it, and events are sent from a background thread. bind talks to the API server.
     """
 
-    def __init__(self, api: KubeApi, policy: str = DEFAULT_POLICY) -> None:
+    def __init__(
+        self, api: KubeApi, policy: str = DEFAULT_POLICY, key: bytes | None = None
+    ) -> None:
         self.api = api
         self.policy = check_policy(policy)
+        #: signs what bind writes; the device plugins hold the same key (a random one serves
+        #: only a test without device plugins)
+        self.key = key if key is not None else secrets.token_bytes(32)
         self.fleet = Fleet()
+        #: each node's GPUs by index, for the slot IDs bind chooses
+        self._gpus: dict[str, dict[int, GpuInfo]] = {}
         self._lock = threading.Lock()
         # a node's lock orders its binds and its re-reads: a re-read that overlapped a bind could
         # drop the bind's charge (re-entrant: a bind re-reads its node first)
@@ -124,6 +133,7 @@ class Extender:
             gpus = inventory.decode(text)
             with self._lock:
                 self.fleet.set_node(str(meta["name"]), gpus)
+                self._gpus[str(meta["name"])] = {g.index: g for g in gpus}
         except InvalidRequest as err:
             log.warning("node %s: %s", meta.get("name"), err)
             return False
@@ -134,9 +144,11 @@ class Extender:
         with self._node_lock(node):
             self._resync_node(node)
 
-    def _resync_node(self, node: str) -> None:
+    def _resync_node(self, node: str) -> list[Pod]:
+        """Re-read `node`'s pods; returns them."""
         held = {}
-        for pod in self.api.list_pods_on_node(node):
+        pods = self.api.list_pods_on_node(node)
+        for pod in pods:
             charge = charge_of(pod)
             if charge is not None and charge.node == node:
                 held[_uid(pod)] = charge
@@ -146,6 +158,7 @@ class Extender:
             for new in held.values():
                 self.fleet.charge(new, 1)
             self._held[node] = held
+        return pods
 
     def resync(self) -> None:
         """Every node's inventory and pods, from the API server (at start and periodically)."""
@@ -213,11 +226,17 @@ class Extender:
             return self._result(node_names, node_objs, {}, {})
         self._learn(node_names, node_objs or [])
         with self._lock:
+            if not self._any_known(node_names):
+                return self._result([], node_objs, {}, dict.fromkeys(node_names, UNKNOWN_NODE))
             fit, failed, unresolvable = self.fleet.filter(ask, node_names)
         if not fit:
             detail = next(iter({**failed, **unresolvable}.values()), "no node has gpupool GPUs")
             self._warn(pod, "GpupoolUnschedulable", f"{ask.describe()} fits no node: {detail}")
         return self._result(fit, node_objs, failed, unresolvable)
+
+    def _any_known(self, node_names: list[str]) -> bool:
+        """Whether gpupool knows the GPUs of any candidate (the placement engine needs one)."""
+        return bool(node_names) and bool((self.fleet.lookup(node_names) >= 0).any())
 
     @staticmethod
     def _result(
@@ -244,6 +263,8 @@ class Extender:
             return json.dumps([{"host": n, "score": 0} for n in node_names])
         self._learn(node_names, node_objs or [])
         with self._lock:
+            if not self._any_known(node_names):
+                return json.dumps([{"host": n, "score": 0} for n in node_names])
             scores = self.fleet.scores(ask, node_names, self.policy)
             return self.fleet.priority_json(node_names, scores)
 
@@ -263,27 +284,44 @@ class Extender:
 
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         pod = self.api.get_pod(namespace, name)
+        meta = pod.get("metadata") or {}
+        if str(meta.get("uid") or "") != uid:
+            raise InvalidRequest(
+                f"pod {namespace}/{name} has UID {meta.get('uid')}, not {uid}: not bound"
+            )
+        if (pod.get("spec") or {}).get("nodeName"):
+            raise InvalidRequest(f"pod {namespace}/{name} is already bound")
         ask = self._ask(pod)
         if ask is None:
             self.api.create_binding(namespace, name, uid, node)
             return
         self._learn_node(node)
-        self.resync_node(node)
+        pods = self._resync_node(node)
+        _one_waiting_per_size(pods, ask, node, self.key)
         with self._lock:
             gpus = self.fleet.choose(ask, node, self.policy)
             memory = self.fleet.memory_of(ask, node, gpus)
+            slots = self._free_slots(node, gpus, pods)
             held = guaranteed_compute(ask.priority, ask.compute)
             charge = Charge(node, gpus, memory, held, ask.exclusive)
             self.fleet.charge(charge)
             self.fleet.bound(ask)
             self._held[node][uid] = charge
+        # what it asked for, not what it holds: the device plugin hands it to the arbiter
+        allocation = Allocation(
+            uid, node, gpus, slots, memory, ask.compute, ask.mode, ask.priority
+        ).annotations(self.key)
+        written = False
         try:
-            self.api.patch_pod_annotations(namespace, name, self._annotations(charge, ask))
+            self.api.patch_pod_annotations(namespace, name, uid, allocation)
+            written = True
             self.api.create_binding(namespace, name, uid, node)
         except KubeApiError:
             with self._lock:
                 self.fleet.charge(charge, -1)
                 self._held[node].pop(uid, None)
+            if written:
+                self._unwrite(namespace, name, uid, allocation)
             raise
 
     def debug(self) -> dict[str, Any]:
@@ -295,14 +333,41 @@ class Extender:
                 "target_workload": self.fleet.recent.describe(),
             }
 
-    @staticmethod
-    def _annotations(charge: Charge, ask: GpuAsk) -> dict[str, str]:
-        return {
-            names.ANN_NODE: charge.node,
-            names.ANN_GPUS: ",".join(str(g) for g in charge.gpus),
-            names.ANN_MEMORY_BYTES: str(charge.memory),
-            # what it asked for, not what it holds: the device plugin hands it to the arbiter
-            names.ANN_COMPUTE_MILLI: str(ask.compute),
-            names.ANN_MODE: ask.mode.value,
-            names.ANN_BIND_TIME: str(time.time_ns()),
+    def _unwrite(self, namespace: str, name: str, uid: str, written: dict[str, str]) -> None:
+        """Remove what a failed bind wrote."""
+        gone: dict[str, str | None] = dict.fromkeys(written)
+        try:
+            self.api.patch_pod_annotations(namespace, name, uid, gone)
+        except KubeApiError as err:
+            # unbound, its signature names no node it runs on: the next bind overwrites it
+            log.warning("pod %s/%s: the failed bind's annotations stay: %s", namespace, name, err)
+
+    def _free_slots(self, node: str, gpus: tuple[int, ...], pods: list[Pod]) -> tuple[str, ...]:
+        """A device-plugin slot on each chosen GPU that no pod on the node holds."""
+        taken = {
+            s for pod in pods for s in pod_annotations(pod).get(names.ANN_SLOTS, "").split(",")
         }
+        chosen = []
+        for index in gpus:
+            gpu = self._gpus[node][index]
+            free = (slot_id(gpu.uuid, s) for s in range(names.SLOTS_PER_GPU))
+            slot = next((s for s in free if s not in taken), None)
+            if slot is None:
+                raise InvalidRequest(f"node {node}: every device slot of GPU {index} is held")
+            chosen.append(slot)
+        return tuple(chosen)
+
+
+def _one_waiting_per_size(pods: list[Pod], ask: GpuAsk, node: str, key: bytes) -> None:
+    """Refuse a bind while another pod asking for as many GPUs waits for its Allocate here.
+
+    The kubelet names no pod in GetPreferredAllocation or Allocate, and admits pods in its own
+    order: with one waiting pod per GPU count, the allocation size tells which pod is admitted,
+    so the kubelet is steered to that pod's slots (as HAMi and Volcano lock a node per bind).
+    """
+    for pod in pods:
+        if placed(pod) and gpu_count(pod) == ask.gpus and waiting(pod, key):
+            raise InvalidRequest(
+                f"node {node}: pod {pod_key(pod)} ({ask.gpus} GPU(s)) waits for the kubelet to "
+                "admit it; one such pod per node at a time, retry shortly"
+            )

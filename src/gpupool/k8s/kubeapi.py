@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,7 +38,12 @@ class KubeApi(Protocol):
         """Pods bound to `node` (spec.nodeName) that have not finished."""
         ...
 
-    def patch_pod_annotations(self, namespace: str, name: str, values: dict[str, str]) -> None: ...
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, values: Mapping[str, str | None]
+    ) -> None:
+        """Set annotations (None removes one) if the pod's UID is still `uid` (a precondition:
+        a pod re-created under the same name is not patched)."""
+        ...
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
@@ -60,12 +66,15 @@ class InMemoryKube:
     """An API server in memory: pods, nodes and events, with the same errors as the real one.
 
     `fail_next` makes the next N calls fail as a timed-out server would, to test recovery.
+    `run_on_bind` stands in for kubelets that admit and start every pod as soon as it is bound
+    (for tests and benchmarks of the extender alone, with no device plugin).
     """
 
     pods: dict[tuple[str, str], Obj] = field(default_factory=dict)
     nodes: dict[str, Obj] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     fail_next: int = 0
+    run_on_bind: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _call(self) -> None:
@@ -109,10 +118,24 @@ class InMemoryKube:
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             ]
 
-    def patch_pod_annotations(self, namespace: str, name: str, values: dict[str, str]) -> None:
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, values: Mapping[str, str | None]
+    ) -> None:
         with self._lock:
             self._call()
-            _meta(self._pod(namespace, name)).setdefault("annotations", {}).update(values)
+            meta = _meta(self._pod(namespace, name))
+            if meta.get("uid") != uid:
+                raise KubeApiError(
+                    f"annotate pod {namespace}/{name}: the API server answered 409 "
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                    f"{meta.get('uid')}"
+                )
+            annotations = meta.setdefault("annotations", {})
+            for key, value in values.items():
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         with self._lock:
@@ -124,6 +147,8 @@ class InMemoryKube:
             if spec.get("nodeName"):
                 raise KubeApiError(f"pod {namespace}/{name} is already bound to {spec['nodeName']}")
             spec["nodeName"] = node
+            if self.run_on_bind:
+                pod["status"] = {"phase": "Running"}
 
     def get_node(self, name: str) -> Obj:
         with self._lock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gpupool.core.errors import ConfigError, KubeApiError
@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 #: seconds: (connect, read) for every call to the API server
 TIMEOUT = (5.0, 15.0)
+#: the client would pick JSON Patch (a list of operations) for a patch body; ours are objects
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def _call(what: str, fn: Callable[[], T]) -> T:
@@ -83,12 +85,21 @@ class OfficialKube:
         )
         return list(data.get("items") or [])
 
-    def patch_pod_annotations(self, namespace: str, name: str, values: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": values}}
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, values: Mapping[str, str | None]
+    ) -> None:
+        # metadata.uid in a patch is a precondition: the API server answers 409 if it differs;
+        # a null value removes the annotation (JSON merge semantics)
+        body = {"metadata": {"uid": uid, "annotations": dict(values)}}
         _call(
             f"annotate pod {namespace}/{name}",
             lambda: self.core.patch_namespaced_pod(
-                name, namespace, body, _preload_content=False, _request_timeout=TIMEOUT
+                name,
+                namespace,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
             ),
         )
 
@@ -131,7 +142,11 @@ class OfficialKube:
         _call(
             f"annotate node {name}",
             lambda: self.core.patch_node(
-                name, body, _preload_content=False, _request_timeout=TIMEOUT
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
             ),
         )
 

@@ -132,3 +132,40 @@ def gpu_ask(pod: Pod) -> GpuAsk | None:
         ann.get(names.ANN_GPU_MODEL) or None,
         ann.get(names.ANN_MIG_PROFILE) or None,
     )
+
+
+def _gpu_container(pod: Pod) -> dict[str, Any]:
+    """The container that asks for gpupool.io/gpu (an empty dict when none does)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        if names.RESOURCE_GPU in {
+            **(resources.get("requests") or {}),
+            **(resources.get("limits") or {}),
+        }:
+            return dict(container)
+    return {}
+
+
+def gpu_count(pod: Pod) -> int:
+    """The device-plugin slots the kubelet allocates for the pod (0: none, or not a count)."""
+    resources = _gpu_container(pod).get("resources") or {}
+    text = str(
+        {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.get(
+            names.RESOURCE_GPU, "0"
+        )
+    )
+    return int(text) if re.fullmatch(r"\s*\d+\s*", text) else 0
+
+
+def container_owner(pod: Pod) -> tuple[int, int]:
+    """(uid, gid) the gpupool container runs as: its securityContext, else the pod's, else root
+    (an image's own USER is not visible here: a non-root image must say runAsUser)."""
+    pod_ctx = (pod.get("spec") or {}).get("securityContext") or {}
+    ctx = _gpu_container(pod).get("securityContext") or {}
+    owner = []
+    for key in ("runAsUser", "runAsGroup"):
+        value = ctx.get(key, pod_ctx.get(key, 0))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"pod {pod_key(pod)}: invalid securityContext.{key} {value!r}")
+        owner.append(value)
+    return owner[0], owner[1]

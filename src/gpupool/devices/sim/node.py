@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
-from gpupool.devices.sim.spec import GpuEntry, NodeSpec
+from gpupool.devices.sim.spec import GpuEntry, NodeSpec, host_link
 from gpupool.devices.sim.state import (
     MIG_PER_GPU,
     STATE_FILE,
@@ -350,6 +350,7 @@ def _state_specs(gpus: list[SimGpu]) -> list[SimGpuSpec]:
                 cc_major=model.compute_capability[0],
                 cc_minor=model.compute_capability[1],
                 pci_bus_id=gpu.pci_bus_id,
+                host_link_bytes_s=host_link(model.name).bytes_per_s,
             )
         )
     return specs

@@ -31,6 +31,38 @@ _ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
 
 @dataclass(frozen=True)
+class HostLink:
+    """A GPU's link to host memory: what a copy between the GPU and the host crosses."""
+
+    name: str
+    bytes_per_s: int
+
+
+_GB = 10**9
+PCIE_GEN4 = HostLink("PCIe gen4 x16", 25 * _GB)  # 32 GB/s raw, about 25 GB/s of copies
+PCIE_GEN5 = HostLink("PCIe gen5 x16", 50 * _GB)  # 64 GB/s raw, about 50 GB/s of copies
+NVLINK_C2C = HostLink("NVLink-C2C", 450 * _GB)  # Grace Hopper: 900 GB/s, 450 each way
+
+#: each simulated model's host link: suspend, resume and managed memory's migrations are charged
+#: at this bandwidth by the simulated driver
+HOST_LINKS: dict[str, HostLink] = {
+    "A30-24GB": PCIE_GEN4,
+    "A100-40GB": PCIE_GEN4,
+    "A100-80GB": PCIE_GEN4,
+    "H100-80GB": PCIE_GEN5,
+    "H100-94GB": PCIE_GEN5,
+    "H200-141GB": PCIE_GEN5,
+    "B200-180GB": PCIE_GEN5,
+    "GH200-96GB": NVLINK_C2C,
+}
+
+
+def host_link(model: str) -> HostLink:
+    """The host link of simulated model `model` (PCIe gen4 for a model the table lacks)."""
+    return HOST_LINKS.get(model, PCIE_GEN4)
+
+
+@dataclass(frozen=True)
 class MigRequest:
     """An instance a spec asks for: a profile, at `start` or the first free valid slot."""
 

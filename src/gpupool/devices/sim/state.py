@@ -46,6 +46,8 @@ PROC_BOTH = 2
 _HEADER = struct.Struct("<QIIIIIIQ")  # magic .. kernel_ps_per_thread
 _GPU_STRINGS = struct.Struct("<48s96s32s")  # uuid, name, model at offset 0
 _GPU_COUNTERS = struct.Struct("<QQQQIIII32s")  # memory_total .. pci_bus_id at offset 176
+#: elastic memory: the GPU's host link bandwidth (bytes/s) in its record
+HOST_LINK_AT = 264
 _PROC = struct.Struct("<iiQQQQ")  # pid, gpu, start_time, memory_used, busy_ns, last_launch_ns
 #: a slot's kind (u32); the driver's own MPS fields, which Python leaves alone, lie before it
 _PROC_KIND_AT = 56
@@ -63,6 +65,8 @@ class SimGpuSpec:
     cc_major: int
     cc_minor: int
     pci_bus_id: str
+    #: host<->device copy bandwidth (elastic memory); 0: copies take no simulated time
+    host_link_bytes_s: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class SimState:
                 0,
                 _encode(gpu.pci_bus_id, 32, "PCI bus id"),
             )
+            struct.pack_into("<Q", buf, base + HOST_LINK_AT, gpu.host_link_bytes_s)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(bytes(buf))

@@ -1,0 +1,328 @@
+"""Inference pooling on a simulated node: GPUs saved, latency kept, the router's cost, wake from
+zero, and no request lost while replicas come and go (docs/benchmarks/inference.md).
+
+1. Pooling: 8 services of the example model server (a 1/4-GPU share each: 8Gi, 25 %), 4 online
+   (`high`, Poisson traffic at mixed rates) and 4 offline (`low`, batch scoring back to back), on
+   a node of 2 GPUs, against one GPU per service. Each online service's p99 pooled is compared
+   with its p99 alone (the same service, traffic and share on a node of its own).
+2. The router's overhead: /ping (no GPU work) at 500 requests/s through the router and straight
+   to the replica; the most requests/s through the router from 32 clients back to back.
+3. Wake from zero: a replica's own start (scaled 0 -> 1 by hand), then the latency of the first
+   request to a service that went to zero replicas (the router holds it while one starts).
+4. No request lost: traffic through scale-out, a rolling update, a replica killed with -9, and
+   scale-in; every request is answered (the crashed replica's in-flight ones with 502).
+
+Usage: python bench/inference_pool.py [--seconds S] [--wakes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+import loadgen  # noqa: E402
+from inference_support import Pool  # noqa: E402
+
+LOADGEN = str(HERE.parent / "examples" / "loadgen.py")
+#: online services: name -> requests/s (Poisson); each request is 4 kernels of 1 ms
+ONLINE = {"chat": 12.0, "search": 8.0, "embed": 20.0, "rank": 4.0}
+#: offline services: back-to-back batch scoring, 2 clients each, 16 kernels a request
+OFFLINE = ("score-a", "score-b", "score-c", "score-d")
+
+
+def _online_load(pool: Pool, names: list[str], seconds: float) -> dict[str, loadgen.Result]:
+    async def run() -> list[loadgen.Result]:
+        return await asyncio.gather(
+            *(
+                loadgen.open_loop(
+                    [loadgen.Target(f"{pool.router}/{name}/infer")], ONLINE[name], seconds, seed=i
+                )
+                for i, name in enumerate(names)
+            )
+        )
+
+    return dict(zip(names, asyncio.run(run()), strict=True))
+
+
+def _offline_load(pool: Pool, seconds: float) -> list[subprocess.Popen[str]]:
+    """Batch scoring, each offline service from a load generator process of its own (in this
+    process its loops would hold the online ones' GIL, a delay of the client's, not the pool's)."""
+    return [
+        subprocess.Popen(
+            [
+                *(sys.executable, LOADGEN, f"{pool.router}/{name}/infer?kernels=16"),
+                *("--closed", "2", "--seconds", str(seconds)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in OFFLINE
+    ]
+
+
+def _rate(process: subprocess.Popen[str]) -> float:
+    out, _ = process.communicate(timeout=600)
+    result = json.loads(out.rpartition("RESULT ")[2])
+    return (
+        float(result["statuses"].get("200", 0))
+        / max(1e-9, float(result["sent"]))
+        * float(result["rate"])
+    )
+
+
+def pooling(seconds: float) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+        Pool(Path(tmp), "2xA100-40GB") as pool,
+    ):
+        for name in ONLINE:
+            pool.create(name, priority="high", concurrency=8)
+        for name in OFFLINE:
+            pool.create(name, priority="low", concurrency=2)
+        for name in [*ONLINE, *OFFLINE]:
+            pool.wait_ready(name)
+        batch = _offline_load(pool, seconds)
+        online = _online_load(pool, list(ONLINE), seconds)
+        offline = {name: _rate(process) for name, process in zip(OFFLINE, batch, strict=True)}
+        services = pool.call("GET", "/v1/services")["services"]
+        gpus = sorted({g for s in services for g in s["gpus"]})
+    alone = {}
+    for name in ONLINE:
+        with (
+            tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+            Pool(Path(tmp), "1xA100-40GB") as pool,
+        ):
+            pool.create(name, priority="high", concurrency=8)
+            pool.wait_ready(name)
+            alone[name] = _online_load(pool, [name], seconds)[name]
+    return {
+        "gpus_pooled": len(gpus),
+        "gpus_dedicated": len(ONLINE) + len(OFFLINE),
+        "online": {
+            name: {
+                "rate": ONLINE[name],
+                "pooled_p50_ms": online[name].summary()["p50_ms"],
+                "pooled_p99_ms": online[name].summary()["p99_ms"],
+                "alone_p50_ms": alone[name].summary()["p50_ms"],
+                "alone_p99_ms": alone[name].summary()["p99_ms"],
+                "statuses": online[name].summary()["statuses"],
+            }
+            for name in ONLINE
+        },
+        "offline_rps": {name: round(rate, 1) for name, rate in offline.items()},
+    }
+
+
+def router_overhead(seconds: float, rounds: int = 3) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+        Pool(Path(tmp), "1xA100-40GB") as pool,
+    ):
+        pool.create("ping", concurrency=1024)
+        port = pool.ready_ports("ping")[0]
+        runs = []
+        for _ in range(rounds):
+            row = {}
+            for how, url in (
+                ("direct", f"http://127.0.0.1:{port}/ping"),
+                ("router", f"{pool.router}/ping/ping"),
+            ):
+                result = asyncio.run(loadgen.open_loop([loadgen.Target(url)], 500, seconds))
+                row[how] = result.summary()
+            runs.append(row)
+        target = loadgen.Target(f"{pool.router}/ping/ping")
+        most = asyncio.run(loadgen.closed_loop(target, 32, seconds)).summary()
+    return {"runs": runs, "max_rps": most["rate"], "max_statuses": most["statuses"]}
+
+
+def wake(wakes: int) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+        Pool(Path(tmp), "1xA100-40GB") as pool,
+    ):
+        pool.create("cold", min_replicas=0, max_replicas=1, idle_s=1.0, window_s=0.5)
+        pool.wait_ready("cold")
+        starts, wakes_s = [], []
+        for _ in range(wakes):
+            _until_zero(pool, "cold")
+            pool.call(
+                "POST", "/v1/services/cold/scale", json={"min_replicas": 1, "max_replicas": 1}
+            )
+            began = time.perf_counter()
+            pool.wait_ready("cold")
+            starts.append(time.perf_counter() - began)
+            pool.call(
+                "POST", "/v1/services/cold/scale", json={"min_replicas": 0, "max_replicas": 1}
+            )
+            _until_zero(pool, "cold")
+            began = time.perf_counter()
+            result = loadgen.Result()
+            asyncio.run(loadgen.Target(f"{pool.router}/cold/infer").once(result, began))
+            assert result.statuses == {"200": 1}, result.statuses
+            wakes_s.append(time.perf_counter() - began)
+    starts.sort()
+    wakes_s.sort()
+    return {
+        "start_p50_s": round(starts[len(starts) // 2], 3),
+        "start_p99_s": round(starts[-1], 3),
+        "wake_p50_s": round(wakes_s[len(wakes_s) // 2], 3),
+        "wake_p99_s": round(wakes_s[-1], 3),
+        "wakes": len(wakes_s),
+    }
+
+
+def _until_zero(pool: Pool, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        service = pool.service(name)
+        if service["replicas"]["desired"] == 0 and not service["replica_list"]:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"{name} did not go to zero")
+
+
+def churn(seconds: float) -> dict[str, Any]:
+    """Traffic while the service scales out, rolls, loses a replica and scales in."""
+    with (
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+        Pool(Path(tmp), "2xA100-40GB") as pool,
+    ):
+        pool.create("api", min_replicas=1, max_replicas=4, concurrency=4, window_s=3.0)
+        pool.wait_ready("api")
+        url = f"{pool.router}/api/infer?delay=0.05"
+        steps: list[str] = []
+
+        def events() -> None:
+            time.sleep(seconds * 0.25)
+            service = pool.wait_ready("api", 2, timeout=seconds)
+            steps.append(f"scaled out to {service['replicas']['ready']}")
+            pool.call("POST", "/v1/services/api/update", json={"env": {"VERSION": "2"}})
+            steps.append("rolling update")
+            time.sleep(seconds * 0.3)
+            port = pool.ready_ports("api")[0]
+            pid = asyncio.run(_pid(port))
+            os.kill(pid, signal.SIGKILL)
+            steps.append(f"killed replica on port {port} (-9)")
+
+        actor = threading.Thread(target=events)
+        actor.start()
+        result = asyncio.run(loadgen.open_loop([loadgen.Target(url)], 120, seconds))
+        actor.join()
+        deadline = time.monotonic() + 30  # the load is gone: scale-in drains the extras
+        while pool.service("api")["replicas"]["ready"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        service = pool.service("api")
+        steps.append(f"scaled in to {service['replicas']['ready']}")
+        return {
+            "sent": sum(result.statuses.values()),
+            "client_statuses": dict(result.statuses),
+            "router_statuses": service["statuses"],
+            "generation": service["generation"],
+            "restarts": service["restarts"],
+            "steps": steps,
+        }
+
+
+async def _pid(port: int) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /infer?kernels=0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    body = (await reader.read()).partition(b"\r\n\r\n")[2]
+    writer.close()
+    return int(json.loads(body)["pid"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0, help="Each load phase.")
+    parser.add_argument("--wakes", type=int, default=10)
+    parser.add_argument(
+        "--only", nargs="+", choices=("pooling", "router", "wake", "churn"), help="These parts."
+    )
+    args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores)", flush=True)
+    parts = {
+        "pooling": lambda: pooling(args.seconds),
+        "router": lambda: router_overhead(min(args.seconds, 8.0)),
+        "wake": lambda: wake(args.wakes),
+        "churn": lambda: churn(max(args.seconds, 15.0)),
+    }
+    results: dict[str, Any] = {
+        name: part() for name, part in parts.items() if not args.only or name in args.only
+    }
+    results["load_average_end"] = round(os.getloadavg()[0], 2)
+    report(results)
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+def report(results: dict[str, Any]) -> None:
+    for part, show in (
+        ("pooling", _pooling),
+        ("router", _router),
+        ("wake", _wake),
+        ("churn", _churn),
+    ):
+        if part in results:
+            show(results[part])
+
+
+def _pooling(pooled: dict[str, Any]) -> None:
+    share = pooled["gpus_pooled"] / pooled["gpus_dedicated"]
+    print(
+        f"\nGPUs: {pooled['gpus_pooled']} pooled against {pooled['gpus_dedicated']} "
+        f"(one per service): {share:.0%}"
+    )
+    print(f"{'online':<8} {'req/s':>6} {'alone p50/p99 ms':>18} {'pooled p50/p99 ms':>18} {'x':>5}")
+    for name, row in pooled["online"].items():
+        ratio = row["pooled_p99_ms"] / row["alone_p99_ms"]
+        print(
+            f"{name:<8} {row['rate']:>6g} {row['alone_p50_ms']:>8.1f}/{row['alone_p99_ms']:<9.1f}"
+            f" {row['pooled_p50_ms']:>8.1f}/{row['pooled_p99_ms']:<9.1f} {ratio:>5.2f}"
+        )
+    print("offline (low) req/s pooled: " + json.dumps(pooled["offline_rps"]))
+
+
+def _router(router: dict[str, Any]) -> None:
+    print(
+        f"\n{'router overhead':<16} {'direct p50/p99':>16} {'router p50/p99':>16} "
+        f"{'+p50':>6} {'+p99':>6}"
+    )
+    for row in router["runs"]:
+        d, r = row["direct"], row["router"]
+        print(
+            f"{'500 req/s':<16} {d['p50_ms']:>7.2f}/{d['p99_ms']:<8.2f} {r['p50_ms']:>7.2f}/"
+            f"{r['p99_ms']:<8.2f} {r['p50_ms'] - d['p50_ms']:>6.2f} "
+            f"{r['p99_ms'] - d['p99_ms']:>6.2f}"
+        )
+    print(f"most through the router (32 clients): {router['max_rps']} req/s")
+
+
+def _wake(w: dict[str, Any]) -> None:
+    print(
+        f"\nreplica start p50/p99 {w['start_p50_s']}/{w['start_p99_s']} s; wake from zero p50/p99 "
+        f"{w['wake_p50_s']}/{w['wake_p99_s']} s over {w['wakes']} wakes"
+    )
+
+
+def _churn(c: dict[str, Any]) -> None:
+    print(
+        f"\nchurn: {c['sent']} requests, client saw {c['client_statuses']}, router counted "
+        f"{c['router_statuses']}; {'; '.join(c['steps'])}"
+    )
+
+
+if __name__ == "__main__":
+    main()

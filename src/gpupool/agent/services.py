@@ -1,0 +1,161 @@
+"""A service: a command that serves HTTP on `$PORT`, its per-replica share and its scaling rules.
+
+A service is stored as its `ServiceSpec` (checked here, once, at create and update) with its
+owner; its replicas are ordinary jobs of the pool, one per replica, each with the share below,
+admitted and placed by the queue like any other job (agent/service_manager.py keeps them up).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpupool.agent.jobs import JobSpec
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import Mode, Priority
+from gpupool.core.units import MILLI_PER_GPU, parse_memory_share
+
+#: a service's name is the first segment of its URLs (`/NAME/...`): lower-case DNS-label words
+NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+#: the most replicas a service may ask for: each one is a process and a port on this node
+MAX_REPLICAS = 64
+MAX_CONCURRENCY = 10_000
+#: a health path is sent as is in a request line: printable ASCII, no space
+HEALTH_PATH = re.compile(r"/[\x21-\x7e]{0,255}")
+#: the modes a replica may run in: a share of a GPU beside other services
+SERVICE_MODES = (Mode.SHIM, Mode.MPS)
+#: seconds a stopping replica's requests may take before it is stopped anyway
+DEFAULT_DRAIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """What `gpupool service create` asked for, checked."""
+
+    name: str
+    argv: tuple[str, ...]
+    min_replicas: int = 1
+    max_replicas: int = 1
+    memory: str | None = None
+    compute: int = MILLI_PER_GPU
+    mode: Mode = Mode.SHIM
+    priority: Priority = Priority.HIGH
+    #: requests in flight one replica takes; the autoscaler's target and the router's cap
+    concurrency: int = 4
+    #: seconds without a request after which a service with MIN 0 goes to zero replicas
+    idle_s: float = 300.0
+    #: seconds of lower load before replicas are taken away (scale-down's stable window)
+    window_s: float = 30.0
+    #: seconds a new replica has to answer its health check before it counts as failed
+    ready_timeout_s: float = 120.0
+    health: str = "/health"
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+
+    def __post_init__(self) -> None:
+        if not NAME.fullmatch(self.name):
+            raise InvalidRequest(
+                f"invalid service name {self.name[:60]!r}: 1 to 40 lower-case letters, digits "
+                "and -, starting and ending with a letter or digit (it is the URL prefix /NAME/)"
+            )
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise InvalidRequest(
+                f"invalid replicas {self.min_replicas}..{self.max_replicas}: MIN must not be "
+                "above MAX (MIN..MAX, e.g. 0..4)"
+            )
+        if not 1 <= self.max_replicas <= MAX_REPLICAS:
+            raise InvalidRequest(
+                f"invalid replicas ..{self.max_replicas}: MAX is 1 to {MAX_REPLICAS}"
+            )
+        if self.mode not in SERVICE_MODES:
+            raise InvalidRequest(
+                f"mode {self.mode.value} is not for services: a replica shares a GPU (shim or mps)"
+            )
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise InvalidRequest(
+                f"invalid --concurrency {self.concurrency}: 1 to {MAX_CONCURRENCY}"
+            )
+        for what, seconds in (("--idle", self.idle_s), ("--window", self.window_s)):
+            if not 0 <= seconds <= 30 * 86400:  # NaN too
+                raise InvalidRequest(f"invalid {what}: 0s to 30d")
+        if not 1 <= self.ready_timeout_s <= 86400:
+            raise InvalidRequest("invalid --ready-timeout: 1s to 1d")
+        if not HEALTH_PATH.fullmatch(self.health):
+            raise InvalidRequest(
+                f"invalid --health {self.health[:60]!r}: a path starting with /, printable "
+                "ASCII without spaces"
+            )
+        if "PORT" in self.env:
+            raise InvalidRequest("--env PORT: gpupool picks each replica's port")
+        if self.memory is not None:
+            parse_memory_share(self.memory)
+        self.replica(0)  # the share and the command, checked as a job's are
+
+    def replica(self, port: int, index: int = 0) -> JobSpec:
+        """The job that runs one replica on `port`."""
+        return JobSpec(
+            argv=self.argv,
+            gpus=1,
+            compute=self.compute,
+            memory=self.memory,
+            mode=self.mode,
+            priority=self.priority,
+            name=f"{self.name}/{index}",
+            env={**self.env, "PORT": str(port)},
+            workdir=self.workdir,
+        )
+
+    def scaled(self, low: int, high: int) -> ServiceSpec:
+        return replace(self, min_replicas=low, max_replicas=high)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "argv": list(self.argv),
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "memory": self.memory,
+            "compute": self.compute,
+            "mode": self.mode.value,
+            "priority": self.priority.value,
+            "concurrency": self.concurrency,
+            "idle_s": self.idle_s,
+            "window_s": self.window_s,
+            "ready_timeout_s": self.ready_timeout_s,
+            "health": self.health,
+            "env": dict(self.env),
+            "workdir": self.workdir,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServiceSpec:
+        return cls(
+            name=data["name"],
+            argv=tuple(data["argv"]),
+            min_replicas=int(data["min_replicas"]),
+            max_replicas=int(data["max_replicas"]),
+            memory=data["memory"],
+            compute=int(data["compute"]),
+            mode=Mode(data["mode"]),
+            priority=Priority(data["priority"]),
+            concurrency=int(data["concurrency"]),
+            idle_s=float(data["idle_s"]),
+            window_s=float(data["window_s"]),
+            ready_timeout_s=float(data["ready_timeout_s"]),
+            health=data["health"],
+            env=dict(data["env"]),
+            workdir=data["workdir"],
+        )
+
+
+def parse_replicas(text: str) -> tuple[int, int]:
+    """`2`, `1..4`, `0..8` -> (MIN, MAX)."""
+    match = re.fullmatch(r"\s*(\d{1,4})\s*(?:\.\.\s*(\d{1,4})\s*)?", text)
+    if match is None:
+        raise InvalidRequest(f"invalid replicas {text[:40]!r}: use N or MIN..MAX, e.g. 0..4")
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) is not None else low
+    if low > high:
+        raise InvalidRequest(f"invalid replicas {text!r}: MIN ({low}) is above MAX ({high})")
+    return low, high

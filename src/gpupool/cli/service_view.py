@@ -1,0 +1,93 @@
+"""How `gpupool service ls|describe` and `gpupool ps` print services (the client only formats)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from gpupool.cli import texttable
+
+HEADER = ["NAME", "USER", "READY", "DESIRED", "MIN..MAX", "IN-FLIGHT", "QUEUED", "REQUESTS"]
+HEADER += ["5XX", "SHARE", "GPUS", "PROBLEM"]
+
+
+def _share(service: dict[str, Any]) -> str:
+    memory = service["memory"] or "-"
+    return f"{memory}/{service['compute']}%/{service['priority']}"
+
+
+def rows(services: list[dict[str, Any]]) -> list[list[str]]:
+    table = []
+    for service in services:
+        replicas = service["replicas"]
+        table.append(
+            [
+                service["name"],
+                service["user"],
+                str(replicas["ready"]),
+                str(replicas["desired"]),
+                f"{replicas['min']}..{replicas['max']}",
+                str(service["in_flight"]),
+                str(service["queued"]),
+                str(service["requests_total"]),
+                str(service["errors_total"]),
+                _share(service),
+                ",".join(str(g) for g in service["gpus"]) or "-",
+                (service["problem"] or "")[:60],
+            ]
+        )
+    return table
+
+
+def print_services(services: list[dict[str, Any]]) -> None:
+    if not services:
+        print("no services (gpupool service create NAME --replicas MIN..MAX -- CMD)")
+        return
+    for line in texttable.lines(HEADER, rows(services), right={2, 3, 5, 6, 7, 8}):
+        print(line)
+
+
+def print_service(service: dict[str, Any]) -> None:
+    spec = service["spec"]
+    replicas = service["replicas"]
+    print(f"service {service['name']} (generation {service['generation']}), by {service['user']}")
+    command = " ".join(spec["argv"]) if spec["argv"] is not None else "(hidden: not yours)"
+    print(f"  command:     {command}")
+    print(
+        f"  replicas:    {replicas['ready']} ready of {replicas['desired']} desired, "
+        f"{replicas['min']}..{replicas['max']}" + (f" ({service['why']})" if service["why"] else "")
+    )
+    print(
+        f"  share:       {_share(service)} per replica, mode {service['mode']}, concurrency "
+        f"{service['concurrency']}, idle {spec['idle_s']:g}s, window {spec['window_s']:g}s"
+    )
+    print(f"  health:      GET {spec['health']} (ready within {spec['ready_timeout_s']:g}s)")
+    statuses = ", ".join(f"{code}: {n}" for code, n in service["statuses"].items()) or "none"
+    print(
+        f"  traffic:     {service['in_flight']} in flight, {service['queued']} waiting; "
+        f"answers {statuses}"
+    )
+    print(f"  restarts:    {service['restarts']}")
+    if service["problem"]:
+        print(f"  problem:     {service['problem']}")
+    if service["replica_list"]:
+        header = ["REPLICA", "JOB", "STATE", "GPUS", "PORT", "GEN", "IN-FLIGHT", "NOTE"]
+        table = [
+            [
+                str(r["index"]),
+                str(r["job_id"]),
+                r["state"],
+                ",".join(str(g) for g in r["gpus"]) or "-",
+                str(r["port"]),
+                str(r["generation"]),
+                str(r["in_flight"]),
+                (r["note"] or "")[:70],
+            ]
+            for r in service["replica_list"]
+        ]
+        for line in texttable.lines(header, table, right={0, 1, 4, 5, 6}):
+            print("  " + line)
+    print("  events:")
+    for event in service["events"][-15:]:
+        at = datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
+        print(f"    {at}  {event['detail']}")
