@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -193,6 +194,9 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     # name there; the pod asked for no priority, so it is a high share
     arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
     assert Path(arbiter.host_path) == plugin.arbiter.directory
+    # root's alone to write: containers connect to its lease socket and read its views
+    found = os.stat(arbiter.host_path)
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (os.geteuid(), 0o755)
     assert response.envs["GPUPOOL_ARBITER_DIR"] == arbiter.container_path
     assert "GPUPOOL_ARBITER_SHARE" in response.envs
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "high"
@@ -377,6 +381,9 @@ def test_a_host_share_and_a_pods_share_on_one_gpu_are_arbitrated_together(
     out, err = host.communicate(timeout=60)
     assert host.returncode == 0 and pod["done"].returncode == 0, (err, pod["done"].stderr)
     assert len({c.share_id for c in seen}) == 2  # two shares of one arbiter, one GPU
+    # each named by its pid in the node's PID namespace, as the host daemon's watchdog reads
+    # the driver's (0: a process the arbiter cannot see)
+    assert all(c.pid > 0 for c in seen), seen
     full = _rate(base.stdout)
     assert abs(_rate(out) / full - 0.70) <= 0.05, (out, base.stdout)
     assert abs(_rate(pod["done"].stdout) / full - 0.30) <= 0.05, (pod["done"].stdout, base.stdout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -15,10 +16,12 @@ import pytest
 import yaml
 from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
 
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.isolation.arbiter_control import NODE_DIR, node_arbiter_dir
 from gpupool.isolation.libraries import NATIVE_DIR, SHIM_LIBRARY
 from gpupool.k8s import hostfiles, names
-from gpupool.k8s.allocation import SIM_NODE_DIR, ShareFiles
+from gpupool.k8s.allocation import CONTAINER_ARBITER_DIR, SIM_NODE_DIR, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
 from gpupool.k8s.extender_http import create_app
@@ -113,13 +116,15 @@ def _plugin_container(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[
 
 
 def shared_host_dirs(docs: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
-    """The hostPaths the DaemonSet shares (each mounted at its own path, so that a path the
-    plugin writes is the host's), and the plugin's --options."""
+    """The hostPaths the DaemonSet shares (each mounted at its own path, writable, so that a
+    path the plugin writes is the host's), and the plugin's --options."""
     spec, container = _plugin_container(docs)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    mounted = {m["name"]: m for m in container["volumeMounts"]}
     for name, path in host.items():
-        assert mounted[name] == path, f"hostPath {path} is mounted at {mounted[name]}"
+        mount = mounted[name]
+        assert mount["mountPath"] == path, f"hostPath {path} is mounted at {mount['mountPath']}"
+        assert not mount.get("readOnly", False), path
     options = dict(arg.split("=", 1) for arg in container["args"])
     return list(host.values()), options
 
@@ -128,10 +133,11 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
     """Run the plugin as the DaemonSet runs it (its --options, host paths under `root`), have a
     pod allocated, and check every host path in the answer exists under a shared hostPath."""
     shared, options = shared_host_dirs(docs)
+    check_the_node_arbiter_is_shared(docs)
     on_host = root / "host"
 
-    def host(path: str) -> Path:
-        return on_host / path.lstrip("/")
+    def host(path: str | Path) -> Path:
+        return on_host / str(path).lstrip("/")
 
     state = host(options["--state-dir"])
     files = ShareFiles(state, hostfiles.install(host(options["--lib-dir"])))
@@ -142,6 +148,10 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
     kubelet = TestKubelet(sockets).start()
     backend = SimulatedBackend.open("2xA100-80GB", state / SIM_NODE_DIR)
     plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
+    # on a real node the plugin (root in its container) registers pods with root's arbiter of
+    # the node, not the simulated node's own: that one, under the stand-in host root
+    assert os.geteuid() != 0 or node_arbiter_dir(None) == NODE_DIR
+    plugin.arbiter = NodeArbiter(host(NODE_DIR), state)
     try:
         plugin.refresh()
         plugin.serve()
@@ -152,10 +162,18 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
         response = kubelet.admit(2)
     finally:
         plugin.stop()
+        plugin.arbiter.close()
         kubelet.stop()
         backend.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    assert len(response.mounts) >= 5
+    assert len(response.mounts) >= 6
+    # the pod asked for compute: its share was registered with the node's arbiter, whose
+    # directory it gets read-only; root's alone to write (its lease socket is everyone's)
+    arbiter = next(m for m in response.mounts if m.container_path == CONTAINER_ARBITER_DIR)
+    assert Path(arbiter.host_path) == host(NODE_DIR) and arbiter.read_only
+    assert "GPUPOOL_ARBITER_SHARE" in response.envs
+    found = os.stat(arbiter.host_path)
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (os.geteuid(), 0o755)
     for mount in response.mounts:
         path = Path(mount.host_path)
         assert path.exists(), mount
@@ -164,6 +182,15 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
     # the library comes from a versioned directory under --lib-dir, never from the image
     library = next(m for m in response.mounts if m.container_path == CONTAINER_LIBRARY)
     assert Path(library.host_path).parent.parent == host(options["--lib-dir"])
+
+
+def check_the_node_arbiter_is_shared(docs: list[dict[str, Any]]) -> None:
+    """The node's arbiter is the host's: its directory's parent a hostPath made if missing, and
+    the host's PID namespace, in which the arbiter the plugin may start names its clients."""
+    spec, _ = _plugin_container(docs)
+    host = [v["hostPath"] for v in spec["volumes"] if "hostPath" in v]
+    assert {"path": str(NODE_DIR.parent), "type": "DirectoryOrCreate"} in host
+    assert spec.get("hostPID") is True
 
 
 def test_every_allocate_mount_is_under_a_host_directory_the_plain_daemonset_shares(
@@ -175,7 +202,9 @@ def test_every_allocate_mount_is_under_a_host_directory_the_plain_daemonset_shar
 def test_the_chart_and_the_plain_manifests_share_the_same_host_directories() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())["devicePlugin"]
     shared, options = shared_host_dirs(plain())
-    assert sorted(shared) == sorted([values["kubeletDir"], values["stateDir"]])
+    assert sorted(shared) == sorted(
+        [values["kubeletDir"], values["stateDir"], str(NODE_DIR.parent)]
+    )
     template = (CHART / "templates" / "device-plugin.yaml").read_text()
     for option, value in options.items():
         templated = value.replace(values["stateDir"], "{{ .Values.devicePlugin.stateDir }}")

@@ -25,6 +25,7 @@ from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
 
 from gpupool.core.units import GiB
 from gpupool.devices.sim.backend import SimulatedBackend
+from gpupool.isolation.arbiter import SOCKET as ARBITER_SOCKET
 from gpupool.k8s import hostfiles, names
 from gpupool.k8s.allocation import ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
@@ -251,7 +252,7 @@ def test_an_allocate_of_other_slots_than_the_pods_is_refused(
 def test_the_region_directory_is_the_container_users_alone(
     api: InMemoryKube, plugin: DevicePlugin, kubelet: TestKubelet, http: Any
 ) -> None:
-    pod = gpu_pod("p", memory="10Gi")
+    pod = gpu_pod("p", memory="10Gi", compute="30")
     pod["spec"]["securityContext"] = {"runAsUser": 1234, "runAsGroup": 2345}
     api.add_pod(pod)
     assert bind(http, "p") == {}
@@ -264,9 +265,18 @@ def test_the_region_directory_is_the_container_users_alone(
     for parent in (Path(region.host_path).parent, Path(conf.host_path).parent.parent):
         assert stat.S_IMODE(parent.stat().st_mode) == 0o711
     for mount in response.mounts:
-        mode = os.stat(mount.host_path).st_mode
-        if not mount.container_path.endswith("/arbiter"):  # the arbiter issue's own directory
-            assert not mode & stat.S_IWOTH, mount
+        assert not os.stat(mount.host_path).st_mode & stat.S_IWOTH, mount
+    # the node's compute arbiter, read-only: its directory and everything in it its own (root's),
+    # but the lease socket, which every container's processes connect to
+    arbiter = next(m for m in response.mounts if m.container_path.endswith("/arbiter"))
+    assert arbiter.read_only and Path(arbiter.host_path) == plugin.arbiter.directory
+    found = os.stat(arbiter.host_path)
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (os.geteuid(), 0o755)
+    entries = {p.name: p.lstat() for p in Path(arbiter.host_path).iterdir()}
+    assert entries.pop(ARBITER_SOCKET).st_mode & 0o777 == 0o666
+    assert entries  # its control socket and the GPU's view at least
+    for name, entry in entries.items():
+        assert entry.st_uid == os.geteuid() and not entry.st_mode & 0o022, name
 
 
 def test_a_container_running_as_its_user_writes_its_region_and_no_one_else_can(
