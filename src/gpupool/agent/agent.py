@@ -109,7 +109,9 @@ class Agent:
         )
         #: what the node has, for "never fits": a GPU lost for a while still counts
         self.inventory = self.sampler.capacity
-        self.elastic = ElasticJobs(self.store, self.jobdir, self.context_reserve)
+        self.elastic = ElasticJobs(
+            self.store, self.jobdir, self.context_reserve, self.arbiter.set_job_weight
+        )
         #: admission (the loop's) and a resize (an API call's) one at a time
         self._admission = threading.Lock()
         #: what the API, /metrics and the dashboard read
