@@ -17,10 +17,13 @@ import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, scrape, until
 
+from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import GiB
-from gpupool.devices.sim.state import SimState
+from gpupool.devices.sim.state import STATE_FILE, SimState
 from gpupool.isolation import elastic
+from gpupool.isolation.arbiter import find_share
+from gpupool.isolation.arbiter_control import node_arbiter_dir
 from gpupool.isolation.launch import find_shared_region
 
 JOB = str(Path(__file__).resolve().parents[2] / "examples" / "elastic_job.py")
@@ -139,6 +142,16 @@ def test_a_burst_goes_to_host_memory_for_a_high_job(one_gpu: Daemon) -> None:
     assert refused.returncode == 2 and "low-priority" in refused.stderr
 
 
+def arbiter_percent(daemon: Daemon, job: int) -> int | None:
+    """The job's share's weight in the node arbiter's view of GPU 0."""
+    arbiter = NodeArbiter(node_arbiter_dir(daemon.node_dir), daemon.state_dir)
+    state = SimState.open(daemon.node_dir / STATE_FILE)
+    uuid = state.gpu(0).uuid
+    state.close()
+    found = find_share(arbiter.directory, uuid, arbiter.share_of(f"job {job}").share_id)
+    return found.percent if found is not None else None
+
+
 def test_resize_up_down_and_refused(daemon: Daemon) -> None:
     job = run_job(daemon, 5, 4096, memory="8Gi", compute=20)
     holding(daemon, job)
@@ -151,6 +164,7 @@ def test_resize_up_down_and_refused(daemon: Daemon) -> None:
     assert state is not None
     assert (state.memory_limit[0], state.compute_limit[0]) == (16 * GiB, 60)
     assert daemon.job(job)["memory"] == 16 * GiB
+    assert arbiter_percent(daemon, job) == 60  # its weight against other shares, too
     shrunk = cli("resize", str(job), "--memory", "6Gi", url=daemon.url)
     assert shrunk.returncode == 0, shrunk.stderr
     below = cli("resize", str(job), "--memory", "2Gi", url=daemon.url)

@@ -111,7 +111,9 @@ class Agent:
         self.inventory = self.sampler.capacity
         #: the shapes the placement policy expects next (recent submissions)
         self.target = LiveTarget(self.store)
-        self.elastic = ElasticJobs(self.store, self.jobdir, self.context_reserve)
+        self.elastic = ElasticJobs(
+            self.store, self.jobdir, self.context_reserve, self.arbiter.set_job_weight
+        )
         #: admission (the loop's) and a resize (an API call's) one at a time
         self._admission = threading.Lock()
         #: what the API, /metrics and the dashboard read

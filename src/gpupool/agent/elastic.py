@@ -52,8 +52,16 @@ def require_shim(job: Job, doing: str) -> None:
 class ElasticJobs:
     """Suspend, resume, preemption and bursts; thread-safe (API calls and the queue loop)."""
 
-    def __init__(self, store: Store, jobdir: Callable[[int], JobDir], reserve: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        jobdir: Callable[[int], JobDir],
+        reserve: int,
+        set_weight: Callable[[int, int], None],
+    ) -> None:
         self._store = store
+        #: a job's compute weight at the node's arbiter: (job id, percent)
+        self._set_weight = set_weight
         self._jobdir = jobdir
         self._reserve = reserve
         self._lock = threading.Lock()
@@ -141,7 +149,9 @@ class ElasticJobs:
             if memory is not None:
                 apply_memory(path, memory_now)
             if compute is not None:
-                apply_compute(job, path, max(1, round(compute * 100 / MILLI_PER_GPU)))
+                apply_compute(
+                    job, path, max(1, round(compute * 100 / MILLI_PER_GPU)), self._set_weight
+                )
             rows_db.resize(self._store, job.id, spec, memory_now, detail)
             return detail
 

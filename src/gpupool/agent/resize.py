@@ -2,21 +2,24 @@
 
 The new limits are written into the job's accounting region: the interception library reads the
 memory limit at every allocation and the compute percent at every batch of launches, so they
-hold from the job's next call on. Growing must fit beside the other jobs on the job's GPUs;
-shrinking memory below what the job holds is refused with the numbers. MPS and MIG shares cannot
+hold from the job's next call on. A new compute share also becomes the share's weight at the
+node's trusted arbiter, which splits a busy GPU between shares by those weights. Growing must
+fit beside the other jobs on the job's GPUs; shrinking memory below what the job holds is
+refused with the numbers. MPS and MIG shares cannot
 change while they run (MPS fixes a client's active thread percentage when it connects; a MIG
 instance is the share), so they are refused, as is an exclusive job, which has nothing to resize.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from gpupool.agent import node
 from gpupool.agent.jobs import Job, JobSpec, State
-from gpupool.core.errors import InvalidRequest, Unschedulable
+from gpupool.agent.logs import log
+from gpupool.core.errors import DeviceError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, format_bytes
 from gpupool.isolation import elastic as region_io
@@ -31,12 +34,19 @@ _REFUSED = {
 }
 
 
-def apply_compute(job: Job, region: Path, percent: int) -> None:
+def apply_compute(
+    job: Job, region: Path, percent: int, set_weight: Callable[[int, int], None]
+) -> None:
     """Give the running `job` `percent` of each of its GPUs: the one place a compute resize is
-    carried out. Today the library's throttle reads the share's percent from its region at each
-    batch of launches; with a trusted compute arbiter this becomes a change of the share
-    registered there."""
+    carried out. The library's throttle caps the share at the percent in its region (read at
+    each batch of launches); `set_weight(job_id, percent)` changes its weight at the node's
+    arbiter. An arbiter that is away takes the new weight when the daemon registers the job's
+    share with it again, from the job's record (which the caller updates)."""
     region_io.set_compute_limit(region, range(len(job.gpus)), percent)
+    try:
+        set_weight(job.id, percent)
+    except DeviceError as err:
+        log.warning("job %d's compute weight at the arbiter: %s (its cap holds)", job.id, err)
 
 
 def apply_memory(region: Path, memory: Sequence[int]) -> None:
