@@ -36,6 +36,7 @@ from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
 from gpupool.agent.sampler import Sampler
 from gpupool.agent.service_manager import ServiceManager
+from gpupool.agent.service_parking import Parking
 from gpupool.agent.store import Store
 from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
@@ -126,6 +127,7 @@ class Agent:
             elastic=self.elastic.shown,
         )
         #: services: their replicas are jobs submitted through `submit` (service_manager.py)
+        daemon = config.access.daemon_uid
         self.services = ServiceManager(
             self.store,
             self.submit,
@@ -133,6 +135,11 @@ class Agent:
             self.check_fits,
             lambda job_id: self._waiting.get(job_id, ()),
             config.access,
+            Parking(
+                lambda job_id: self.suspend(job_id, daemon, "gpupool (a service scaled to zero)"),
+                lambda job_id: self.resume(job_id, daemon, "gpupool (a request to its service)"),
+                self._elastic_state,
+            ),
         )
         self.view.services = self.services
         self._pruned_at = -PRUNE_EVERY_S
@@ -258,6 +265,15 @@ class Agent:
         self.elastic.resume(job, user)
         self._wake.set()
         return self.store.job(job_id)
+
+    def _elastic_state(self, job_id: int) -> tuple[str, str]:
+        """A job's elastic want ("" when it simply runs) and why its resume waits for room."""
+        row = self.elastic.rows().get(job_id)
+        if row is None:
+            return "", ""
+        shown = self.elastic.shown(job_id) or {}
+        waits = [w for w in shown.get("waiting", []) if w.startswith("waiting to resume")]
+        return row.want, "; ".join(waits)
 
     def resize(
         self, job_id: int, uid: int, memory: str | None, compute: int | None

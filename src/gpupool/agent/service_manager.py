@@ -8,7 +8,9 @@ its ready timeout, or stops answering, is stopped and counted as a failure), ask
 how many replicas the service wants, starts or drains replicas to match, and rolls an updated
 service one new replica at a time: an old one is drained only once a new one is ready. Every
 replica stops through `_stop`: the router stops sending it requests, and it is cancelled once
-those in flight are answered (or after DEFAULT_DRAIN_S).
+those in flight are answered (or after DEFAULT_DRAIN_S). The one exception is the last replica
+of a service (mode shim) scaled to zero: it is parked (service_parking.py), suspended to host
+memory, and the next request resumes it rather than starting a new one.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from gpupool.agent.access import Access
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures
+from gpupool.agent.service_parking import Parking
 from gpupool.agent.service_replicas import (
     HEALTH_EVERY_S,
     HEALTH_FAILURES,
+    PARKED,
     Replica,
     Service,
     backoff,
@@ -40,6 +44,7 @@ from gpupool.agent.service_traffic import Endpoint, Traffic
 from gpupool.agent.services import DEFAULT_DRAIN_S, ServiceSpec
 from gpupool.agent.store import Store
 from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
+from gpupool.core.resources import Mode
 
 TICK_S = 0.2
 MIN_DRAIN_S = 0.5
@@ -62,6 +67,7 @@ class ServiceManager:
         check_fits: Callable[[JobSpec], None],
         waiting: Waiting,
         access: Access,
+        parking: Parking,
     ) -> None:
         self._jobs = store
         self._rows = ServiceStore(store)
@@ -70,6 +76,7 @@ class ServiceManager:
         self._check_fits = check_fits
         self._waiting = waiting
         self._access = access
+        self._parking = parking
         self.traffic = Traffic()
         self._services: dict[str, Service] = {}
         #: replicas of deleted services, drained and stopped by the loop
@@ -91,6 +98,8 @@ class ServiceManager:
             self._services[stored.spec.name] = self._service(stored, now)
         for row in replicas:
             replica = Replica(row.job_id, row.index, row.port, row.generation, now)
+            with contextlib.suppress(GpupoolError):  # the store is busy: it is adopted as running
+                replica.state = self._parking.adopted(row.job_id) or replica.state
             owner = self._services.get(row.service)
             if owner is None:
                 replica.stopping = "its service was deleted"
@@ -216,6 +225,7 @@ class ServiceManager:
     def _pass(self, service: Service) -> None:
         now = time.monotonic()
         self._refresh(service, now)
+        self._parking.settle(service, now, self._stop)
         self._check_health(service, now)
         traffic = service.traffic
         last = max(traffic.last_request, service.since)
@@ -250,6 +260,14 @@ class ServiceManager:
         self._rows.drop_replica(replica.job_id)
         if replica.endpoint is not None:
             replica.endpoint.draining = True
+        if replica.stopping is None and replica.state in PARKED:
+            # no failure of the service's: nothing was serving, the next request starts anew
+            how = how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
+            service.event(
+                f"replica {replica.index} (job {replica.job_id}) {how} while {replica.state}: "
+                "the next request starts a new replica"
+            )
+            return
         if replica.stopping is not None and not replica.stopping.startswith("failed"):
             service.event(f"replica {replica.index} (job {replica.job_id}) stopped")
             return
@@ -324,6 +342,10 @@ class ServiceManager:
     def _converge(self, service: Service, now: float) -> None:
         """Start or stop replicas toward `desired`, rolling old generations out."""
         generation = service.stored.generation
+        parked = service.parked()
+        for replica in [r for r in parked if r.generation != generation]:
+            self._stop(service, replica, "replaced by a newer generation", now)
+        parked = [r for r in parked if r.generation == generation]
         live = service.live()
         old = [r for r in live if r.generation != generation]
         new = [r for r in live if r.generation == generation]
@@ -341,10 +363,19 @@ class ServiceManager:
                     self._stop(service, replica, "scaled to zero", now)
             return
         if len(new) < want:
-            self._start_replicas(service, want - len(new), now)
+            missing = want - len(new)
+            for replica in parked[:missing]:
+                if self._parking.wake(service, replica, now, self._stop):
+                    missing -= 1
+            self._start_replicas(service, missing, now)
         elif len(new) > want:
             why = "scaled to zero" if want == 0 else f"scaled in to {want}"
-            for replica in sorted(new, key=_stop_order)[: len(new) - want]:
+            going = sorted(new, key=_stop_order)[: len(new) - want]
+            # the last replica of a service scaled to zero is parked (the one kept longest)
+            shim = service.spec.mode is Mode.SHIM
+            if want == 0 and shim and not parked and going[-1].state == "ready":
+                self._parking.park(service, going.pop(), now)
+            for replica in going:
                 self._stop(service, replica, why, now)
 
     def _start_replicas(self, service: Service, count: int, now: float) -> None:
@@ -364,7 +395,7 @@ class ServiceManager:
 
     def _stop(self, service: Service | None, replica: Replica, why: str, now: float) -> None:
         """The one place a replica is stopped: no new requests, then cancelled once its
-        requests in flight are answered (an idle replica of a service scaled to zero too)."""
+        requests in flight are answered (a parked replica too, when it is stopped)."""
         if replica.stopping is not None:
             return
         replica.stopping, replica.drain_since = why, now

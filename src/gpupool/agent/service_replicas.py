@@ -23,6 +23,9 @@ HEALTH_EVERY_S = 1.0
 HEALTH_FAILURES = 3
 #: the longest wait before restarting a failed replica
 MAX_BACKOFF_S = 30.0
+#: the states of a replica parked by a service scaled to zero (service_parking.py): not serving,
+#: and not counted against the replicas the service wants
+PARKED = ("parking", "suspended")
 
 
 def backoff(failures: int) -> float:
@@ -40,7 +43,8 @@ class Replica:
     generation: int
     #: time.monotonic() when it was started (or adopted by a restarted daemon)
     started: float
-    state: str = "queued"  # queued, starting, ready, draining
+    #: queued, starting, ready; parking, suspended, resuming (service_parking.py)
+    state: str = "queued"
     gpus: tuple[int, ...] = ()
     endpoint: Endpoint | None = None
     checked: float = 0.0
@@ -107,7 +111,10 @@ class Service:
         self.events.append((time.time(), text))
 
     def live(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.stopping is None]
+        return [r for r in self.replicas.values() if r.stopping is None and r.state not in PARKED]
+
+    def parked(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.stopping is None and r.state in PARKED]
 
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.routable()]
@@ -130,6 +137,7 @@ class Service:
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,
                 "starting": sum(1 for r in self.live() if r.state != "ready"),
+                "suspended": sum(1 for r in self.parked() if r.state == "suspended"),
             },
             "requests_total": traffic.requests_total,
             "in_flight": traffic.in_flight,
