@@ -127,3 +127,22 @@ def test_a_parked_replica_of_a_deleted_service_is_cancelled(routed: Routed) -> N
     job = service["replica_list"][0]["job_id"]
     routed.daemon.call("DELETE", "/v1/services/gone", json={})
     assert until(lambda: routed.daemon.job(job)["state"] == "cancelled", timeout=15)
+
+
+def test_a_daemon_killed_while_a_replica_is_parked_adopts_it_parked(
+    routed: Routed, tmp_path: Path
+) -> None:
+    job = parked(routed, "kept")["replica_list"][0]["job_id"]
+    routed.daemon.kill()
+    again = start_routed(tmp_path, "1xA100-40GB")  # the same state dir, a new router port
+    try:
+        time.sleep(1.0)  # a few passes of the new daemon's loop: it stays parked
+        service = again.service("kept")
+        assert service["replicas"]["suspended"] == 1, service
+        assert [r["job_id"] for r in service["replica_list"]] == [job]
+        assert gpu_used(again) == 0
+        answer = httpx.get(f"{again.base}/kept/infer", timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert [r["job_id"] for r in again.service("kept")["replica_list"]] == [job]
+    finally:
+        again.daemon.stop()

@@ -107,6 +107,8 @@ class ServiceManager:
             else:
                 owner.replicas[row.job_id] = replica
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
+                if replica.state == "suspended":  # it stays parked until a request comes
+                    owner.since = now - owner.spec.idle_s
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)
         self._thread.start()
 
