@@ -25,6 +25,7 @@ from gpupool.agent import launcher, mps, node
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
+from gpupool.agent.elastic_store import RUN
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.leases import held_leases
@@ -267,13 +268,19 @@ class Agent:
         return self.store.job(job_id)
 
     def _elastic_state(self, job_id: int) -> tuple[str, str]:
-        """A job's elastic want ("" when it simply runs) and why its resume waits for room."""
+        """A job's elastic state ("" when it simply runs, suspending, suspended, resuming) and
+        why its resume waits for room."""
         row = self.elastic.rows().get(job_id)
         if row is None:
             return "", ""
+        if row.want == RUN:  # a request waits for it: the queue loop reads its acknowledgement now
+            self._wake.set()
+            return "resuming", ""
+        if not row.released:
+            return "suspending", ""
         shown = self.elastic.shown(job_id) or {}
         waits = [w for w in shown.get("waiting", []) if w.startswith("waiting to resume")]
-        return row.want, "; ".join(waits)
+        return "suspended", "; ".join(waits)
 
     def resize(
         self, job_id: int, uid: int, memory: str | None, compute: int | None

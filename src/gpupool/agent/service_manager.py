@@ -29,7 +29,7 @@ from gpupool.agent.access import Access
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures
-from gpupool.agent.service_parking import Parking
+from gpupool.agent.service_parking import RESUMING_TICK_S, Parking
 from gpupool.agent.service_replicas import (
     HEALTH_EVERY_S,
     HEALTH_FAILURES,
@@ -203,14 +203,23 @@ class ServiceManager:
     def _loop(self) -> None:
         failures = Failures("the service loop", TICK_S)
         while not self._stop_event.is_set():
-            wait = TICK_S
             try:
                 self.reconcile()
+                # a replica resuming for a held request is followed closely: a wake's latency
+                wait = RESUMING_TICK_S if self._resuming() else TICK_S
                 failures.succeeded()
             except Exception as err:  # a busy store, a bug: the services go on
                 wait = failures.failed(err)
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _resuming(self) -> bool:
+        with self._lock:
+            return any(
+                r.state == "resuming" or (r.state == "starting" and r.resumed)
+                for s in self._services.values()
+                for r in s.replicas.values()
+            )
 
     def reconcile(self) -> None:
         """One pass over every service (and the replicas of deleted ones)."""

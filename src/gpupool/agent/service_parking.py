@@ -2,10 +2,10 @@
 cancelled, and the next request resumes it (a copy back rather than a cold start).
 
 A replica parks in steps, one per pass of the service loop: `parking` (the router sends it no new
-request; those in flight are answered), `suspended` (elastic memory has moved its GPU memory to
-the host: the GPU is free for others), then, woken by a request, `resuming` (it waits for its
-GPUs to have room for its share again), and `starting` once its memory is back (health-checked
-like a new replica, ready when it answers). When it cannot come back (elastic memory refuses,
+request; those in flight are answered), `suspending` (asked), `suspended` (elastic memory has
+moved its GPU memory to the host: the GPU is free for others), then, woken by a request,
+`resuming` (it waits for its GPUs to have room for its share again), and `starting` once its
+memory is back (health-checked like a new replica, ready when it answers). When it cannot come back (elastic memory refuses,
 its GPUs have no room, its job ended), it is stopped and a new replica starts, as without parking.
 """
 
@@ -21,6 +21,8 @@ from gpupool.core.errors import GpupoolError
 #: seconds a parking replica's requests in flight have been waited for, at least (the router
 #: may have picked it just before: that request counts in flight within a moment)
 MIN_PARK_DRAIN_S = 0.5
+#: seconds between the service loop's passes while a replica resumes (a request waits for it)
+RESUMING_TICK_S = 0.02
 #: how `_stop` is called: service, replica, why, now
 Stop = Callable[[Service, Replica, str, float], None]
 
@@ -28,7 +30,8 @@ Stop = Callable[[Service, Replica, str, float], None]
 @dataclass(frozen=True)
 class Parking:
     """What parking needs of the agent's elastic memory, for a job id: suspend it, resume it,
-    and its state (elastic_store's `want`, "" when it runs; and why a resume waits, "" if not)."""
+    and its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
+    room, "" if it does not)."""
 
     suspend: Callable[[int], object]
     resume: Callable[[int], object]
@@ -36,10 +39,8 @@ class Parking:
 
     def adopted(self, job_id: int) -> str | None:
         """The state of a replica adopted by a restarted daemon, if it was parked."""
-        want, _ = self.state(job_id)
-        if want == "run":
-            return "resuming"
-        return "suspended" if want else None
+        state, _ = self.state(job_id)
+        return state or None
 
     def park(self, service: Service, replica: Replica, now: float) -> None:
         """Start parking a ready replica: no new requests."""
@@ -77,7 +78,7 @@ class Parking:
                 continue
             if replica.state == "parking":
                 self._suspend_drained(service, replica, now, stop)
-            elif replica.state in ("suspended", "resuming"):
+            elif replica.state in ("suspending", "suspended", "resuming"):
                 self._follow(service, replica, now, stop)
 
     def _suspend_drained(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
@@ -90,17 +91,16 @@ class Parking:
         except GpupoolError as err:  # it holds no memory yet, it ended: stopped as before
             stop(service, replica, f"scaled to zero (not suspended: {err})", now)
             return
-        replica.state, replica.endpoint = "suspended", None
-        service.event(
-            f"replica {replica.index} (job {replica.job_id}) suspended to host memory: "
-            "the next request resumes it"
-        )
+        replica.state, replica.endpoint = "suspending", None
 
     def _follow(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
-        want, waits = self.state(replica.job_id)
+        state, waits = self.state(replica.job_id)
         label = f"replica {replica.index} (job {replica.job_id})"
-        if not want:  # its memory is back (or its owner resumed it): health-checked, then ready
-            replica.state, replica.started = "starting", now
+        if not state:  # its memory is back (or its owner resumed it): health-checked, then ready
+            replica.state, replica.started, replica.resumed = "starting", now, True
             service.event(f"{label} resumed: its memory is back, checking its health")
+        elif replica.state == "suspending" and state == "suspended":
+            replica.state = "suspended"
+            service.event(f"{label} suspended to host memory: the next request resumes it")
         elif replica.state == "resuming" and waits:
             stop(service, replica, f"could not resume ({waits}): a new replica instead", now)

@@ -25,7 +25,7 @@ HEALTH_FAILURES = 3
 MAX_BACKOFF_S = 30.0
 #: the states of a replica parked by a service scaled to zero (service_parking.py): not serving,
 #: and not counted against the replicas the service wants
-PARKED = ("parking", "suspended")
+PARKED = ("parking", "suspending", "suspended")
 
 
 def backoff(failures: int) -> float:
@@ -43,7 +43,7 @@ class Replica:
     generation: int
     #: time.monotonic() when it was started (or adopted by a restarted daemon)
     started: float
-    #: queued, starting, ready; parking, suspended, resuming (service_parking.py)
+    #: queued, starting, ready; parking, suspending, suspended, resuming (service_parking.py)
     state: str = "queued"
     gpus: tuple[int, ...] = ()
     endpoint: Endpoint | None = None
@@ -57,6 +57,8 @@ class Replica:
     note: str = ""
     #: time.monotonic() when it was submitted (`started` is reset when its process starts)
     created: float = 0.0
+    #: it came back from host memory (service_parking.py): followed closely until ready
+    resumed: bool = False
     #: its health check under way: None when it passed, else why not
     check: Future[str | None] | None = None
 

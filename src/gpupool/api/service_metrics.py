@@ -95,7 +95,8 @@ def families(services: ServiceManager | None) -> list[Family | Histogram]:
         states = {"ready": 0, "starting": 0, "draining": 0, "suspended": 0}
         for replica in service.replicas.values():
             state = replica.to_json()["state"]
-            key = "draining" if state == "parking" else state if state in states else "starting"
+            key = {"parking": "draining", "suspending": "suspended"}.get(state, state)
+            key = key if key in states else "starting"
             states[key] += 1
         for state, count in states.items():
             replicas.add((name, state), count)
