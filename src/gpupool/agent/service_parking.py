@@ -5,8 +5,9 @@ A replica parks in steps, one per pass of the service loop: `parking` (the route
 request; those in flight are answered), `suspending` (asked), `suspended` (elastic memory has
 moved its GPU memory to the host: the GPU is free for others), then, woken by a request,
 `resuming` (it waits for its GPUs to have room for its share again), and `starting` once its
-memory is back (health-checked like a new replica, ready when it answers). When it cannot come back (elastic memory refuses,
-its GPUs have no room, its job ended), it is stopped and a new replica starts, as without parking.
+memory is back (health-checked like a new replica, ready when it answers). When it cannot come
+back (elastic memory refuses, its GPUs have no room, its job ended), it is stopped and a new
+replica starts, as without parking.
 """
 
 from __future__ import annotations
