@@ -146,3 +146,13 @@ def test_a_daemon_killed_while_a_replica_is_parked_adopts_it_parked(
         assert [r["job_id"] for r in again.service("kept")["replica_list"]] == [job]
     finally:
         again.daemon.stop()
+
+
+def test_a_parked_replica_of_an_updated_service_is_cancelled(routed: Routed) -> None:
+    job = parked(routed, "moved")["replica_list"][0]["job_id"]
+    routed.daemon.call("POST", "/v1/services/moved/update", json={"env": {"VERSION": "2"}})
+    assert until(lambda: routed.daemon.job(job)["state"] == "cancelled", timeout=15)
+    answer = httpx.get(f"{routed.base}/moved/infer", timeout=60)  # a new replica, generation 2
+    assert answer.status_code == 200, answer.text
+    (replica,) = routed.service("moved")["replica_list"]
+    assert replica["job_id"] != job and replica["generation"] == 2
