@@ -102,7 +102,7 @@ def test_a_parked_replica_that_died_is_replaced_by_a_new_one(routed: Routed) -> 
     (replica,) = service["replica_list"]
     assert replica["job_id"] != job and replica["state"] == "ready"
     events = [e["detail"] for e in service["events"]]
-    assert any("while suspended: the next request starts a new replica" in e for e in events)
+    assert any("while suspended: the next request starts a new one" in e for e in events)
     assert service["restarts"] == 0 and service["problem"] == ""  # no failure of the service
 
 

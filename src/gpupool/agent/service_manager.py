@@ -33,7 +33,6 @@ from gpupool.agent.service_parking import RESUMING_TICK_S, Parking
 from gpupool.agent.service_replicas import (
     HEALTH_EVERY_S,
     HEALTH_FAILURES,
-    PARKED,
     Replica,
     Service,
     backoff,
@@ -215,11 +214,7 @@ class ServiceManager:
 
     def _resuming(self) -> bool:
         with self._lock:
-            return any(
-                r.state == "resuming" or (r.state == "starting" and r.resumed)
-                for s in self._services.values()
-                for r in s.replicas.values()
-            )
+            return any(r.resuming() for s in self._services.values() for r in s.replicas.values())
 
     def reconcile(self) -> None:
         """One pass over every service (and the replicas of deleted ones)."""
@@ -271,20 +266,13 @@ class ServiceManager:
         self._rows.drop_replica(replica.job_id)
         if replica.endpoint is not None:
             replica.endpoint.draining = True
-        if replica.stopping is None and replica.state in PARKED:
-            # no failure of the service's: nothing was serving, the next request starts anew
-            how = how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
-            service.event(
-                f"replica {replica.index} (job {replica.job_id}) {how} while {replica.state}: "
-                "the next request starts a new replica"
-            )
+        how = how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
+        if self._parking.ended(service, replica, how):
             return
         if replica.stopping is not None and not replica.stopping.startswith("failed"):
             service.event(f"replica {replica.index} (job {replica.job_id}) stopped")
             return
-        how = replica.stopping or (
-            how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
-        )
+        how = replica.stopping or how
         service.failures += 1
         service.restarts += 1
         wait = backoff(service.failures)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpupool.agent.service_replicas import Replica, Service
+from gpupool.agent.service_replicas import PARKED, Replica, Service
 from gpupool.agent.services import DEFAULT_DRAIN_S
 from gpupool.core.errors import GpupoolError
 
@@ -70,6 +70,15 @@ class Parking:
             return False
         replica.state, replica.started = "resuming", now
         service.event(f"{label} resuming from host memory for a request")
+        return True
+
+    def ended(self, service: Service, replica: Replica, how: str) -> bool:
+        """Whether the ended `replica` was parked: no failure of the service's then (nothing
+        was serving), the next request starts a new replica."""
+        if replica.stopping is not None or replica.state not in PARKED:
+            return False
+        label = f"replica {replica.index} (job {replica.job_id})"
+        service.event(f"{label} {how} while {replica.state}: the next request starts a new one")
         return True
 
     def settle(self, service: Service, now: float, stop: Stop) -> None:

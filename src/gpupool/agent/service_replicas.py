@@ -65,6 +65,10 @@ class Replica:
     def __post_init__(self) -> None:
         self.created = self.created or self.started
 
+    def resuming(self) -> bool:
+        """Coming back from host memory for a request (followed closely until ready)."""
+        return self.state == "resuming" or (self.state == "starting" and self.resumed)
+
     def routable(self) -> bool:
         return self.state == "ready" and self.stopping is None
 
