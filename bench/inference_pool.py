@@ -8,7 +8,8 @@ zero, and no request lost while replicas come and go (docs/benchmarks/inference.
 2. The router's overhead: /ping (no GPU work) at 500 requests/s through the router and straight
    to the replica; the most requests/s through the router from 32 clients back to back.
 3. Wake from zero: a replica's own start (scaled 0 -> 1 by hand), then the latency of the first
-   request to a service that went to zero replicas (the router holds it while one starts).
+   request to a service that went to zero replicas (the router holds it): from its replica
+   parked in host memory (resumed), and cold (the parked replica cancelled: a new one starts).
 4. No request lost: traffic through scale-out, a rolling update, a replica killed with -9, and
    scale-in; every request is answered (the crashed replica's in-flight ones with 502).
 
@@ -150,15 +151,21 @@ def router_overhead(seconds: float, rounds: int = 3) -> dict[str, Any]:
 
 
 def wake(wakes: int) -> dict[str, Any]:
+    """Each round: a wake from a replica parked in host memory (suspended, then resumed: the
+    same job), then a cold wake (the parked replica cancelled first, so a new one starts, as
+    without parking), and a replica's own start (scaled 0 -> 1 by hand, nothing parked)."""
     with (
         tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
         Pool(Path(tmp), "1xA100-40GB") as pool,
     ):
         pool.create("cold", min_replicas=0, max_replicas=1, idle_s=1.0, window_s=0.5)
         pool.wait_ready("cold")
-        starts, wakes_s = [], []
+        starts, cold, warm = [], [], []
         for _ in range(wakes):
-            _until_zero(pool, "cold")
+            parked = _until_parked(pool, "cold")
+            warm.append(_first_request(pool, "cold"))
+            assert [r["job_id"] for r in pool.service("cold")["replica_list"]] == [parked]
+            _until_gone(pool, "cold", _until_parked(pool, "cold"))
             pool.call(
                 "POST", "/v1/services/cold/scale", json={"min_replicas": 1, "max_replicas": 1}
             )
@@ -168,31 +175,51 @@ def wake(wakes: int) -> dict[str, Any]:
             pool.call(
                 "POST", "/v1/services/cold/scale", json={"min_replicas": 0, "max_replicas": 1}
             )
-            _until_zero(pool, "cold")
-            began = time.perf_counter()
-            result = loadgen.Result()
-            asyncio.run(loadgen.Target(f"{pool.router}/cold/infer").once(result, began))
-            assert result.statuses == {"200": 1}, result.statuses
-            wakes_s.append(time.perf_counter() - began)
-    starts.sort()
-    wakes_s.sort()
+            _until_gone(pool, "cold", _until_parked(pool, "cold"))
+            cold.append(_first_request(pool, "cold"))
     return {
-        "start_p50_s": round(starts[len(starts) // 2], 3),
-        "start_p99_s": round(starts[-1], 3),
-        "wake_p50_s": round(wakes_s[len(wakes_s) // 2], 3),
-        "wake_p99_s": round(wakes_s[-1], 3),
-        "wakes": len(wakes_s),
+        "start": _p50_p99(starts),
+        "cold_wake": _p50_p99(cold),
+        "warm_wake": _p50_p99(warm),
+        "memory_mib": 1024,
+        "wakes": wakes,
     }
 
 
-def _until_zero(pool: Pool, name: str) -> None:
+def _p50_p99(seconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(seconds)
+    return round(ordered[len(ordered) // 2], 3), round(ordered[-1], 3)
+
+
+def _first_request(pool: Pool, name: str) -> float:
+    """Seconds for one request to a service with no replica ready (the router holds it)."""
+    began = time.perf_counter()
+    result = loadgen.Result()
+    asyncio.run(loadgen.Target(f"{pool.router}/{name}/infer").once(result, began))
+    assert result.statuses == {"200": 1}, result.statuses
+    return time.perf_counter() - began
+
+
+def _until_parked(pool: Pool, name: str) -> int:
+    """The job of the service's replica once it is suspended in host memory (scaled to zero)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         service = pool.service(name)
-        if service["replicas"]["desired"] == 0 and not service["replica_list"]:
+        if service["replicas"]["suspended"] == 1:
+            return int(service["replica_list"][0]["job_id"])
+        time.sleep(0.05)
+    raise SystemExit(f"{name} did not park its replica: {json.dumps(pool.service(name))}")
+
+
+def _until_gone(pool: Pool, name: str, job: int) -> None:
+    """Cancel the parked `job`; back once the service has no replica left."""
+    pool.call("POST", f"/v1/jobs/{job}/cancel", json={})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not pool.service(name)["replica_list"]:
             return
         time.sleep(0.05)
-    raise SystemExit(f"{name} did not go to zero")
+    raise SystemExit(f"{name} kept its replica")
 
 
 def churn(seconds: float) -> dict[str, Any]:
@@ -311,9 +338,11 @@ def _router(router: dict[str, Any]) -> None:
 
 
 def _wake(w: dict[str, Any]) -> None:
+    start, cold, warm = w["start"], w["cold_wake"], w["warm_wake"]
     print(
-        f"\nreplica start p50/p99 {w['start_p50_s']}/{w['start_p99_s']} s; wake from zero p50/p99 "
-        f"{w['wake_p50_s']}/{w['wake_p99_s']} s over {w['wakes']} wakes"
+        f"\nreplica start p50/p99 {start[0]}/{start[1]} s; wake from zero p50/p99: cold (a new "
+        f"replica) {cold[0]}/{cold[1]} s, from host memory (resumed) {warm[0]}/{warm[1]} s, "
+        f"over {w['wakes']} wakes each ({w['memory_mib']} MiB of weights)"
     )
 
 

@@ -24,6 +24,7 @@ from gpupool.agent import launcher, mps, node
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
+from gpupool.agent.elastic_store import RUN
 from gpupool.agent.jobdir import JobDir, alive, jobs_dir, remove_unknown
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.leases import held_leases
@@ -35,6 +36,7 @@ from gpupool.agent.observe import Observations
 from gpupool.agent.queue import Start, plan
 from gpupool.agent.sampler import Sampler
 from gpupool.agent.service_manager import ServiceManager
+from gpupool.agent.service_parking import Parking
 from gpupool.agent.store import Store
 from gpupool.agent.target import LiveTarget
 from gpupool.agent.view import NodeView
@@ -131,6 +133,7 @@ class Agent:
             elastic=self.elastic.shown,
         )
         #: services: their replicas are jobs submitted through `submit` (service_manager.py)
+        daemon = config.access.daemon_uid
         self.services = ServiceManager(
             self.store,
             self.submit,
@@ -138,6 +141,11 @@ class Agent:
             self.check_fits,
             lambda job_id: self._waiting.get(job_id, ()),
             config.access,
+            Parking(
+                lambda job_id: self.suspend(job_id, daemon, "gpupool (a service scaled to zero)"),
+                lambda job_id: self.resume(job_id, daemon, "gpupool (a request to its service)"),
+                self._elastic_state,
+            ),
         )
         self.view.services = self.services
         self._pruned_at = -PRUNE_EVERY_S
@@ -264,6 +272,21 @@ class Agent:
         self.elastic.resume(job, user)
         self._wake.set()
         return self.store.job(job_id)
+
+    def _elastic_state(self, job_id: int) -> tuple[str, str]:
+        """A job's elastic state ("" when it simply runs, suspending, suspended, resuming) and
+        why its resume waits for room."""
+        row = self.elastic.rows().get(job_id)
+        if row is None:
+            return "", ""
+        if row.want == RUN:  # a request waits for it: the queue loop reads its acknowledgement now
+            self._wake.set()
+            return "resuming", ""
+        if not row.released:
+            return "suspending", ""
+        shown = self.elastic.shown(job_id) or {}
+        waits = [w for w in shown.get("waiting", []) if w.startswith("waiting to resume")]
+        return "suspended", "; ".join(waits)
 
     def resize(
         self, job_id: int, uid: int, memory: str | None, compute: int | None

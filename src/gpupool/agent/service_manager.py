@@ -8,7 +8,9 @@ its ready timeout, or stops answering, is stopped and counted as a failure), ask
 how many replicas the service wants, starts or drains replicas to match, and rolls an updated
 service one new replica at a time: an old one is drained only once a new one is ready. Every
 replica stops through `_stop`: the router stops sending it requests, and it is cancelled once
-those in flight are answered (or after DEFAULT_DRAIN_S).
+those in flight are answered (or after DEFAULT_DRAIN_S). The one exception is the last replica
+of a service (mode shim) scaled to zero: it is parked (service_parking.py), suspended to host
+memory, and the next request resumes it rather than starting a new one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpupool.agent.access import Access
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures
+from gpupool.agent.service_parking import RESUMING_TICK_S, Parking
 from gpupool.agent.service_replicas import (
     HEALTH_EVERY_S,
     HEALTH_FAILURES,
@@ -40,6 +43,7 @@ from gpupool.agent.service_traffic import Endpoint, Traffic
 from gpupool.agent.services import DEFAULT_DRAIN_S, ServiceSpec
 from gpupool.agent.store import Store
 from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
+from gpupool.core.resources import Mode
 
 TICK_S = 0.2
 MIN_DRAIN_S = 0.5
@@ -62,6 +66,7 @@ class ServiceManager:
         check_fits: Callable[[JobSpec], None],
         waiting: Waiting,
         access: Access,
+        parking: Parking,
     ) -> None:
         self._jobs = store
         self._rows = ServiceStore(store)
@@ -70,6 +75,7 @@ class ServiceManager:
         self._check_fits = check_fits
         self._waiting = waiting
         self._access = access
+        self._parking = parking
         self.traffic = Traffic()
         self._services: dict[str, Service] = {}
         #: replicas of deleted services, drained and stopped by the loop
@@ -91,6 +97,8 @@ class ServiceManager:
             self._services[stored.spec.name] = self._service(stored, now)
         for row in replicas:
             replica = Replica(row.job_id, row.index, row.port, row.generation, now)
+            with contextlib.suppress(GpupoolError):  # the store is busy: it is adopted as running
+                replica.state = self._parking.adopted(row.job_id) or replica.state
             owner = self._services.get(row.service)
             if owner is None:
                 replica.stopping = "its service was deleted"
@@ -98,6 +106,8 @@ class ServiceManager:
             else:
                 owner.replicas[row.job_id] = replica
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
+                if replica.state == "suspended":  # it stays parked until a request comes
+                    owner.since = now - owner.spec.idle_s
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)
         self._thread.start()
 
@@ -192,14 +202,19 @@ class ServiceManager:
     def _loop(self) -> None:
         failures = Failures("the service loop", TICK_S)
         while not self._stop_event.is_set():
-            wait = TICK_S
             try:
                 self.reconcile()
+                # a replica resuming for a held request is followed closely: a wake's latency
+                wait = RESUMING_TICK_S if self._resuming() else TICK_S
                 failures.succeeded()
             except Exception as err:  # a busy store, a bug: the services go on
                 wait = failures.failed(err)
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _resuming(self) -> bool:
+        with self._lock:
+            return any(r.resuming() for s in self._services.values() for r in s.replicas.values())
 
     def reconcile(self) -> None:
         """One pass over every service (and the replicas of deleted ones)."""
@@ -216,6 +231,7 @@ class ServiceManager:
     def _pass(self, service: Service) -> None:
         now = time.monotonic()
         self._refresh(service, now)
+        self._parking.settle(service, now, self._stop)
         self._check_health(service, now)
         traffic = service.traffic
         last = max(traffic.last_request, service.since)
@@ -250,12 +266,13 @@ class ServiceManager:
         self._rows.drop_replica(replica.job_id)
         if replica.endpoint is not None:
             replica.endpoint.draining = True
+        how = how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
+        if self._parking.ended(service, replica, how):
+            return
         if replica.stopping is not None and not replica.stopping.startswith("failed"):
             service.event(f"replica {replica.index} (job {replica.job_id}) stopped")
             return
-        how = replica.stopping or (
-            how_it_ended(job, self._jobs.events(job.id)) if job else "vanished"
-        )
+        how = replica.stopping or how
         service.failures += 1
         service.restarts += 1
         wait = backoff(service.failures)
@@ -324,6 +341,10 @@ class ServiceManager:
     def _converge(self, service: Service, now: float) -> None:
         """Start or stop replicas toward `desired`, rolling old generations out."""
         generation = service.stored.generation
+        parked = service.parked()
+        for replica in [r for r in parked if r.generation != generation]:
+            self._stop(service, replica, "replaced by a newer generation", now)
+        parked = [r for r in parked if r.generation == generation]
         live = service.live()
         old = [r for r in live if r.generation != generation]
         new = [r for r in live if r.generation == generation]
@@ -341,10 +362,19 @@ class ServiceManager:
                     self._stop(service, replica, "scaled to zero", now)
             return
         if len(new) < want:
-            self._start_replicas(service, want - len(new), now)
+            missing = want - len(new)
+            for replica in parked[:missing]:
+                if self._parking.wake(service, replica, now, self._stop):
+                    missing -= 1
+            self._start_replicas(service, missing, now)
         elif len(new) > want:
             why = "scaled to zero" if want == 0 else f"scaled in to {want}"
-            for replica in sorted(new, key=_stop_order)[: len(new) - want]:
+            going = sorted(new, key=_stop_order)[: len(new) - want]
+            # the last replica of a service scaled to zero is parked (the one kept longest)
+            shim = service.spec.mode is Mode.SHIM
+            if want == 0 and shim and not parked and going[-1].state == "ready":
+                self._parking.park(service, going.pop(), now)
+            for replica in going:
                 self._stop(service, replica, why, now)
 
     def _start_replicas(self, service: Service, count: int, now: float) -> None:
@@ -364,7 +394,7 @@ class ServiceManager:
 
     def _stop(self, service: Service | None, replica: Replica, why: str, now: float) -> None:
         """The one place a replica is stopped: no new requests, then cancelled once its
-        requests in flight are answered (an idle replica of a service scaled to zero too)."""
+        requests in flight are answered (a parked replica too, when it is stopped)."""
         if replica.stopping is not None:
             return
         replica.stopping, replica.drain_since = why, now

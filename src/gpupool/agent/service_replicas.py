@@ -23,6 +23,9 @@ HEALTH_EVERY_S = 1.0
 HEALTH_FAILURES = 3
 #: the longest wait before restarting a failed replica
 MAX_BACKOFF_S = 30.0
+#: the states of a replica parked by a service scaled to zero (service_parking.py): not serving,
+#: and not counted against the replicas the service wants
+PARKED = ("parking", "suspending", "suspended")
 
 
 def backoff(failures: int) -> float:
@@ -40,7 +43,8 @@ class Replica:
     generation: int
     #: time.monotonic() when it was started (or adopted by a restarted daemon)
     started: float
-    state: str = "queued"  # queued, starting, ready, draining
+    #: queued, starting, ready; parking, suspending, suspended, resuming (service_parking.py)
+    state: str = "queued"
     gpus: tuple[int, ...] = ()
     endpoint: Endpoint | None = None
     checked: float = 0.0
@@ -53,11 +57,17 @@ class Replica:
     note: str = ""
     #: time.monotonic() when it was submitted (`started` is reset when its process starts)
     created: float = 0.0
+    #: it came back from host memory (service_parking.py): followed closely until ready
+    resumed: bool = False
     #: its health check under way: None when it passed, else why not
     check: Future[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.created = self.created or self.started
+
+    def resuming(self) -> bool:
+        """Coming back from host memory for a request (followed closely until ready)."""
+        return self.state == "resuming" or (self.state == "starting" and self.resumed)
 
     def routable(self) -> bool:
         return self.state == "ready" and self.stopping is None
@@ -107,7 +117,10 @@ class Service:
         self.events.append((time.time(), text))
 
     def live(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.stopping is None]
+        return [r for r in self.replicas.values() if r.stopping is None and r.state not in PARKED]
+
+    def parked(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.stopping is None and r.state in PARKED]
 
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.routable()]
@@ -130,6 +143,7 @@ class Service:
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,
                 "starting": sum(1 for r in self.live() if r.state != "ready"),
+                "suspended": sum(1 for r in self.parked() if r.state == "suspended"),
             },
             "requests_total": traffic.requests_total,
             "in_flight": traffic.in_flight,

@@ -75,7 +75,8 @@ def families(services: ServiceManager | None) -> list[Family | Histogram]:
     )
     replicas = Family(
         "gpupool_service_replicas",
-        "Replicas by state (ready, starting, draining) and the autoscaler's desired count",
+        "Replicas by state (ready, starting, draining, suspended) and the autoscaler's desired "
+        "count",
         "gauge",
         ("service", "state"),
     )
@@ -91,10 +92,11 @@ def families(services: ServiceManager | None) -> list[Family | Histogram]:
             requests.add((name, str(code)), count)
         in_flight.add((name,), traffic.in_flight)
         queued.add((name,), traffic.queued)
-        states = {"ready": 0, "starting": 0, "draining": 0}
+        states = {"ready": 0, "starting": 0, "draining": 0, "suspended": 0}
         for replica in service.replicas.values():
             state = replica.to_json()["state"]
-            key = state if state in states else "starting"
+            key = {"parking": "draining", "suspending": "suspended"}.get(state, state)
+            key = key if key in states else "starting"
             states[key] += 1
         for state, count in states.items():
             replicas.add((name, state), count)

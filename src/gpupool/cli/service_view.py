@@ -16,6 +16,12 @@ def _share(service: dict[str, Any]) -> str:
     return f"{memory}/{service['compute']}%/{service['priority']}"
 
 
+def _ready(replicas: dict[str, Any]) -> str:
+    """`0`, or `0 (1 suspended)` while a replica is parked in host memory."""
+    suspended = replicas.get("suspended", 0)
+    return f"{replicas['ready']} ({suspended} suspended)" if suspended else str(replicas["ready"])
+
+
 def rows(services: list[dict[str, Any]]) -> list[list[str]]:
     table = []
     for service in services:
@@ -24,7 +30,7 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
             [
                 service["name"],
                 service["user"],
-                str(replicas["ready"]),
+                _ready(replicas),
                 str(replicas["desired"]),
                 f"{replicas['min']}..{replicas['max']}",
                 str(service["in_flight"]),
@@ -50,12 +56,15 @@ def print_services(services: list[dict[str, Any]]) -> None:
 def print_service(service: dict[str, Any]) -> None:
     spec = service["spec"]
     replicas = service["replicas"]
+    suspended = replicas.get("suspended", 0)
     print(f"service {service['name']} (generation {service['generation']}), by {service['user']}")
     command = " ".join(spec["argv"]) if spec["argv"] is not None else "(hidden: not yours)"
     print(f"  command:     {command}")
     print(
         f"  replicas:    {replicas['ready']} ready of {replicas['desired']} desired, "
-        f"{replicas['min']}..{replicas['max']}" + (f" ({service['why']})" if service["why"] else "")
+        f"{replicas['min']}..{replicas['max']}"
+        + (f" ({service['why']})" if service["why"] else "")
+        + (f"; {suspended} suspended in host memory" if suspended else "")
     )
     print(
         f"  share:       {_share(service)} per replica, mode {service['mode']}, concurrency "
