@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from tests.agent.daemon_support import CUDA_JOB, EXAMPLES, Daemon, cli
 from tests.agent.test_daemon_recovery import _as_user, open_daemon
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
-from gpupool.devices.sim import mps_twin
 
 __all__ = ["open_daemon"]  # the fixture: a daemon other users can reach
 
@@ -33,11 +31,7 @@ def simulated_node(root: Path, spec: str) -> Iterator[Daemon]:
         yield running
     finally:
         running.stop()
-        _kill_jobs(running)
-        for pipe in running.state_dir.glob("mps/*/pipe"):  # leave no control daemon behind
-            env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
-            quit_twin = mps_twin.command()
-            subprocess.run(quit_twin, input="quit\n", text=True, env=env, timeout=30, check=False)
+        _kill_jobs(running)  # and its MPS control daemons
 
 
 @pytest.fixture
