@@ -109,3 +109,23 @@ def test_a_low_job_backfills_beside_a_head_that_waits_for_compute() -> None:
         "GPU 0: compute 60% needed, 50% free",
         "1 GPU needed, 0 can take the share now",
     )
+
+
+def test_jobs_of_one_spread_group_take_different_gpus_and_others_pack() -> None:
+    gpus = (GpuView.idle(0, "A100", 40 * GiB), GpuView.idle(1, "A100", 40 * GiB))
+
+    def member(job_id: int, group: str, on: tuple[int, ...] = ()) -> Job:
+        spec = JobSpec(("true",), compute=200, memory="1GiB", spread_group=group)
+        state = State.RUNNING if on else State.QUEUED
+        return Job(job_id, spec, 0, "u", state, job_id, on, (GiB,) * len(on))
+
+    queued = [member(1, "service/a"), member(2, "service/a"), member(3, ""), member(4, "")]
+    result = plan(queued, [], gpus, gpus, "binpack")
+    assert {s.job.id: s.gpus for s in result.starts} == {1: (0,), 2: (1,), 3: (0,), 4: (0,)}
+    # a replica already running counts: the next one leaves the fuller GPU it is on
+    running = [member(1, "service/a", (0,)), member(5, "service/b", (0,))]
+    running.append(member(7, "service/b", (1,)))
+    again = plan([member(6, "service/a")], running, free_now(gpus, running), gpus, "binpack")
+    assert again.starts[0].gpus == (1,)
+    # stored and read back, the group is kept (a restarted daemon still spreads)
+    assert JobSpec.from_json(queued[0].spec.to_json()).spread_group == "service/a"
