@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.node import free_now
 from gpupool.agent.queue import plan
@@ -129,3 +131,20 @@ def test_jobs_of_one_spread_group_take_different_gpus_and_others_pack() -> None:
     assert again.starts[0].gpus == (1,)
     # stored and read back, the group is kept (a restarted daemon still spreads)
     assert JobSpec.from_json(queued[0].spec.to_json()).spread_group == "service/a"
+
+
+def test_the_spread_gives_way_where_it_would_delay_a_blocked_job() -> None:
+    gpus = (GpuView.idle(0, "A", 40 * GiB), GpuView.idle(1, "B", 40 * GiB))
+
+    def one(job_id: int, compute: int, on: tuple[int, ...] = (), **spec: Any) -> Job:
+        state = State.RUNNING if on else State.QUEUED
+        share = JobSpec(("true",), compute=compute, memory="1GiB", **spec)
+        return Job(job_id, share, 0, "u", state, job_id, on, (GiB,) * len(on), started_at=0.0)
+
+    running = [one(1, 200, (0,), spread_group="s"), one(2, 300, (0,)), one(3, 400, (1,))]
+    head = one(4, 800, gpu_models=("B",))  # waits for GPU 1, the only one it may use
+    replica = one(5, 300, spread_group="s")
+    result = plan([head, replica], running, free_now(gpus, running), gpus, "binpack")
+    # spread, the replica would take GPU 1 and delay the head: it packs on GPU 0 instead
+    assert [(s.job.id, s.gpus) for s in result.starts] == [(5, (0,))]
+    assert 4 in result.waiting

@@ -15,7 +15,8 @@ whatever compute the others hold (node.opportunistic).
 
 Jobs of one spread group (a service's replicas, `JobSpec.spread_group`) avoid the GPUs that a
 running job of the group, or one started earlier in the pass, holds: the engine's `avoid`
-(scheduler/gpu_placement.py), a preference that never keeps a job from starting.
+(scheduler/gpu_placement.py), a preference that never keeps a job from starting: where the
+spread placement would delay a blocked job, the job is placed as without it.
 """
 
 from __future__ import annotations
@@ -163,13 +164,19 @@ def plan(
     for job in queued:
         request = job.spec.request()
         avoid = groups.get(job.spec.spread_group, set()) if job.spec.spread_group else set()
-        result = place(request, as_seen_by(job.spec, views), policy, target, avoid)
+        # the spread is a preference: where it would delay a blocked job, packed may not
+        for avoiding in (avoid, set()) if avoid else (avoid,):
+            result = place(request, as_seen_by(job.spec, views), policy, target, avoiding)
+            if result.gpus is None:
+                break
+            delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
+            victim = next((d for d in delayed if d is not None), None)
+            if victim is None:
+                break
         if result.gpus is None:
             waiting[job.id] = tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
             continue
-        delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
-        victim = next((d for d in delayed if d is not None), None)
         if victim is not None:
             waiting[job.id] = (f"it fits now, but would delay job {victim} queued ahead of it",)
             blocked.append(job)
