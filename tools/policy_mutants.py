@@ -18,6 +18,7 @@ T = [
     "tests/scheduler/test_engine_rules.py",
     "tests/scheduler/test_gpu_placement.py",
     "tests/scheduler/test_state.py",
+    "tests/scheduler/test_spread.py",
 ]
 MUTANTS = [
     (
@@ -91,6 +92,18 @@ MUTANTS = [
         "src/gpupool/scheduler/state.py",
         "keys = (-compute, -memory) if emptiest else (compute, memory)",
         "keys = (-compute, memory) if emptiest else (compute, -memory)",
+    ),
+    (
+        "spread-avoid",
+        "src/gpupool/scheduler/gpu_placement.py",
+        "others = [gpu for gpu in gpus if gpu.index not in avoid]",
+        "others = list(gpus)",
+    ),
+    (
+        "spread-fallback",
+        "src/gpupool/scheduler/gpu_placement.py",
+        "        if spread.fits:\n            return spread",
+        "        return spread",
     ),
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.node import free_now
 from gpupool.agent.queue import plan
@@ -109,3 +111,40 @@ def test_a_low_job_backfills_beside_a_head_that_waits_for_compute() -> None:
         "GPU 0: compute 60% needed, 50% free",
         "1 GPU needed, 0 can take the share now",
     )
+
+
+def test_jobs_of_one_spread_group_take_different_gpus_and_others_pack() -> None:
+    gpus = (GpuView.idle(0, "A100", 40 * GiB), GpuView.idle(1, "A100", 40 * GiB))
+
+    def member(job_id: int, group: str, on: tuple[int, ...] = ()) -> Job:
+        spec = JobSpec(("true",), compute=200, memory="1GiB", spread_group=group)
+        state = State.RUNNING if on else State.QUEUED
+        return Job(job_id, spec, 0, "u", state, job_id, on, (GiB,) * len(on))
+
+    queued = [member(1, "service/a"), member(2, "service/a"), member(3, ""), member(4, "")]
+    result = plan(queued, [], gpus, gpus, "binpack")
+    assert {s.job.id: s.gpus for s in result.starts} == {1: (0,), 2: (1,), 3: (0,), 4: (0,)}
+    # a replica already running counts: the next one leaves the fuller GPU it is on
+    running = [member(1, "service/a", (0,)), member(5, "service/b", (0,))]
+    running.append(member(7, "service/b", (1,)))
+    again = plan([member(6, "service/a")], running, free_now(gpus, running), gpus, "binpack")
+    assert again.starts[0].gpus == (1,)
+    # stored and read back, the group is kept (a restarted daemon still spreads)
+    assert JobSpec.from_json(queued[0].spec.to_json()).spread_group == "service/a"
+
+
+def test_the_spread_gives_way_where_it_would_delay_a_blocked_job() -> None:
+    gpus = (GpuView.idle(0, "A", 40 * GiB), GpuView.idle(1, "B", 40 * GiB))
+
+    def one(job_id: int, compute: int, on: tuple[int, ...] = (), **spec: Any) -> Job:
+        state = State.RUNNING if on else State.QUEUED
+        share = JobSpec(("true",), compute=compute, memory="1GiB", **spec)
+        return Job(job_id, share, 0, "u", state, job_id, on, (GiB,) * len(on), started_at=0.0)
+
+    running = [one(1, 200, (0,), spread_group="s"), one(2, 300, (0,)), one(3, 400, (1,))]
+    head = one(4, 800, gpu_models=("B",))  # waits for GPU 1, the only one it may use
+    replica = one(5, 300, spread_group="s")
+    result = plan([head, replica], running, free_now(gpus, running), gpus, "binpack")
+    # spread, the replica would take GPU 1 and delay the head: it packs on GPU 0 instead
+    assert [(s.job.id, s.gpus) for s in result.starts] == [(5, (0,))]
+    assert 4 in result.waiting

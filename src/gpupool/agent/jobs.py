@@ -63,6 +63,9 @@ class JobSpec:
     mig_profile: str | None = None
     #: a low job's memory past its share, host-backed (`24Gi`; elastic memory)
     memory_burst: str | None = None
+    #: jobs with the same group spread over GPUs where they can (a service's replicas; the
+    #: engine's `avoid`, scheduler/gpu_placement.py); empty: none
+    spread_group: str = ""
 
     def __post_init__(self) -> None:
         if not self.argv or not self.argv[0]:
@@ -160,6 +163,7 @@ class JobSpec:
             "workdir": self.workdir,
             "mig_profile": self.mig_profile,
             "memory_burst": self.memory_burst,
+            "spread_group": self.spread_group,
         }
 
     @classmethod
@@ -177,6 +181,7 @@ class JobSpec:
             workdir=data["workdir"],
             mig_profile=data.get("mig_profile"),  # absent from jobs stored before MIG jobs
             memory_burst=data.get("memory_burst"),  # and before elastic memory
+            spread_group=data.get("spread_group", ""),  # and before services spread
         )
 
 
@@ -212,7 +217,7 @@ def _check_words(spec: JobSpec) -> None:
         )
     words = [(f"gpu_models[{i}]", model) for i, model in enumerate(spec.gpu_models)]
     words += [("memory", spec.memory or ""), ("mig_profile", spec.mig_profile or "")]
-    words += [("memory_burst", spec.memory_burst or "")]
+    words += [("memory_burst", spec.memory_burst or ""), ("spread_group", spec.spread_group)]
     for what, word in words:
         _text(what, word)
         if len(word) > MAX_WORD_CHARS or not word.isprintable():

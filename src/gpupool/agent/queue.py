@@ -12,6 +12,11 @@ Memory a job takes on a GPU is its share plus the node's context reserve, an exc
 whole GPU (agent/node.py); the GPUs passed in already leave one reserve aside for the job being
 placed. Compute a job takes is what it is guaranteed: none for a `low` job, which is admitted
 whatever compute the others hold (node.opportunistic).
+
+Jobs of one spread group (a service's replicas, `JobSpec.spread_group`) avoid the GPUs that a
+running job of the group, or one started earlier in the pass, holds: the engine's `avoid`
+(scheduler/gpu_placement.py), a preference that never keeps a job from starting: where the
+spread placement would delay a blocked job, the job is placed as without it.
 """
 
 from __future__ import annotations
@@ -129,6 +134,15 @@ def _after(
     )
 
 
+def _spread(jobs: Sequence[Job]) -> dict[str, set[int]]:
+    """The GPUs each spread group's jobs hold."""
+    groups: dict[str, set[int]] = {}
+    for job in jobs:
+        if job.spec.spread_group:
+            groups.setdefault(job.spec.spread_group, set()).update(job.gpus)
+    return groups
+
+
 def plan(
     queued: Sequence[Job],
     running: Sequence[Job],
@@ -146,15 +160,23 @@ def plan(
     taken = _taken_by(running, reserve)
     starts: list[Start] = []
     waiting: dict[int, tuple[str, ...]] = {}
+    groups = _spread(running)
     for job in queued:
         request = job.spec.request()
-        result = place(request, as_seen_by(job.spec, views), policy, target)
+        avoid = groups.get(job.spec.spread_group, set()) if job.spec.spread_group else set()
+        # the spread is a preference: where it would delay a blocked job, packed may not
+        for avoiding in (avoid, set()) if avoid else (avoid,):
+            result = place(request, as_seen_by(job.spec, views), policy, target, avoiding)
+            if result.gpus is None:
+                break
+            delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
+            victim = next((d for d in delayed if d is not None), None)
+            if victim is None:
+                break
         if result.gpus is None:
             waiting[job.id] = tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
             continue
-        delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
-        victim = next((d for d in delayed if d is not None), None)
         if victim is not None:
             waiting[job.id] = (f"it fits now, but would delay job {victim} queued ahead of it",)
             blocked.append(job)
@@ -166,5 +188,7 @@ def plan(
             for g, m in zip(result.gpus, memory, strict=True)
         )
         views = _after(views, job.spec, result.gpus, reserve)
+        if job.spec.spread_group:
+            groups.setdefault(job.spec.spread_group, set()).update(result.gpus)
         starts.append(Start(job, result.gpus, memory, backfill=bool(blocked)))
     return Plan(tuple(starts), waiting)

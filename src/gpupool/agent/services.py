@@ -104,6 +104,8 @@ class ServiceSpec:
             name=f"{self.name}/{index}",
             env={**self.env, "PORT": str(port)},
             workdir=self.workdir,
+            # replicas of one service spread over GPUs where they can; services still pack
+            spread_group=f"service/{self.name}",
         )
 
     def scaled(self, low: int, high: int) -> ServiceSpec:

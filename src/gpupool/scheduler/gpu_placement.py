@@ -11,14 +11,17 @@ could (`never_fits`).
   GPU); None when it could. `check_possible` raises `Unschedulable` with that line.
 - `shortfalls(request, gpus) -> tuple[Shortfall, ...]`: for each GPU that cannot take the share
   now, what it lacks (`model`, `health`, `compute` milli, `memory` bytes), needed against free.
-- `place(request, gpus, policy, target) -> GpuPlacement`: the chosen GPU indices (None when
-  the share does not fit now) and the shortfalls when it does not. `target` is the target
+- `place(request, gpus, policy, target, avoid) -> GpuPlacement`: the chosen GPU indices (None
+  when the share does not fit now) and the shortfalls when it does not. `target` is the target
   workload the fragmentation-aware policies score against (default: the built-in prior).
+  `avoid` is the spread preference (replicas of one service): GPU indices the share should not
+  take; the policy chooses among the other GPUs, and among all of them only when the share fits
+  on none of the others. A preference only: it never makes a share that fits not fit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,12 +153,19 @@ def place(
     gpus: Sequence[GpuView],
     policy: str = DEFAULT_POLICY,
     target: TargetWorkload | None = None,
+    avoid: Collection[int] = (),
 ) -> GpuPlacement:
-    """Where `request` goes on `gpus` now under `policy`, or why it does not fit now.
+    """Where `request` goes on `gpus` now under `policy`, or why it does not fit now; off the
+    GPUs in `avoid` when it fits elsewhere.
 
     It does not check `never_fits`: a share that can never fit also does not fit now, and its
     shortfalls say so GPU by GPU; callers refuse it at submit with `check_possible`.
     """
+    others = [gpu for gpu in gpus if gpu.index not in avoid]
+    if 0 < len(others) < len(gpus):
+        spread = place(request, others, policy, target)
+        if spread.fits:
+            return spread
     chooser = make_policy(policy, seed=0, target_workload=target or PRIOR)
     demand = demand_of(request)
     state = node_state(gpus)
