@@ -1,6 +1,7 @@
 """Replicas of one service spread over GPUs, services pack: a real daemon on a simulated node of
-2 GPUs under `--policy binpack` (the policy that packs hardest: without the spread rule it puts
-every replica on GPU 0), real replicas, and the spread kept across a daemon killed with -9."""
+2 GPUs under the node's default policy (replicas place with binpack, which without the spread
+rule puts every replica on GPU 0), real replicas, and the spread kept across a daemon killed
+with -9."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from tests.agent.daemon_support import Daemon
 from tests.agent.services_support import Routed, free_port
 
 
-def start_binpack(root: Path) -> Routed:
+def start_routed(root: Path) -> Routed:
     port = free_port()
-    extra = ("--router", f"127.0.0.1:{port}", "--policy", "binpack")
+    extra = ("--router", f"127.0.0.1:{port}")
     return Routed(Daemon(root, "2xA100-40GB", extra).start(), port)
 
 
 @pytest.fixture
 def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_binpack(tmp_path)
+    running = start_routed(tmp_path)
     yield running
     running.daemon.stop()
     _kill_jobs(running.daemon)
@@ -50,7 +51,7 @@ def test_a_services_replicas_spread_while_services_pack(routed: Routed, tmp_path
     # the group is stored with each replica's job: after a kill -9 and a restart, a new
     # replica of `one` leaves the GPU its first replica is on, the fuller one
     routed.daemon.kill()
-    again = start_binpack(tmp_path)
+    again = start_routed(tmp_path)
     try:
         again.ready("one")
         again.daemon.call(

@@ -16,7 +16,8 @@ whatever compute the others hold (node.opportunistic).
 Jobs of one spread group (a service's replicas, `JobSpec.spread_group`) avoid the GPUs that a
 running job of the group, or one started earlier in the pass, holds: the engine's `avoid`
 (scheduler/gpu_placement.py), a preference that never keeps a job from starting: where the
-spread placement would delay a blocked job, the job is placed as without it.
+spread placement would delay a blocked job, the job is placed as without it. Jobs of a spread
+group place with REPLICA_POLICY whatever the node's policy: services pack onto few GPUs.
 """
 
 from __future__ import annotations
@@ -143,6 +144,12 @@ def _spread(jobs: Sequence[Job]) -> dict[str, set[int]]:
     return groups
 
 
+#: the policy a spread group's jobs (a service's replicas) place with: binpack fills the most used
+#: GPU that fits, so services pack onto as few GPUs as their shares allow, whatever policy the
+#: node's batch jobs place with
+REPLICA_POLICY = "binpack"
+
+
 def plan(
     queued: Sequence[Job],
     running: Sequence[Job],
@@ -166,7 +173,8 @@ def plan(
         avoid = groups.get(job.spec.spread_group, set()) if job.spec.spread_group else set()
         # the spread is a preference: where it would delay a blocked job, packed may not
         for avoiding in (avoid, set()) if avoid else (avoid,):
-            result = place(request, as_seen_by(job.spec, views), policy, target, avoiding)
+            how = REPLICA_POLICY if job.spec.spread_group else policy
+            result = place(request, as_seen_by(job.spec, views), how, target, avoiding)
             if result.gpus is None:
                 break
             delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
