@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,13 +32,20 @@ class FragmentOptions:
         return result
 
 
+@functools.cache
+def _earlier(width: int) -> BoolArray:
+    """[i, j]: slot j comes before slot i."""
+    result: BoolArray = np.tri(width, k=-1, dtype=np.bool_)
+    return result
+
+
 def distinct_fitting(free: IntArray, milli: int) -> tuple[IntArray, IntArray]:
     """(row, column) of GPUs with >= `milli` free, keeping only the lowest index of each distinct
     free value in a row: equal GPUs give equal outcomes, and lowest index wins ties anyway."""
-    fits = free >= milli
-    for col in range(1, free.shape[1]):
-        fits[:, col] &= ~(free[:, :col] == free[:, col : col + 1]).any(axis=1)
-    rows, cols = np.nonzero(fits)
+    width = free.shape[1]
+    # same[k, i, j]: GPU i repeats the free value of an earlier GPU j of its row
+    same = (free[:, :, None] == free[:, None, :]) & _earlier(width)
+    rows, cols = np.nonzero((free >= milli) & ~same.any(axis=2))
     return rows.astype(np.int64), cols.astype(np.int64)
 
 

@@ -60,6 +60,8 @@ class FragmentIndex:
             for i, model in enumerate(state.model_names):
                 model_ok[i, j] = spec.gpus > 0 and (not spec.gpu_models or model in spec.gpu_models)
         self.model_ok = model_ok
+        #: model_ok per node (its first GPU's model): looked up once, not on every score
+        self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
         self.simple = state.simple and not any(s.asks_memory for s in specs)
         n, m = state.n_nodes, len(specs)
@@ -152,7 +154,7 @@ class FragmentIndex:
         milli-CPU is taken from each."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
         if self.simple:
-            wanted = self.model_ok[self.state.model_id[nodes]]
+            wanted = self.node_ok[nodes]
         else:  # models are judged per GPU, in cnt
             wanted = np.broadcast_to(self.spec_gpus[None, :] > 0, cnt.shape)
         fits = (
