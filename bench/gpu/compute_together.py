@@ -106,7 +106,8 @@ P99_TARGET = 1.10
 #: the groups of cases `--only` picks from
 CASES = ("paths", "together", "priority")
 
-_LAUNCHES = re.compile(r"gpupool: launches seen: (.*)")
+_LAUNCHES = re.compile(r"gpupool\[\d+\]: launches seen: (.*)")
+_EXPORT_TABLE = re.compile(r"gpupool\[\d+\]: cuGetExportTable\(")
 _ENTRY = re.compile(r"(\w+) (\d+) \((\d+) held\)")
 
 
@@ -230,7 +231,7 @@ def launches(stderr: str) -> tuple[int, int, str]:
         for _, n, h in _ENTRY.findall(text):
             seen, held = seen + int(n), held + int(h)
     # private driver tables a runtime fetched: where a launch none of the counts saw came from
-    tables = stderr.count("gpupool: cuGetExportTable(")
+    tables = len(_EXPORT_TABLE.findall(stderr))
     return seen, held, text.strip() + (f"; {tables} export tables fetched" if tables else "")
 
 

@@ -141,11 +141,20 @@ static conn *first_waiting(gpu *g) {
     return best;
 }
 
-/* when the holder counts as quiet, as its beat says now */
-static uint64_t quiet_at(const gpu *g, uint64_t hold_idle) {
-    const gpupool_arbiter_beat *b = g->holder->beat;
+/* when the holder counts as quiet, as its beat says now: its launches within a batch are
+ * counted, not timed, so a count that moved since the last look is a launch seen now (the
+ * arbiter looks at least every GP_POLL_NS while another share waits) */
+static uint64_t quiet_at(const gpu *g, uint64_t now, uint64_t hold_idle) {
+    conn *h = g->holder;
+    const gpupool_arbiter_beat *b = h->beat;
     uint64_t last = __atomic_load_n(&b->last_launch_ns, __ATOMIC_RELAXED);
     uint64_t until = __atomic_load_n(&b->busy_until_ns, __ATOMIC_RELAXED);
+    uint64_t launches = __atomic_load_n(&b->launches, __ATOMIC_RELAXED);
+    if (launches != h->seen_launches) {
+        h->seen_launches = launches;
+        h->seen_ns = now;
+    }
+    if (h->seen_ns > last) last = h->seen_ns;
     uint64_t since = last > g->view->granted_ns ? last : g->view->granted_ns;
     uint64_t idle = since + hold_idle < since ? UINT64_MAX : since + hold_idle;
     return (idle > until ? idle : until) + 1;
@@ -182,7 +191,7 @@ static uint64_t schedule_gpu(gpu *g, uint64_t now) {
                 "back: taken",
                 (int)g->holder->pid, (unsigned long long)h->share_id,
                 (unsigned long long)(GP_YIELD_LIMIT_NS / ARB_NS_PER_MS));
-        uint64_t quiet = quiet_at(g, hold_idle);
+        uint64_t quiet = quiet_at(g, now, hold_idle);
         if (!preempt && !overdue && now < quiet) {
             uint64_t wake = quiet;
             if (g->yield_at != 0) {

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define GPUPOOL_ARBITER_MAGIC 0x3242524150505047ULL /* "GPPARB2" read as little-endian u64 */
-#define GPUPOOL_ARBITER_VERSION 4u
+#define GPUPOOL_ARBITER_VERSION 5u
 #define GPUPOOL_ARBITER_SHARES 64
 #define GPUPOOL_ARBITER_CLIENTS 256
 #define GPUPOOL_ARBITER_SOCKET "lease.sock"
@@ -63,8 +63,11 @@ typedef struct {
  * arbiter knows a holder has gone quiet without a message per launch. A client can only lie
  * about itself, and a lease asked back is taken after GP_YIELD_LIMIT_NS whatever it says. */
 typedef struct {
-    uint64_t last_launch_ns; /* CLOCK_MONOTONIC ns of its latest launch */
+    uint64_t last_launch_ns; /* CLOCK_MONOTONIC ns when its latest batch of launches opened */
     uint64_t busy_until_ns;  /* its estimate of when its queued work ends */
+    /* its launches so far: counted, not timed (a clock read a launch is a measurable cost); the
+     * arbiter takes a count that moved since it last looked for a launch made since then */
+    uint64_t launches;
 } gpupool_arbiter_beat;
 
 /* One share on the GPU (all of its processes). share_id 0: a free slot. */

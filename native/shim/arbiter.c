@@ -7,7 +7,8 @@
  * arbiter alone writes and this process maps read-only, whether it still holds the lease and
  * whether it was asked to give it back; it does so at its next batch, after its own work is done
  * (so that the GPU time its events measure is its own). It tells the arbiter when it launched
- * through a sealed memfd page of its own (its beat): no message per launch. The arbiter charges
+ * through a sealed memfd page of its own (its beat): no message per launch, and no clock read
+ * either (the time a batch opens, then a count of its launches). The arbiter charges
  * each share the lease time it granted; nothing this process says is taken for GPU time.
  *
  * If the arbiter cannot be reached (not running, killed, the share not registered yet), or its
@@ -208,12 +209,19 @@ static int join(gp_arb_dev *d, int dev, char *why, size_t size) {
     return rc;
 }
 
-static gp_arb_dev *ready(int dev) {
+static gp_arb_dev *join_or_wait(gp_arb_dev *d, int dev, int state);
+
+/* the device's connection once joined: inline, the join out of line (its frame is large) */
+static inline gp_arb_dev *ready(int dev) {
     if (dev < 0 || dev >= GP_MAX_DEVICES) return NULL;
     gp_arb_dev *d = &devs[dev];
     int state = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
     if (state == GP_ARB_JOINED) return d;
     if (state == GP_ARB_NONE) return NULL;
+    return join_or_wait(d, dev, state);
+}
+
+__attribute__((noinline)) static gp_arb_dev *join_or_wait(gp_arb_dev *d, int dev, int state) {
     uint64_t now = gp_now_ns();
     if (state == GP_ARB_LOST && now < __atomic_load_n(&d->retry_at, __ATOMIC_RELAXED)) return NULL;
     pthread_mutex_lock(&d->lock);
@@ -252,11 +260,10 @@ static void lost(gp_arb_dev *d, int dev) {
     __atomic_store_n(&d->state, GP_ARB_LOST, __ATOMIC_RELEASE);
 }
 
-int gp_arbiter_active(int dev) {
+int gp_arbiter_active(int dev, uint64_t now) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return 0;
     /* a holder never waits on the socket: look now and then whether the arbiter is still there */
-    uint64_t now = gp_now_ns();
     if (now < d->checked_at + GP_CHECK_NS) return 1;
     pthread_mutex_lock(&d->lock);
     d->checked_at = now;
@@ -345,7 +352,8 @@ void gp_arbiter_rest(int dev, uint64_t now) {
     pthread_mutex_unlock(&d->lock);
 }
 
-void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns) {
+/* a batch opens: when, and how long its queued work may keep the GPU busy */
+void gp_arbiter_batch(int dev, uint64_t now, uint64_t estimate_ns) {
     gp_arb_dev *d = ready(dev);
     if (d == NULL) return;
     gpupool_arbiter_beat *b = d->beat;
@@ -353,6 +361,25 @@ void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns) {
     __atomic_store_n(&b->busy_until_ns, (until > now ? until : now) + estimate_ns,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&b->last_launch_ns, now, __ATOMIC_RELAXED);
+}
+
+/* a launch in the open batch, under the throttle's lock (one writer a device): the lease still
+ * ours and not asked back, as the view says (two loads, no clock); 0 closes the batch */
+int gp_arbiter_launch_ok(int dev) {
+    gp_arb_dev *d = ready(dev);
+    if (d == NULL) return 1;
+    const gpupool_arbiter_view *v = d->view;
+    return d->lease != 0 && __atomic_load_n(&v->lease, __ATOMIC_ACQUIRE) == d->lease &&
+           __atomic_load_n(&v->yield_lease, __ATOMIC_RELAXED) != d->lease;
+}
+
+/* counted in the beat, not timed: the arbiter sees the count move */
+void gp_arbiter_launched(int dev) {
+    gp_arb_dev *d = ready(dev);
+    if (d == NULL) return;
+    gpupool_arbiter_beat *b = d->beat;
+    __atomic_store_n(&b->launches, __atomic_load_n(&b->launches, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
 }
 
 /* at exit: a lease this process holds goes back at once, not when the arbiter sees it quiet */

@@ -23,9 +23,10 @@ enum { GP_LAUNCH_ENTRIES(GP_ENTRY_ENUM) GP_ENTRY_COUNT };
 #define GP_ENTRY_NAME(name) #name,
 static const char *const entry_names[GP_ENTRY_COUNT] = {GP_LAUNCH_ENTRIES(GP_ENTRY_NAME)};
 
-/* launches per entry point, held (accounted to a compute share) or passed straight through:
- * one atomic add a launch, seen = held + passed */
-static uint64_t held[GP_ENTRY_COUNT], passed[GP_ENTRY_COUNT];
+/* launches per entry point, held (accounted to a compute share; per device, counted under its
+ * throttle's lock: no locked add a launch) or passed straight through (one atomic add),
+ * seen = held + passed */
+static uint64_t held[GP_MAX_DEVICES][GP_ENTRY_COUNT], passed[GP_ENTRY_COUNT];
 
 void gp_launch_after_fork(void) {
     memset(held, 0, sizeof held);
@@ -37,7 +38,9 @@ void gp_launch_report(void) {
     char line[768];
     size_t len = 0;
     for (int i = 0; i < GP_ENTRY_COUNT; i++) {
-        uint64_t n_held = __atomic_load_n(&held[i], __ATOMIC_RELAXED);
+        uint64_t n_held = 0;
+        for (int dev = 0; dev < GP_MAX_DEVICES; dev++)
+            n_held += __atomic_load_n(&held[dev][i], __ATOMIC_RELAXED);
         uint64_t n = n_held + __atomic_load_n(&passed[i], __ATOMIC_RELAXED);
         if (n == 0) continue;
         int m = snprintf(line + len, sizeof line - len, "%s %s %llu (%llu held)", len ? "," : "",
@@ -73,9 +76,13 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
             gp_elastic_wait();                                                                     \
         gp_launch launch;                                                                          \
         gp_throttle_before(&launch, (stream), (ptsz));                                             \
-        __atomic_add_fetch(launch.dev >= 0 ? &held[GP_ENTRY_##real_name]                           \
-                                           : &passed[GP_ENTRY_##real_name],                        \
-                           1, __ATOMIC_RELAXED);                                                   \
+        if (launch.dev >= 0) {                                                                     \
+            uint64_t *count = &held[launch.dev][GP_ENTRY_##real_name];                             \
+            __atomic_store_n(count, __atomic_load_n(count, __ATOMIC_RELAXED) + 1,                  \
+                             __ATOMIC_RELAXED);                                                    \
+        } else {                                                                                   \
+            __atomic_add_fetch(&passed[GP_ENTRY_##real_name], 1, __ATOMIC_RELAXED);                \
+        }                                                                                          \
         CUresult rc = real call;                                                                   \
         gp_throttle_after(&launch, rc);                                                            \
         return rc;                                                                                 \

@@ -46,9 +46,12 @@ uint64_t gp_memory_limit(int dev) {
  * after a context is destroyed, so teardown bumps a generation that invalidates every thread's
  * cache. */
 static uint64_t context_generation;
-static __thread CUcontext cached_ctx;
-static __thread int cached_dev = -1;
-static __thread uint64_t cached_generation;
+/* initial-exec: the library is preloaded, and a lookup through __tls_get_addr at every launch
+ * is a measurable cost */
+#define GP_TLS __thread __attribute__((tls_model("initial-exec")))
+static GP_TLS CUcontext cached_ctx;
+static GP_TLS int cached_dev = -1;
+static GP_TLS uint64_t cached_generation;
 
 int gp_current_device_and_context(uint64_t *ctx_out) {
     __typeof__(&cuCtxGetCurrent) get_current = GP_REAL(cuCtxGetCurrent);

@@ -145,7 +145,10 @@ void *gp_real_dlsym(void *handle, const char *name);
 #define GP_REAL(name)                                                                              \
     ({                                                                                             \
         static void *volatile gp_slot_##name;                                                      \
-        (__typeof__(&name))gp_real_cached(&gp_slot_##name, #name, 0);                              \
+        /* resolved once: a load at every later call, not a call */                                \
+        void *gp_fn_##name = __atomic_load_n(&gp_slot_##name, __ATOMIC_ACQUIRE);                   \
+        (__typeof__(&name))(gp_fn_##name ? gp_fn_##name                                            \
+                                         : gp_real_cached(&gp_slot_##name, #name, 0));             \
     })
 #define GP_REAL_NVML(name)                                                                         \
     ({                                                                                             \
@@ -184,7 +187,6 @@ void gp_elastic_burst_freed(uint64_t ptr, uint64_t size, int dev);
 typedef struct {
     int dev;      /* -1: not throttled, the launch passes straight through */
     int pushed;   /* the stream's context was made current for the launch (none was) */
-    uint64_t now; /* when the launch was made (after any wait for its turn) */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);
@@ -198,7 +200,7 @@ void gp_launch_after_fork(void);
 
 void gp_arbiter_configure(const gp_config *cfg);
 gp_priority gp_arbiter_priority(void);
-int gp_arbiter_active(int dev);
+int gp_arbiter_active(int dev, uint64_t now);
 /* wait until this process holds the GPU's lease (the arbiter grants it) */
 void gp_arbiter_acquire(int dev);
 /* the arbiter asked this process to give the lease back (or took it): drain, then release */
@@ -209,8 +211,12 @@ int gp_arbiter_high_active(int dev, uint64_t now);
 void gp_arbiter_release(int dev);
 /* the share sleeps for its cap: it does not want the GPU until it next asks for the lease */
 void gp_arbiter_rest(int dev, uint64_t now);
-/* a launch of about `estimate_ns` of GPU time was queued at `now` */
-void gp_arbiter_launched(int dev, uint64_t now, uint64_t estimate_ns);
+/* a batch of about `estimate_ns` of GPU time opened at `now` */
+void gp_arbiter_batch(int dev, uint64_t now, uint64_t estimate_ns);
+/* the open batch may take one more launch: the lease is still held and not asked back */
+int gp_arbiter_launch_ok(int dev);
+/* one launch more (counted, not timed) */
+void gp_arbiter_launched(int dev);
 void gp_arbiter_close(void);
 void gp_arbiter_after_fork(void);
 

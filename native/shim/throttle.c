@@ -12,7 +12,13 @@
  * launch call sleeps). At most
  * GP_MAX_PENDING batches are in flight, so work cannot be queued far ahead of the accounting.
  *
- * Before each batch the process also holds its GPU's lease (arbiter.c), so no other share's work
+ * Launches inside a batch are not timed (a clock read a launch would be most of the library's
+ * cost on a launch-bound loop): the clock is read when a batch opens and closes, and a batch that
+ * stayed open longer than its launches could keep the GPU busy plus GP_GAP_NS had idle time in
+ * it: its busy time is bounded by its launches x the average launch's GPU time.
+ *
+ * Before each batch the process also holds its GPU's lease (arbiter.c), and every launch in it
+ * checks (two loads of the view) that the lease is still its own, so no other share's work
  * runs while its batches do: what the events measure is its own GPU time even when shares are
  * busy together. The bucket's burst is longer than a lease, so that credit earned while waiting
  * for the lease is not lost. Under the `share` policy the arbiter alone splits the GPU (by
@@ -49,7 +55,8 @@ typedef struct {
     int open; /* a batch is being filled */
     CUstream stream;
     int ptsz;
-    uint64_t submit_ns, last_launch_ns;
+    int arbitrated; /* the open batch holds the GPU's lease */
+    uint64_t submit_ns;
     uint32_t launches, batch_target;
     CUevent last_end; /* end event of the latest accounted batch, NULL before the anchor */
     uint64_t last_end_ns, frontier_ns;
@@ -179,9 +186,13 @@ static void account(gp_throttle *t, int wait) {
     }
 }
 
-static void close_batch(gp_throttle *t, int after_gap) {
+static void close_batch(gp_throttle *t) {
     t->open = 0;
     if (t->launches == 0 || capturing(t->stream, t->ptsz)) return;
+    /* launches are not timed (a clock read a launch is a measurable cost): a batch open for a
+     * gap longer than its launches could keep the GPU busy had idle time in it */
+    uint64_t span = gp_now_ns() - t->submit_ns;
+    int after_gap = span > GP_GAP_NS + (uint64_t)t->launches * t->avg_launch_ns;
     CUevent event = take_event(t);
     if (event == NULL) return;
     if (record(event, t->stream, t->ptsz) != CUDA_SUCCESS) {
@@ -227,8 +238,9 @@ static void wait_for_credit(gp_throttle *t) {
  * cap (`share` under the arbiter has no cap: the arbiter splits a busy GPU by weight), and hold
  * the GPU's lease */
 static void take_turn(gp_throttle *t) {
-    int arbitrated = gp_arbiter_active(t->dev);
-    if (arbitrated && gp_arbiter_should_yield(t->dev, gp_now_ns())) {
+    uint64_t now = gp_now_ns(); /* one clock read for the batch's checks */
+    int arbitrated = gp_arbiter_active(t->dev, now);
+    if (arbitrated && gp_arbiter_should_yield(t->dev, now)) {
         drain(t);
         gp_arbiter_release(t->dev);
     }
@@ -240,9 +252,10 @@ static void take_turn(gp_throttle *t) {
     }
     /* next to an active high share, a low share keeps one batch in flight at most: the high one
      * then waits for little */
-    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, gp_now_ns()))
+    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, now))
         drain(t);
     if (arbitrated) gp_arbiter_acquire(t->dev);
+    t->arbitrated = arbitrated;
 }
 
 /* the driver's entry points do not change once resolved: look once, not at every launch */
@@ -293,11 +306,14 @@ void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
 }
 
 static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
-    pthread_once(&init_once, init_throttles);
+    static int initialised;
+    if (!__atomic_load_n(&initialised, __ATOMIC_ACQUIRE)) {
+        pthread_once(&init_once, init_throttles);
+        __atomic_store_n(&initialised, 1, __ATOMIC_RELEASE);
+    }
     launch->dev = -1;
     launch->pushed = 0;
     if (!any_limit) return;
-    uint64_t now = gp_now_ns();
     CUcontext ctx = NULL;
     int dev = current_context_device(&ctx);
     if (dev < 0 && (launch->pushed = push_stream_context(stream)) != 0)
@@ -322,11 +338,11 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
     }
     t->dev = dev;
     t->percent = percent;
-    if (t->open && (t->stream != stream || t->ptsz != is_ptsz)) {
-        close_batch(t, 0);
-    } else if (t->open && now - t->last_launch_ns > GP_GAP_NS) {
-        close_batch(t, 1);
-    }
+    /* the lease taken back or asked back (a holder gone quiet loses it when another share
+     * waits) closes the batch at the next launch: no launch runs without it */
+    if (t->open && (t->stream != stream || t->ptsz != is_ptsz ||
+                    (t->arbitrated && !gp_arbiter_launch_ok(dev))))
+        close_batch(t);
     if (!t->open) {
         /* asked when a batch opens, not at every launch: a capture that begins on the stream of
          * an open batch is found when the batch closes, which then records nothing */
@@ -338,10 +354,11 @@ static void throttle_before(gp_launch *launch, CUstream stream, int is_ptsz) {
         t->open = 1;
         t->stream = stream;
         t->ptsz = is_ptsz;
-        t->submit_ns = now = gp_now_ns();
+        t->submit_ns = gp_now_ns();
         t->launches = 0;
+        if (t->arbitrated)
+            gp_arbiter_batch(dev, t->submit_ns, (uint64_t)t->batch_target * t->avg_launch_ns);
     }
-    launch->now = now;
     launch->dev = dev; /* the lock stays held until gp_throttle_after */
 }
 
@@ -350,10 +367,8 @@ void gp_throttle_after(gp_launch *launch, CUresult rc) {
     gp_throttle *t = &throttles[launch->dev];
     if (rc == CUDA_SUCCESS) {
         t->launches++;
-        /* the launch's start, not its end: one clock read a launch is a measurable cost */
-        t->last_launch_ns = launch->now;
-        gp_arbiter_launched(launch->dev, t->last_launch_ns, t->avg_launch_ns);
-        if (t->launches >= t->batch_target) close_batch(t, 0);
+        if (t->arbitrated) gp_arbiter_launched(launch->dev);
+        if (t->launches >= t->batch_target) close_batch(t);
     } else if (t->launches == 0) {
         t->open = 0;
     }

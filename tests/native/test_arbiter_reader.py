@@ -92,8 +92,8 @@ def test_a_view_of_another_version_is_refused_with_one_line(tmp_path: Path, cont
     with pytest.raises(ConfigError) as err:
         read_shares(path)
     assert str(err.value) == (
-        f"{path} is not a compute arbiter's view of this gpupool version (it reads version 4): "
-        "restart the arbiter (the node daemon does)"
+        f"{path} is not a compute arbiter's view of this gpupool version "
+        f"(it reads version {VERSION}): restart the arbiter (the node daemon does)"
     )
 
 

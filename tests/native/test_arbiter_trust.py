@@ -97,7 +97,7 @@ def _connect(directory: Path) -> socket.socket:
 
 def _hello(sock: socket.socket, share: ArbiterShare, uuid: str) -> tuple[int, int]:
     beat = os.memfd_create("beat", os.MFD_ALLOW_SEALING)
-    os.ftruncate(beat, 16)
+    os.ftruncate(beat, 24)
     fcntl.fcntl(beat, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
     message = MSG.pack(HELLO, 0, share.share_id, share.key, 0, uuid_bytes(uuid))
     socket.send_fds(sock, [message], [beat])

@@ -21,7 +21,7 @@ from pathlib import Path
 from gpupool.core.errors import ConfigError
 
 MAGIC = 0x3242524150505047  # b"GPPARB2" as a little-endian u64
-VERSION = 4
+VERSION = 5
 SHARES = 64
 CLIENTS = 256
 HEADER = struct.Struct("<QII")  # magic, version, size
