@@ -27,8 +27,8 @@ typedef struct conn {
     int client;      /* its entry in the view's client table */
     const gpupool_arbiter_beat *beat;
     uint64_t seen_launches, seen_ns; /* its beat's launch count when it last moved, and when */
-    int waiting; /* an ACQUIRE not yet granted */
-    int warned;  /* said once what was wrong with what it sent */
+    int waiting;                     /* an ACQUIRE not yet granted */
+    int warned;                      /* said once what was wrong with what it sent */
 } conn;
 
 /* the registration of a share on a GPU, beyond what its view slot shows */

@@ -185,8 +185,8 @@ void gp_elastic_burst_freed(uint64_t ptr, uint64_t size, int dev);
 /* ---- throttle.c: compute shares ------------------------------------------------------ */
 
 typedef struct {
-    int dev;      /* -1: not throttled, the launch passes straight through */
-    int pushed;   /* the stream's context was made current for the launch (none was) */
+    int dev;    /* -1: not throttled, the launch passes straight through */
+    int pushed; /* the stream's context was made current for the launch (none was) */
 } gp_launch;
 
 void gp_throttle_before(gp_launch *launch, CUstream stream, int is_ptsz);

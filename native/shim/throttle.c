@@ -252,8 +252,7 @@ static void take_turn(gp_throttle *t) {
     }
     /* next to an active high share, a low share keeps one batch in flight at most: the high one
      * then waits for little */
-    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, now))
-        drain(t);
+    if (gp_arbiter_priority() == GP_PRIORITY_LOW && gp_arbiter_high_active(t->dev, now)) drain(t);
     if (arbitrated) gp_arbiter_acquire(t->dev);
     t->arbitrated = arbitrated;
 }

@@ -33,6 +33,10 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_prog(PROGS / "shim_client.c", out)
 
 
+#: how long the two busy shares run, in seconds
+RUN_S = 6
+
+
 def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_path: Path) -> None:
     node = make_node(tmp_path / "node", uuids=[GPU])
     procs, ids = {}, {}
@@ -47,11 +51,13 @@ def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_pa
                 SHARED_REGION=str(tmp_path / f"region-{percent}"),
                 **settings,
             )
-            procs[percent] = start_client(client, env, "run", 4, "kernel")
+            procs[percent] = start_client(client, env, "run", RUN_S, "kernel")
         view = view_file(control.directory, GPU)
         try:
             time.sleep(1.0)
-            (uses,) = compute_use([view], 1.5)
+            # a window of 3 s: over a shorter one, the shares' scheduling on 2 busy cores moves
+            # their use by more than the tolerance
+            (uses,) = compute_use([view], 3.0)
             clients = lease_clients(view)
         finally:
             for proc in procs.values():
@@ -70,7 +76,11 @@ def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_pa
         for percent in procs:
             slot = find_share(control.directory, GPU, ids[percent])
             assert slot is not None and slot.percent == percent
-            assert 0.6 * percent / 100 * 4e9 <= slot.busy_ns <= 1.2 * percent / 100 * 4e9, slot
+            assert (
+                0.6 * percent / 100 * RUN_S * 1e9
+                <= slot.busy_ns
+                <= 1.2 * percent / 100 * RUN_S * 1e9
+            ), slot
         assert live_shares(view) == []  # both ended
         assert lease_clients(view) == []
 

@@ -273,8 +273,9 @@ def test_a_high_request_loop_keeps_its_latency_and_the_low_share_uses_its_gaps(
         SHARED_REGION=str(tmp_path / "low"),
         SIM_KERNEL_NS=str(LOW_KERNEL_NS),
     )
-    # the tail jitters by milliseconds on 2 busy CPU cores, even alone: a pair that misses is
-    # measured again (at most ATTEMPTS pairs); the median and the low share's use always hold
+    # the latency jitters by milliseconds on 2 busy CPU cores, even alone (a hand-over needs the
+    # arbiter's process scheduled too): a pair that misses is measured again (at most ATTEMPTS
+    # pairs); the low share's use always holds
     for attempt in range(ATTEMPTS):
         alone = serve(request_loop, high_env, SECONDS)
         high, low_busy = beside_low(client, request_loop, high_env, low_env)
@@ -282,10 +283,11 @@ def test_a_high_request_loop_keeps_its_latency_and_the_low_share_uses_its_gaps(
         assert low_busy >= 0.5 * idle, (low_busy, idle, high)
         # the median request waits at most one low slice more than alone (it waited for the
         # low share's lease before: +0.8 ms)
-        assert high.p50_ns <= alone.p50_ns + LOW_SLICE_NS, (high, alone)
+        median_holds = high.p50_ns <= alone.p50_ns + LOW_SLICE_NS
         tail_holds = high.p99_ns <= alone.p99_ns * 1.10 + P99_JITTER_NS
-        if tail_holds or attempt == ATTEMPTS - 1:
+        if (median_holds and tail_holds) or attempt == ATTEMPTS - 1:
             break
+    assert median_holds, (high, alone)
     assert tail_holds, (high, alone)
 
 
