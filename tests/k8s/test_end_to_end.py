@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
 from gpupool.devices.sim.state import FLAG_LOST
 from gpupool.isolation.arbiter import find_share, lease_clients, view_file
+from gpupool.isolation.libraries import NATIVE_DIR, SHIM_LIBRARY
 from gpupool.k8s import hostfiles, names
 from gpupool.k8s.allocation import CONTAINER_CONFIG, CONTAINER_PRELOAD, ShareFiles
 from gpupool.k8s.deviceplugin import DevicePlugin
@@ -304,6 +306,56 @@ def test_the_files_of_a_finished_pod_are_removed(
     api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
     plugin.collect_garbage()
     assert plugin.files.keys() == {"uid-default-keep"}
+
+
+def test_an_earlier_versions_library_is_removed_once_no_container_uses_it(
+    plugin: DevicePlugin, kubelet: TestKubelet, api: InMemoryKube, tmp_path: Path
+) -> None:
+    old = plugin.files.lib_dir
+    api.add_pod(gpu_pod("before", memory="1Gi"))
+    with ExtenderServer(Extender(api, key=KEY)) as http:
+        args = {"podName": "before", "podNamespace": "default", "podUID": "uid-default-before"}
+        assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+    kubelet.admit(1)  # allocated, its container not started (nothing mounts the files yet)
+    # the plugin is upgraded: another library installs beside the old one
+    native = tmp_path / "native"
+    shutil.copytree(NATIVE_DIR, native, symlinks=True)
+    (native / SHIM_LIBRARY).write_bytes((native / SHIM_LIBRARY).read_bytes() + b"\0")
+    plugin.files = ShareFiles(
+        plugin.files.state_dir,
+        hostfiles.install(old.parent, native),
+        container_root=plugin.files.container_root,
+    )
+    # a third version some container on the host has mounted, which the plugin never recorded
+    mounted = old.parent / "0.0.1-0123456789ab"
+    shutil.copytree(old, mounted)
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f'mount --bind "{mounted / SHIM_LIBRARY}" "{tmp_path / "target"}" && echo up && '
+         "exec sleep 60"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    (tmp_path / "target").touch()
+    foreign = old.parent / "not-ours"
+    foreign.mkdir()
+    # staging directories: one of an install that died an hour ago, one being written now
+    for name, age in ((".install-dead", hostfiles.STAGING_STALE_S + 60), (".install-now", 0)):
+        (old.parent / name).mkdir()
+        os.utime(old.parent / name, (time.time() - age,) * 2)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "up\n"
+        plugin.collect_garbage()
+        assert old.is_dir() and mounted.is_dir()  # a pod allocated it; a container mounts it
+        api.pods[("default", "before")]["status"] = {"phase": "Succeeded"}
+        plugin.collect_garbage()
+        assert not old.exists() and mounted.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+    plugin.collect_garbage()
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted(
+        [plugin.files.lib_dir.name, "not-ours", ".install-now"]
+    )
 
 
 def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(

@@ -14,6 +14,7 @@ settings, which only its container sees.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ CONTAINER_SIM_DRIVER = "/usr/lib/gpupool/sim"
 CONTAINER_SIM_NODE = "/var/run/gpupool/sim-node"
 #: under --simulate the node lives here in the state dir, so that containers mount it from the host
 SIM_NODE_DIR = "sim-node"
+#: in a container's conf directory: the name of the installed library directory it mounts
+LIBRARY_RECORD = "library"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ class ShareFiles:
         """The containers that have files here."""
         return {p.name for kind in ("conf", "regions") for p in (self.state_dir / kind).glob("*")}
 
+    def libraries_allocated(self) -> set[str]:
+        """The installed library directories (by name) of the containers that have files here."""
+        names = set()
+        for record in (self.state_dir / "conf").glob(f"*/{LIBRARY_RECORD}"):
+            with contextlib.suppress(OSError):
+                names.add(record.read_text().strip())
+        return names
+
     def release(self, key: str) -> None:
         for kind in ("conf", "regions"):
             shutil.rmtree(self.state_dir / kind / key, ignore_errors=True)
@@ -111,6 +122,8 @@ def container_share(
     conf = {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}
     (conf_dir / "shim.conf").write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
     os.chmod(conf_dir / "shim.conf", 0o444)
+    # which installed directory this container mounts, so that an upgrade's prune keeps it
+    (conf_dir / LIBRARY_RECORD).write_text(f"{files.lib_dir.name}\n")
     mounts = [
         Mount(str(files.in_container(CONTAINER_LIBRARY)), str(files.lib_dir / SHIM_LIBRARY), True),
         Mount(str(files.in_container(CONTAINER_PRELOAD)), str(files.lib_dir / PRELOAD), True),

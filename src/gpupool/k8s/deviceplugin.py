@@ -28,7 +28,7 @@ from gpupool.core.errors import GpupoolError, InvalidRequest, KubeApiError
 from gpupool.devices.backend import GpuBackend
 from gpupool.isolation.arbiter_control import ANY_UID, Registration, node_arbiter_dir
 from gpupool.isolation.launch import ShareLimits
-from gpupool.k8s import inventory, names
+from gpupool.k8s import hostfiles, inventory, names
 from gpupool.k8s.allocation import ShareFiles, container_share
 from gpupool.k8s.inventory import GpuInfo
 from gpupool.k8s.kubeapi import KubeApi, Obj
@@ -201,10 +201,13 @@ class DevicePlugin:
             self._stop.wait(interval)
 
     def collect_garbage(self) -> None:
-        """Remove the shim.conf and region of every container whose pod left this node."""
+        """Remove the shim.conf and region of every container whose pod left this node, and
+        the library directories of earlier versions that no container uses any more."""
         alive = {_share_key(pod) for pod in self.api.list_pods_on_node(self.node_name)}
         for key in self.files.keys() - alive:
             self.files.release(key)
+        for path in hostfiles.prune(self.files.lib_dir, self.files.libraries_allocated()):
+            log.info("removed %s: no container uses it", path)
         for key in set(self._arbitrated) - alive:
             registration = self._arbitrated.pop(key)
             try:
