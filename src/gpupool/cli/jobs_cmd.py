@@ -14,9 +14,7 @@ from typing import Any
 from gpupool.api.client import Client
 from gpupool.cli import jobs_view, options, plain
 from gpupool.core.errors import InvalidRequest, NotFound
-from gpupool.core.units import (
-    parse_duration,
-)
+from gpupool.core.units import parse_duration
 
 POLL_S = 0.2
 
