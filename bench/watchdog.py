@@ -46,6 +46,7 @@ from tests.agent.watchdog_support import (  # noqa: E402
     foreign_process,
     job_stdout,
     wait_for_event,
+    wait_for_job_event,
     wait_for_line,
 )
 
@@ -66,7 +67,7 @@ def _since(start: float) -> Callable[[dict[str, Any]], bool]:
 def escape_trial(daemon: Daemon, kind: str, scratch: Path, prog: Path) -> float:
     job_id = daemon.submit(escape_command(kind, scratch, prog), memory=SHARE, compute=10)
     escaped = wait_for_line(job_stdout(daemon, job_id), f"{ESCAPE_MIB} MiB")
-    event = wait_for_event(daemon, lambda e: e["kind"] == "over_share" and e["job_id"] == job_id)
+    event = wait_for_job_event(daemon, job_id, "over_share")
     daemon.wait(job_id, timeout=30)  # killed: both processes go, then the job ends
     return float(event["at"]) - escaped
 

@@ -30,9 +30,27 @@ def _kill_jobs(daemon: Daemon) -> None:
         )
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "2xA100-40GB").start()
+def serving(root: Path, spec: str, *extra: str) -> Iterator[Daemon]:
+    """A fixture's daemon on a simulated node of `spec` under `root`, `gpupool serve EXTRA...`:
+    started, yielded, then stopped with nothing of it left behind."""
+    running = Daemon(root, spec, extra).start()
     yield running
     running.stop()
     _kill_jobs(running)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    yield from serving(tmp_path, "2xA100-40GB")
+
+
+@pytest.fixture
+def reporting(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon on one A30 whose watchdog reports what it finds."""
+    yield from serving(tmp_path, "1xA30", "--watchdog", "report")
+
+
+@pytest.fixture
+def killing(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon on one A30 whose watchdog kills the processes it finds."""
+    yield from serving(tmp_path, "1xA30", "--watchdog", "kill")

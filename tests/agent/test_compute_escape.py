@@ -9,13 +9,17 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon
-from tests.agent.watchdog_support import job_stdout, pids_in, wait_for_event, wait_for_line
+from tests.agent.watchdog_support import (
+    job_stdout,
+    pids_in,
+    wait_for_job_event,
+    wait_for_line,
+    wait_gone,
+)
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import DeviceError
@@ -27,23 +31,6 @@ from gpupool.isolation.arbiter_control import node_arbiter_dir
 REPORT_WITHIN_S = 5.0
 SHARED_MIB = 256  # the process under the library
 ESCAPED_MIB = 320  # the one without it
-
-
-def _daemon(root: Path, action: str) -> Iterator[Daemon]:
-    running = Daemon(root, "1xA30", ("--watchdog", action)).start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
-
-
-@pytest.fixture
-def reporting(tmp_path: Path) -> Iterator[Daemon]:
-    yield from _daemon(tmp_path, "report")
-
-
-@pytest.fixture
-def killing(tmp_path: Path) -> Iterator[Daemon]:
-    yield from _daemon(tmp_path, "kill")
 
 
 def _escaping_job(daemon: Daemon, seconds: int = 60) -> int:
@@ -67,9 +54,7 @@ def _escape_events(daemon: Daemon, job_id: int) -> list[dict[str, object]]:
 def test_a_compute_escape_is_reported_within_5_s(reporting: Daemon) -> None:
     job_id = _escaping_job(reporting)
     escaped = wait_for_line(job_stdout(reporting, job_id), f"holding {ESCAPED_MIB} MiB")
-    event = wait_for_event(
-        reporting, lambda e: e.get("job_id") == job_id and e["kind"] == "compute_escape"
-    )
+    event = wait_for_job_event(reporting, job_id, "compute_escape")
     assert event["at"] - escaped <= REPORT_WITHIN_S, event
     assert "without asking the compute arbiter for a lease" in event["detail"]
     (pid,) = pids_in(event["detail"])
@@ -84,19 +69,12 @@ def test_a_compute_escape_is_reported_within_5_s(reporting: Daemon) -> None:
 def test_a_compute_escape_is_killed_and_the_shared_process_goes_on(killing: Daemon) -> None:
     job_id = _escaping_job(killing)
     escaped = wait_for_line(job_stdout(killing, job_id), f"holding {ESCAPED_MIB} MiB")
-    found = wait_for_event(
-        killing, lambda e: e.get("job_id") == job_id and e["kind"] == "compute_escape"
-    )
+    found = wait_for_job_event(killing, job_id, "compute_escape")
     assert found["at"] - escaped <= REPORT_WITHIN_S
     (pid,) = pids_in(found["detail"])
-    kill = wait_for_event(
-        killing, lambda e: e.get("job_id") == job_id and e["kind"] == "watchdog_kill"
-    )
+    kill = wait_for_job_event(killing, job_id, "watchdog_kill")
     assert kill["detail"] == f"pid {pid}: killed with SIGKILL"
-    deadline = time.monotonic() + 5
-    while process_start_time(pid) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert process_start_time(pid) is None
+    assert wait_gone(pid)
     # the job's other process asks for its leases: no finding, it runs on
     time.sleep(3)
     assert len(_escape_events(killing, job_id)) == 1

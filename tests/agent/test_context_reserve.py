@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
+from tests.agent.conftest import serving
 from tests.agent.daemon_support import CUDA_JOB, Daemon, cli, scrape, until
 
 from gpupool.core.errors import Unschedulable
@@ -18,10 +18,7 @@ from gpupool.core.units import GiB
 
 @pytest.fixture
 def reserved(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "1xA100-40GB", ("--context-reserve", "1Gi")).start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
+    yield from serving(tmp_path, "1xA100-40GB", "--context-reserve", "1Gi")
 
 
 def test_each_job_takes_its_share_and_the_reserve(reserved: Daemon) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
+from tests.agent.conftest import serving
 from tests.agent.daemon_support import Daemon, cli
 
 from gpupool.core.errors import InvalidRequest
@@ -15,10 +15,7 @@ from gpupool.core.errors import InvalidRequest
 
 @pytest.fixture
 def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "1xA100-40GB").start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
+    yield from serving(tmp_path, "1xA100-40GB")
 
 
 def _state(daemon: Daemon, job_id: int) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.agent.conftest import _kill_jobs
+from tests.agent.conftest import _kill_jobs, serving
 from tests.agent.daemon_support import Daemon, cli, scrape, until
 
 from gpupool.agent.arbiters import NodeArbiter
@@ -62,10 +62,7 @@ def kinds(daemon: Daemon, job: int) -> list[str]:
 
 @pytest.fixture
 def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "1xA100-40GB", extra=("--preempt", "suspend")).start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
+    yield from serving(tmp_path, "1xA100-40GB", "--preempt", "suspend")
 
 
 def test_suspend_frees_the_gpu_and_resume_brings_the_data_back(daemon: Daemon) -> None:

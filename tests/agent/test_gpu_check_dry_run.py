@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.gpu_dry_run import dry_run
 
 
 def test_the_daemon_gpu_check_passes_on_a_simulated_node(tmp_path: Path) -> None:
-    out = tmp_path / "dry.md"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["PYTHONPATH"] = str(REPO / "src")
-    env["TMPDIR"] = "/tmp"  # the daemon's socket path must stay short; the check cleans up
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench/gpu/daemon.py"),
-            "--simulate",
-            "1xA30",
-            "--jobs",
-            "2",
-            "--hold",
-            "3",
-            "--out",
-            str(out),
-        ],
-        env=env,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| job-")]
+    args = ("--simulate", "1xA30", "--jobs", "2", "--hold", "3")
+    report = dry_run("daemon.py", tmp_path, *args, timeout=120, short_tmp=True)
+    rows = [line for line in report.splitlines() if line.startswith("| job-")]
     assert len(rows) == 2
     assert all(row.endswith("| yes |") and "OutOfMemoryError" in row for row in rows), rows

@@ -4,31 +4,15 @@ Both of its tables: the 30 % + 70 % pair, and the high request loop beside a low
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.gpu_dry_run import dry_run
 
 
 def test_the_mps_gpu_check_passes_on_a_simulated_node(tmp_path: Path) -> None:
-    out = tmp_path / "dry.md"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["PYTHONPATH"] = str(REPO / "src")
-    env["TMPDIR"] = "/tmp"  # the daemon's socket path must stay short; the check cleans up
-    done = subprocess.run(
-        [
-            *(sys.executable, str(REPO / "bench/gpu/modes.py")),
-            *("--simulate", "1xA30", "--seconds", "1", "--memory-gib", "2", "--out", str(out)),
-        ],
-        env=env,
-        timeout=180,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
+    args = ("--simulate", "1xA30", "--seconds", "1", "--memory-gib", "2")
+    report = dry_run("modes.py", tmp_path, *args, short_tmp=True)
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
     pair = [row for row in rows if row.startswith(("| 30 %", "| 70 %"))]
     assert len(pair) == 2
     assert all("| yes | OutOfMemoryError |" in row for row in pair), rows

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from tests.agent.daemon_support import CUDA_JOB, Daemon, until
 from tests.agent.multiuser_support import group_daemon
-from tests.agent.watchdog_support import SHARE, escape_command, wait_for_event
+from tests.agent.watchdog_support import SHARE, escape_command, wait_for_job_event
 from tests.users import (
     User,
     add_to_group,
@@ -264,7 +264,7 @@ def test_the_watchdogs_events_of_anothers_job_are_left_out(pool: Pool, tmp_path:
     daemon, bob = pool.daemon, pool.bob
     command = escape_command("unset LD_PRELOAD", tmp_path / "scratch", tmp_path / "unused")
     job = daemon.submit(command, memory=SHARE, compute=10)  # root's, past its share
-    wait_for_event(daemon, lambda e: e["kind"] == "over_share" and e["job_id"] == job)
+    wait_for_job_event(daemon, job, "over_share")
     status, seen = http_as(bob, pool.sock, "GET", "/v1/events")
     assert status == 200 and all(e["job_id"] != job for e in seen["events"])
     assert http_as(pool.alice, pool.sock, "GET", "/v1/events")[0] == 200

@@ -10,14 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import CUDA_JOB, Daemon, cli
+from tests.agent.daemon_support import CUDA_JOB, Daemon, cli, scrape
 from tests.agent.watchdog_support import (
     ESCAPE_MIB,
     ESCAPES,
@@ -30,7 +27,9 @@ from tests.agent.watchdog_support import (
     job_stdout,
     pids_in,
     wait_for_event,
+    wait_for_job_event,
     wait_for_line,
+    wait_gone,
 )
 
 from gpupool.agent.watchdog import kill
@@ -44,27 +43,6 @@ def dlvsym_prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_dlvsym(tmp_path_factory.mktemp("progs") / "escape_dlvsym")
 
 
-def _daemon(root: Path, action: str) -> Iterator[Daemon]:
-    running = Daemon(root, "1xA30", ("--watchdog", action)).start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
-
-
-@pytest.fixture
-def reporting(tmp_path: Path) -> Iterator[Daemon]:
-    yield from _daemon(tmp_path, "report")
-
-
-@pytest.fixture
-def killing(tmp_path: Path) -> Iterator[Daemon]:
-    yield from _daemon(tmp_path, "kill")
-
-
-def _gone(pid: int) -> bool:
-    return process_start_time(pid) is None
-
-
 @pytest.mark.parametrize("kind", list(ESCAPES))
 def test_an_escape_from_the_share_is_reported_within_5_s(
     reporting: Daemon, dlvsym_prog: Path, tmp_path: Path, kind: str
@@ -73,7 +51,7 @@ def test_an_escape_from_the_share_is_reported_within_5_s(
     job_id = reporting.submit(command, memory=SHARE, compute=10)
     escaped = wait_for_line(job_stdout(reporting, job_id), f"{ESCAPE_MIB} MiB")
     assert "could not hold" not in job_stdout(reporting, job_id)(), "the escape did not work"
-    event = wait_for_event(reporting, lambda e: e["kind"] == "over_share" and e["job_id"] == job_id)
+    event = wait_for_job_event(reporting, job_id, "over_share")
     assert event["at"] - escaped <= REPORT_WITHIN_S
     assert "GPU 0: 2.5GiB in the driver, share and context reserve 2GiB" in event["detail"]
     time.sleep(2.5)  # two more passes: still one event, and nothing killed under `report`
@@ -94,7 +72,7 @@ def test_an_escape_is_killed_and_the_kill_recorded(
     command = escape_command(kind, tmp_path / "scratch", dlvsym_prog)
     job_id = killing.submit(command, memory=SHARE, compute=10)
     escaped = wait_for_line(job_stdout(killing, job_id), f"{ESCAPE_MIB} MiB")
-    found = wait_for_event(killing, lambda e: e["kind"] == "over_share" and e["job_id"] == job_id)
+    found = wait_for_job_event(killing, job_id, "over_share")
     assert found["at"] - escaped <= REPORT_WITHIN_S
     offenders = pids_in(found["detail"])
     assert len(offenders) == 2  # the driver cannot tell which one escaped: both go
@@ -109,7 +87,7 @@ def test_an_escape_is_killed_and_the_kill_recorded(
         assert killed["detail"] == f"pid {pid}: killed with SIGKILL"
     # the job's shell sees both die at once, not after their 60 s
     assert killing.wait(job_id, timeout=10)["state"] in ("succeeded", "failed")
-    assert all(_gone(pid) for pid in offenders)
+    assert all(wait_gone(pid) for pid in offenders)
 
 
 def test_a_process_the_daemon_did_not_start_is_reported(reporting: Daemon) -> None:
@@ -300,15 +278,7 @@ def test_gpus_without_a_daemon_shows_no_marks_and_says_why(tmp_path: Path) -> No
 
 def _metric(daemon: Daemon, name: str) -> dict[str, float]:
     """`name`'s samples in one scrape of /metrics, by their label values joined with ','."""
-    transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
-    with httpx.Client(transport=transport, base_url="http://gpupool") as client:
-        text = client.get("/metrics").text
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                found[",".join(sample.labels.values())] = sample.value
-    return found
+    return {",".join(labels.values()): value for labels, value in scrape(daemon).get(name, [])}
 
 
 def test_the_metrics_and_the_dashboard_show_what_the_watchdog_found(
@@ -318,7 +288,7 @@ def test_the_metrics_and_the_dashboard_show_what_the_watchdog_found(
     job_id = reporting.submit(command, memory=SHARE, compute=10, name="leaky")
     foreign = foreign_process(reporting.node_dir)
     try:
-        wait_for_event(reporting, lambda e: e["kind"] == "over_share" and e["job_id"] == job_id)
+        wait_for_job_event(reporting, job_id, "over_share")
         wait_for_event(reporting, lambda e: e["kind"] == "no_job")
         over = _metric(reporting, "gpupool_job_over_share")
         assert over == {f"{job_id},leaky,{pwd.getpwuid(os.getuid()).pw_name}": 1.0}, over

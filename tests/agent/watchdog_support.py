@@ -129,6 +129,23 @@ def wait_for_event(
     raise AssertionError(f"no matching event in {timeout} s; events: {events}")
 
 
+def wait_for_job_event(
+    daemon: Daemon, job_id: int, kind: str, timeout: float = 15
+) -> dict[str, Any]:
+    """The first event of `kind` about job `job_id`."""
+    return wait_for_event(
+        daemon, lambda e: e.get("job_id") == job_id and e["kind"] == kind, timeout
+    )
+
+
+def wait_gone(pid: int, timeout: float = 5) -> bool:
+    """Whether process `pid` is gone within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while process_start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process_start_time(pid) is None
+
+
 def pids_in(detail: str) -> list[int]:
     """The pids a finding names ("pid 12 (python3), 13 (sh)")."""
     return [int(pid) for pid in re.findall(r"(\d+) \(", detail)]

@@ -6,13 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
+from tests.agent.conftest import serving
 from tests.agent.daemon_support import Daemon
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path, "2xA100-40GB").start()
-    yield running
-    running.stop()
-    _kill_jobs(running)
+    yield from serving(tmp_path, "2xA100-40GB")

@@ -1,12 +1,16 @@
-"""A test kubelet speaking the real device-plugin gRPC, and the extender served over real HTTP."""
+"""A test kubelet speaking the real device-plugin gRPC, a device plugin serving it, and the
+extender served over real HTTP."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import httpx
 import uvicorn
 
 from gpupool.k8s import names
+from gpupool.k8s.deviceplugin import DevicePlugin
 from gpupool.k8s.extender import Extender
 from gpupool.k8s.extender_http import create_app
 from gpupool.k8s.proto import api_pb2 as pb
@@ -22,6 +27,7 @@ from gpupool.k8s.proto import api_pb2_grpc as pb_grpc
 
 #: the allocation key the tests' extenders and device plugins share (the Secret's)
 KEY = b"k" * 48
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -110,6 +116,34 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         return response
 
 
+def socket_dir() -> Path:
+    """A kubelet's device-plugin directory (short: Unix socket paths are limited to 107)."""
+    return Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+
+
+@contextmanager
+def serving(plugin: DevicePlugin, kubelet: TestKubelet) -> Iterator[DevicePlugin]:
+    """`plugin` run in a thread as `gpupool k8s device-plugin` runs it, registered with
+    `kubelet` and its devices listed; stopped at the end."""
+    thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
+        yield plugin
+    finally:
+        plugin.stop()
+        thread.join(5)
+
+
+def build_shim_client(out: Path) -> Path:
+    """tests/native/progs/shim_client.c built at `out`: a container's CUDA program."""
+    source = REPO / "tests" / "native" / "progs" / "shim_client.c"
+    include = REPO / "native" / "include"
+    cmd = ["gcc", "-O2", "-pthread", f"-I{include}", "-o", str(out), str(source), "-ldl"]
+    subprocess.run(cmd, check=True)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,3 +201,15 @@ def gpu_pod(
             "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
     }
+
+
+def bind(http: httpx.Client, name: str, node: str = "gpu-1") -> dict[str, Any]:
+    """The extender's answer to binding pod default/NAME to `node` ({} when bound)."""
+    args = {
+        "podName": name,
+        "podNamespace": "default",
+        "podUID": f"uid-default-{name}",
+        "node": node,
+    }
+    answer: dict[str, Any] = http.post("/bind", json=args).json()
+    return answer

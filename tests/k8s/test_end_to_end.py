@@ -8,11 +8,9 @@ process runs on the simulated driver with exactly the environment and files Allo
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +19,16 @@ from typing import Any
 
 import grpc
 import pytest
-from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
+from k8s_support import (
+    KEY,
+    ExtenderServer,
+    TestKubelet,
+    bind,
+    build_shim_client,
+    gpu_pod,
+    serving,
+    wait_for,
+)
 
 from gpupool.core.units import GiB, MiB
 from gpupool.devices.sim.backend import SimulatedBackend
@@ -37,18 +44,8 @@ from gpupool.k8s.inventory import decode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.k8s.proto import api_pb2 as pb
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT = REPO / "tests" / "native" / "progs" / "shim_client.c"
 CUDA_OUT_OF_MEMORY = 2
 _SCRUB = ("GPUPOOL_", "LD_PRELOAD", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """The kubelet's device-plugin directory (short: Unix socket paths are limited to 107)."""
-    directory = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -67,34 +64,18 @@ def api() -> InMemoryKube:
 
 
 @pytest.fixture
-def kubelet(sockets: Path) -> Iterator[TestKubelet]:
-    kubelet = TestKubelet(sockets).start()
-    yield kubelet
-    kubelet.stop()
-
-
-@pytest.fixture
 def plugin(
     api: InMemoryKube, node: SimulatedBackend, sockets: Path, kubelet: TestKubelet, tmp_path: Path
 ) -> Iterator[DevicePlugin]:
     lib_dir = hostfiles.install(tmp_path / "lib")
     files = ShareFiles(tmp_path / "state", lib_dir, container_root=tmp_path / "container")
-    plugin = DevicePlugin(api, "gpu-1", node, sockets, files, KEY)
-    thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
-    thread.start()
-    wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
-    yield plugin
-    plugin.stop()
-    thread.join(5)
+    with serving(DevicePlugin(api, "gpu-1", node, sockets, files, KEY), kubelet) as plugin:
+        yield plugin
 
 
 @pytest.fixture(scope="module")
 def shim_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("prog") / "shim_client"
-    include = REPO / "native" / "include"
-    cmd = ["gcc", "-O2", "-pthread", f"-I{include}", "-o", str(out), str(CLIENT), "-ldl"]
-    subprocess.run(cmd, check=True)
-    return out
+    return build_shim_client(tmp_path_factory.mktemp("prog") / "shim_client")
 
 
 def _run_container(response: Any, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -135,16 +116,7 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
     pod = api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
     extender = Extender(api, key=KEY)
     with ExtenderServer(extender) as http:
-        first = http.post(
-            "/bind",
-            json={
-                "podName": "other",
-                "podNamespace": "default",
-                "podUID": "uid-default-other",
-                "node": "gpu-1",
-            },
-        )
-        assert first.json() == {}
+        assert bind(http, "other") == {}
         # the kubelet admits it before gpupool binds another 1-GPU pod to the node
         other = kubelet.admit(1)
         assert other.envs["GPUPOOL_MEMORY_LIMIT_0"] == str(20 * GiB)
@@ -155,16 +127,7 @@ def test_a_pod_is_filtered_scored_bound_allocated_and_its_share_holds(
         scores = http.post("/prioritize", json=args).json()
         assert [s["host"] for s in scores] == ["gpu-1", "cpu-1"]
         assert 0 < scores[0]["score"] <= 10 and scores[1]["score"] == 0
-        bound = http.post(
-            "/bind",
-            json={
-                "podName": "train",
-                "podNamespace": "default",
-                "podUID": "uid-default-train",
-                "node": "gpu-1",
-            },
-        )
-        assert bound.json() == {}
+        assert bind(http, "train") == {}
     stored = api.pods[("default", "train")]
     assert stored["spec"]["nodeName"] == "gpu-1"
     ann = stored["metadata"]["annotations"]
@@ -272,8 +235,7 @@ def test_an_api_server_timing_out_during_allocate_is_an_error_then_a_retry_works
 ) -> None:
     api.add_pod(gpu_pod("late", memory="4Gi"))
     with ExtenderServer(Extender(api, key=KEY)) as http:
-        args = {"podName": "late", "podNamespace": "default", "podUID": "uid-default-late"}
-        assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+        assert bind(http, "late") == {}
     # the list answers, the patch that marks the pod served times out
     original = api.patch_pod_annotations
 
@@ -299,8 +261,7 @@ def test_the_files_of_a_finished_pod_are_removed(
         api.add_pod(gpu_pod(name, memory="1Gi"))
     with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("keep", "done"):
-            args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
-            assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+            assert bind(http, name) == {}
             kubelet.admit(1)
     assert plugin.files.keys() == {"uid-default-keep", "uid-default-done"}
     api.pods[("default", "done")]["status"] = {"phase": "Succeeded"}
@@ -368,8 +329,7 @@ def test_a_low_priority_pod_is_a_low_share_on_the_shared_arbiters(
     )
     with ExtenderServer(Extender(api, key=KEY)) as http:
         for name in ("busy", "batch"):
-            bind = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
-            assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+            assert bind(http, name) == {}
     response = kubelet.admit(1)
     assert response.envs["GPUPOOL_COMPUTE_PRIORITY"] == "low"
     # it holds no compute in placement, and its share still asks the arbiter for what it asked
@@ -395,8 +355,7 @@ def test_a_host_share_and_a_pods_share_on_one_gpu_are_arbitrated_together(
     knows both processes."""
     api.add_pod(gpu_pod("train", memory="10Gi", compute="30"))
     with ExtenderServer(Extender(api, key=KEY)) as http:
-        bind = {"podName": "train", "podNamespace": "default", "podUID": "uid-default-train"}
-        assert http.post("/bind", json={**bind, "node": "gpu-1"}).json() == {}
+        assert bind(http, "train") == {}
     response = kubelet.admit(1)
     gpu = api.pods[("default", "train")]["metadata"]["annotations"][names.ANN_GPUS]
     alone = _run_container(response, [str(shim_client), "run", "1", "kernel"])

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from k8s_support import ExtenderServer, gpu_pod, wait_for
+from k8s_support import ExtenderServer, bind, gpu_pod, wait_for
 
 from gpupool.core.units import GiB
 from gpupool.k8s import names
@@ -28,17 +28,6 @@ def cluster(nodes: int = 2, per_node: int = 2) -> InMemoryKube:
     for n in range(nodes):
         api.add_node(f"node-{n}", {names.ANN_NODE_GPUS: gpus(per_node)})
     return api
-
-
-def bind(http: httpx.Client, name: str, node: str) -> dict[str, Any]:
-    args = {
-        "podName": name,
-        "podNamespace": "default",
-        "podUID": f"uid-default-{name}",
-        "node": node,
-    }
-    result: dict[str, Any] = http.post("/bind", json=args).json()
-    return result
 
 
 def schedule(http: httpx.Client, pod: dict[str, Any], nodes: list[str]) -> str | None:

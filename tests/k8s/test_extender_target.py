@@ -3,7 +3,7 @@ taken up by the policy once it has moved."""
 
 from __future__ import annotations
 
-from k8s_support import ExtenderServer, gpu_pod
+from k8s_support import ExtenderServer, bind, gpu_pod
 
 from gpupool.core.units import GiB
 from gpupool.k8s import names
@@ -39,8 +39,7 @@ def test_bound_pods_become_the_target_the_policy_scores_against() -> None:
         http.post("/filter", json={"pod": api.pods[("default", "p0")], "nodenames": ["node-0"]})
         assert target_of(extender).specs == PRIOR.specs
         for i in range(TARGET_EVERY):
-            args = {"podName": f"p{i}", "podNamespace": "default", "podUID": f"uid-default-p{i}"}
-            assert http.post("/bind", json={**args, "node": f"node-{i // 4}"}).json() == {}
+            assert bind(http, f"p{i}", f"node-{i // 4}") == {}
             api.pods[("default", f"p{i}")]["status"] = {"phase": "Running"}  # admitted
         after = http.get("/debug/placement").json()["target_workload"]
     assert after[0]["gpus"] == 2 and after[0]["probability"] > 0.5

@@ -7,14 +7,13 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
+from k8s_support import KEY, ExtenderServer, TestKubelet, bind, gpu_pod, socket_dir, wait_for
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.devices.sim.backend import SimulatedBackend
@@ -144,7 +143,7 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
     api = InMemoryKube()
     api.add_node("gpu-1")
     api.add_pod(gpu_pod("p", gpus="2", memory="10Gi", compute="30"))
-    sockets = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+    sockets = socket_dir()
     kubelet = TestKubelet(sockets).start()
     backend = SimulatedBackend.open("2xA100-80GB", state / SIM_NODE_DIR)
     plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
@@ -157,8 +156,7 @@ def check_allocate_mounts_are_shared(docs: list[dict[str, Any]], root: Path) -> 
         plugin.serve()
         wait_for(lambda: kubelet.device_lists, what="registration")
         with ExtenderServer(Extender(api, key=KEY)) as http:
-            args = {"podName": "p", "podNamespace": "default", "podUID": "uid-default-p"}
-            assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+            assert bind(http, "p") == {}
         response = kubelet.admit(2)
     finally:
         plugin.stop()

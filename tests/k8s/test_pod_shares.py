@@ -12,16 +12,23 @@ import itertools
 import os
 import shutil
 import stat
-import subprocess
-import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from k8s_support import KEY, ExtenderServer, TestKubelet, gpu_pod, wait_for
+from k8s_support import (
+    KEY,
+    ExtenderServer,
+    TestKubelet,
+    bind,
+    build_shim_client,
+    gpu_pod,
+    serving,
+    socket_dir,
+    wait_for,
+)
 
 from gpupool.core.units import GiB
 from gpupool.devices.sim.backend import SimulatedBackend
@@ -33,15 +40,6 @@ from gpupool.k8s.extender import Extender
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.k8s.podspec import gpu_count
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
 
 @pytest.fixture
 def api() -> InMemoryKube:
@@ -51,26 +49,14 @@ def api() -> InMemoryKube:
 
 
 @pytest.fixture
-def kubelet(sockets: Path) -> Iterator[TestKubelet]:
-    kubelet = TestKubelet(sockets).start()
-    yield kubelet
-    kubelet.stop()
-
-
-@pytest.fixture
 def plugin(
     api: InMemoryKube, sockets: Path, kubelet: TestKubelet, tmp_path: Path
 ) -> Iterator[DevicePlugin]:
     backend = SimulatedBackend.open("4xA100-80GB", tmp_path / "node")
     files = ShareFiles(tmp_path / "state", hostfiles.install(tmp_path / "lib"))
-    plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
-    thread = threading.Thread(target=plugin.run, args=(0.1,), daemon=True)
-    thread.start()
-    wait_for(lambda: kubelet.registrations and kubelet.device_lists, what="registration")
-    wait_for(lambda: names.ANN_NODE_GPUS in api.nodes["gpu-1"]["metadata"]["annotations"])
-    yield plugin
-    plugin.stop()
-    thread.join(5)
+    with serving(DevicePlugin(api, "gpu-1", backend, sockets, files, KEY), kubelet) as plugin:
+        wait_for(lambda: names.ANN_NODE_GPUS in api.nodes["gpu-1"]["metadata"]["annotations"])
+        yield plugin
     backend.close()
 
 
@@ -78,12 +64,6 @@ def plugin(
 def http(api: InMemoryKube, plugin: DevicePlugin) -> Iterator[Any]:
     with ExtenderServer(Extender(api, key=KEY)) as client:
         yield client
-
-
-def bind(http: Any, name: str) -> dict[str, Any]:
-    args = {"podName": name, "podNamespace": "default", "podUID": f"uid-default-{name}"}
-    answer: dict[str, Any] = http.post("/bind", json={**args, "node": "gpu-1"}).json()
-    return answer
 
 
 def conf_of(response: Any) -> dict[str, str]:
@@ -296,11 +276,7 @@ def test_a_container_running_as_its_user_writes_its_region_and_no_one_else_can(
     plugin = DevicePlugin(api, "gpu-1", backend, sockets, files, KEY)
     try:
         with users(2) as (owner, other):
-            client = root / "shim_client"
-            include = REPO / "native" / "include"
-            source = REPO / "tests" / "native" / "progs" / "shim_client.c"
-            argv = ["gcc", "-O2", "-pthread", f"-I{include}", "-o", str(client), str(source)]
-            subprocess.run([*argv, "-ldl"], check=True)
+            client = build_shim_client(root / "shim_client")
             pod = gpu_pod("p", memory="2Gi", compute="50")
             pod["spec"]["securityContext"] = {"runAsUser": owner.uid, "runAsGroup": owner.gid}
             api.add_pod(pod)
@@ -355,7 +331,7 @@ def test_twelve_pods_on_two_nodes_each_on_its_own_slots_and_the_thirteenth_refus
     try:
         for name in ("node-a", "node-b"):
             api.add_node(name)
-            sockets = Path(tempfile.mkdtemp(prefix="gp-k8s-"))
+            sockets = socket_dir()
             kubelet = TestKubelet(sockets).start()
             backend = SimulatedBackend.open("2xA100-80GB", tmp_path / name)
             files = ShareFiles(tmp_path / f"{name}-state", hostfiles.install(tmp_path / "lib"))

@@ -3,31 +3,16 @@ run blind, and `--only priority` runs that case alone."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.gpu_dry_run import dry_run
 
 
 def test_the_priority_case_runs_alone_on_the_simulated_driver(tmp_path: Path) -> None:
-    out = tmp_path / "priority.md"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["PYTHONPATH"] = str(REPO / "src")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench/gpu/compute_together.py"),
-            *("--simulate", "--only", "priority", "--seconds", "1", "--out", str(out)),
-        ],
-        env=env,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: a target missed
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    args = ("--simulate", "--only", "priority", "--seconds", "1")
+    # 1: a target missed
+    report = dry_run("compute_together.py", tmp_path, *args, timeout=120, codes=(0, 1))
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0] for row in rows] == [
         "| high request loop next to a busy low share: p99 latency",
         "| low share beside it: GPU time it gets of what high leaves",

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpupool.agent.usage import Usage, process_group
+from gpupool.agent.usage import Usage, usage_per_gpu
 from gpupool.devices.snapshot import NodeSnapshot
 
 #: seconds: a pass of the queue takes milliseconds; a job may wait hours
@@ -61,26 +61,6 @@ class Histogram:
 class HistoryPoint:
     at: float
     utilization: tuple[int | None, ...]  # percent per GPU, in snapshot order
-
-
-def usage_per_gpu(
-    snapshot: NodeSnapshot, groups: Mapping[int, int]
-) -> dict[tuple[int, int], Usage]:
-    """Memory and utilisation per (job id, GPU index); `groups` maps process group to job id."""
-    found: dict[tuple[int, int], Usage] = {}
-    for gpu in snapshot.gpus:
-        for process in gpu.processes:
-            job = groups.get(process_group(process.pid) or -1)
-            if job is None:
-                continue
-            before = found.get((job, gpu.index), Usage(0, None))
-            util = process.gpu_utilization
-            if util is not None and before.utilization is not None:
-                util = max(util, before.utilization)
-            elif util is None:
-                util = before.utilization
-            found[(job, gpu.index)] = Usage(before.memory + (process.memory_used or 0), util)
-    return found
 
 
 class Observations:

@@ -27,19 +27,32 @@ def process_group(pid: int) -> int | None:
         return None
 
 
-def job_usage(snapshot: NodeSnapshot, groups: Mapping[int, int]) -> dict[int, Usage]:
-    """Usage per job id; `groups` maps a job's process group to its id."""
-    memory: dict[int, int] = {}
-    utilization: dict[int, int | None] = {}
+def _add(before: Usage, memory: int, utilization: int | None) -> Usage:
+    """`before` with `memory` more bytes, and the higher of the two utilisations known."""
+    if utilization is None or (before.utilization or 0) > utilization:
+        utilization = before.utilization
+    return Usage(before.memory + memory, utilization)
+
+
+def usage_per_gpu(
+    snapshot: NodeSnapshot, groups: Mapping[int, int]
+) -> dict[tuple[int, int], Usage]:
+    """Memory and utilisation per (job id, GPU index); `groups` maps process group to job id."""
+    found: dict[tuple[int, int], Usage] = {}
     for gpu in snapshot.gpus:
         for process in gpu.processes:
             job = groups.get(process_group(process.pid) or -1)
             if job is None:
                 continue
-            memory[job] = memory.get(job, 0) + (process.memory_used or 0)
-            util = process.gpu_utilization
-            if util is not None:
-                utilization[job] = max(util, utilization.get(job) or 0)
-            else:
-                utilization.setdefault(job, None)
-    return {job: Usage(memory[job], utilization.get(job)) for job in memory}
+            before = found.get((job, gpu.index), Usage(0, None))
+            used = process.memory_used or 0
+            found[(job, gpu.index)] = _add(before, used, process.gpu_utilization)
+    return found
+
+
+def job_usage(snapshot: NodeSnapshot, groups: Mapping[int, int]) -> dict[int, Usage]:
+    """Usage per job id, over all its GPUs; `groups` maps a job's process group to its id."""
+    found: dict[int, Usage] = {}
+    for (job, _index), usage in usage_per_gpu(snapshot, groups).items():
+        found[job] = _add(found.get(job, Usage(0, None)), usage.memory, usage.utilization)
+    return found

@@ -4,13 +4,10 @@ back, or its share changed while it runs (the daemon's /v1/jobs/N/suspend, /resu
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable
 
 from gpupool.api.client import Client
 from gpupool.cli import options, plain
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.units import parse_compute_percent, parse_memory_share
 
 
 def _post(args: argparse.Namespace, what: str, body: dict[str, object]) -> dict[str, object]:
@@ -20,66 +17,51 @@ def _post(args: argparse.Namespace, what: str, body: dict[str, object]) -> dict[
 
 def _suspend(args: argparse.Namespace) -> int:
     answer = _post(args, "suspend", {})
-    if args.json:
-        print(json.dumps(answer, indent=2))
-    else:
-        print(
-            f"job {args.job}: suspending (its memory goes to host memory; gpupool resume "
-            f"{args.job} brings it back)"
-        )
+    plain.answer(
+        args,
+        answer,
+        f"job {args.job}: suspending (its memory goes to host memory; gpupool resume "
+        f"{args.job} brings it back)",
+    )
     return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
     answer = _post(args, "resume", {})
-    if args.json:
-        print(json.dumps(answer, indent=2))
-    else:
-        print(
-            f"job {args.job}: resumes when its GPUs have room (gpupool describe {args.job} "
-            "says why it waits)"
-        )
+    plain.answer(
+        args,
+        answer,
+        f"job {args.job}: resumes when its GPUs have room (gpupool describe {args.job} "
+        "says why it waits)",
+    )
     return 0
 
 
 def _resize(args: argparse.Namespace) -> int:
     if args.memory is None and args.compute is None:
         raise InvalidRequest("nothing to resize: give --memory, --compute or both")
-    body: dict[str, object] = {}
-    if args.memory is not None:
-        parse_memory_share(args.memory)  # bad input stops here, before the daemon is asked
-        body["memory"] = args.memory
-    if args.compute is not None:
-        body["compute"] = parse_compute_percent(args.compute) // 10
-    answer = _post(args, "resize", body)
-    if args.json:
-        print(json.dumps(answer, indent=2))
-    else:
-        print(f"job {args.job}: {answer['changed']}")
+    answer = _post(args, "resize", plain.share_into(args, {}))
+    plain.answer(args, answer, f"job {args.job}: {answer['changed']}")
     return 0
 
 
-def _job(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", type=int, metavar="JOB")
-
-
 def _resize_options(parser: argparse.ArgumentParser) -> None:
-    _job(parser)
+    plain.job_argument(parser)
     options.add(parser, options.MEMORY)
     options.add(parser, options.COMPUTE)
 
 
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain.Run]] = {
+_COMMANDS: plain.Commands = {
     "suspend": (
         "Suspend a running shim job: its memory to host memory, its GPU memory freed.\n\nIts "
         "launches stop at a safe point (its streams synchronised); `gpupool resume` brings its "
         "memory back at the same addresses.",
-        _job,
+        plain.job_argument,
         _suspend,
     ),
     "resume": (
         "Resume a suspended job, at the same device addresses, once its GPUs have room.",
-        _job,
+        plain.job_argument,
         _resume,
     ),
     "resize": (
@@ -94,9 +76,4 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain
 
 def parser(name: str) -> argparse.ArgumentParser:
     """The parser of the elastic-memory command `name`, its run function as `run`."""
-    text, arguments, run = _COMMANDS[name]
-    command = plain.parser(name, text, run)
-    arguments(command)
-    options.add(command, options.URL)
-    options.add(command, options.JSON)
-    return command
+    return plain.client_parser(_COMMANDS, name)

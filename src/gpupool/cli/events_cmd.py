@@ -4,7 +4,6 @@ jobs over share). It parses with argparse, not typer (cli/plain.py says why)."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from datetime import datetime
 from typing import Any
@@ -29,7 +28,7 @@ def _events(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         answer = client.call("GET", "/v1/events", params=params)
     if args.json:
-        print(json.dumps(answer, indent=2))
+        plain.echo_json(answer)
         return 0
     print(f"watchdog action: {answer['action']}")
     for event in answer["events"]:

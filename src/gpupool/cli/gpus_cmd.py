@@ -58,7 +58,7 @@ def _gpus(args: argparse.Namespace) -> int:
         if args.watch:
             _watch(backend, interval, args.json, args.url)
         elif args.json:
-            print(json.dumps(gpus_view.document(backend.snapshot()), indent=2))
+            plain.echo_json(gpus_view.document(backend.snapshot()))
         else:
             print(gpus_view.view(backend, args.url))
     return 0

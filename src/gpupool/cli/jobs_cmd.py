@@ -6,70 +6,17 @@ They parse with argparse, not typer (cli/plain.py says why).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from gpupool.api.client import Client
 from gpupool.cli import jobs_view, options, plain
 from gpupool.core.errors import InvalidRequest, NotFound
-from gpupool.core.units import (
-    MILLI_PER_GPU,
-    parse_compute_percent,
-    parse_duration,
-    parse_memory_share,
-)
+from gpupool.core.units import parse_duration
 
 POLL_S = 0.2
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidRequest(f"invalid --env {pair!r}: use KEY=VALUE")
-        env[key] = value
-    return env
-
-
-def _body(
-    command: list[str],
-    gpus: int,
-    memory: str | None,
-    compute: str | None,
-    mode: str,
-    priority: str | None,
-    gpu_model: str | None,
-    name: str,
-    env: list[str],
-    workdir: str | None,
-) -> dict[str, Any]:
-    if memory is not None:
-        parse_memory_share(memory)  # bad input stops here, before the daemon is asked
-    milli = parse_compute_percent(compute) if compute is not None else MILLI_PER_GPU
-    models = [m.strip() for m in gpu_model.split(",") if m.strip()] if gpu_model else []
-    body: dict[str, Any] = {
-        "argv": command,
-        "gpus": gpus,
-        "memory": memory,
-        "compute": milli * 100 // MILLI_PER_GPU,
-        "mode": mode,
-        "gpu_models": models,
-        "name": name,
-        "env": _env(env),
-        "workdir": os.path.abspath(workdir or os.getcwd()),
-    }
-    if priority is not None:  # else the daemon's default
-        body["priority"] = priority
-    return body
-
-
-def _echo_json(data: object) -> None:
-    print(json.dumps(data, indent=2))
 
 
 def follow(client: Client, job_id: int) -> dict[str, Any]:
@@ -127,18 +74,21 @@ def _submit(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise InvalidRequest(f"invalid --gpus {args.gpus}: must be at least 1")
     mode = args.mode or ("mig" if args.mig_profile is not None else "shim")
-    body = _body(
-        command,
-        args.gpus,
-        args.memory,
-        args.compute,
-        mode,
-        args.priority,
-        args.gpu_model,
-        args.name,
-        args.env,
-        args.workdir,
-    )
+    # without --memory, the daemon gives the share of memory that --compute gives
+    share = plain.share_into(args, {"memory": None, "compute": 100})
+    models = [m.strip() for m in args.gpu_model.split(",") if m.strip()] if args.gpu_model else []
+    body: dict[str, Any] = {
+        "argv": command,
+        "gpus": args.gpus,
+        **share,
+        "mode": mode,
+        "gpu_models": models,
+        "name": args.name,
+        "env": plain.env_pairs(args.env),
+        "workdir": os.path.abspath(args.workdir or os.getcwd()),
+    }
+    if args.priority is not None:  # else the daemon's default
+        body["priority"] = args.priority
     body["mig_profile"] = args.mig_profile
     if args.memory_burst is not None:
         body["memory_burst"] = args.memory_burst
@@ -146,13 +96,13 @@ def _submit(args: argparse.Namespace) -> int:
         job = client.call("POST", "/v1/jobs", json=body)["job"]
         if not args.wait:
             if args.json:
-                _echo_json({"job": job})
+                plain.echo_json({"job": job})
             else:
                 print(job["id"])
             return 0
         final = follow(client, job["id"])
     if args.json:
-        _echo_json({"job": final})
+        plain.echo_json({"job": final})
     return _code(final)
 
 
@@ -161,7 +111,7 @@ def _ps(args: argparse.Namespace) -> int:
         jobs = client.call("GET", "/v1/jobs", params={"all": args.all})["jobs"]
         services = _services(client)
     if args.json:
-        _echo_json({"jobs": jobs, "services": services})
+        plain.echo_json({"jobs": jobs, "services": services})
     else:
         jobs_view.print_jobs(jobs)
         if services:  # their replicas are among the jobs above, named SERVICE/REPLICA
@@ -187,7 +137,7 @@ def _logs(args: argparse.Namespace) -> int:
             return 0
         texts = {stream: _read_all(client, args.job, stream) for stream in ("stdout", "stderr")}
     if args.json:
-        _echo_json({"id": args.job, **texts})
+        plain.echo_json({"id": args.job, **texts})
         return 0
     sys.stdout.write(texts["stdout"])
     sys.stdout.flush()
@@ -199,7 +149,7 @@ def _cancel(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         jobs = [client.call("POST", f"/v1/jobs/{j}/cancel", json={})["job"] for j in args.jobs]
     if args.json:
-        _echo_json({"jobs": jobs})
+        plain.echo_json({"jobs": jobs})
     else:
         for job in jobs:
             print(f"job {job['id']}: cancel sent ({job['state']})")
@@ -210,7 +160,7 @@ def _wait(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         jobs = [_wait_for(client, j) for j in args.jobs]
     if args.json:
-        _echo_json({"jobs": jobs})
+        plain.echo_json({"jobs": jobs})
     return next((_code(j) for j in jobs if _code(j) != 0), 0)
 
 
@@ -218,7 +168,7 @@ def _describe(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         job = client.call("GET", f"/v1/jobs/{args.job}")
     if args.json:
-        _echo_json(job)
+        plain.echo_json(job)
     else:
         jobs_view.print_job(job)
     return 0
@@ -228,7 +178,7 @@ def _drain(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         node = client.call("POST", "/v1/drain", json={"on": not args.off})
     if args.json:
-        _echo_json(node)
+        plain.echo_json(node)
     elif node["draining"]:
         print("draining: nothing new starts; running jobs finish")
     else:
@@ -241,7 +191,7 @@ def _prune(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         answer = client.call("POST", "/v1/prune", json={"older_than_s": seconds})
     if args.json:
-        _echo_json(answer)
+        plain.echo_json(answer)
         return 0
     count = int(answer["pruned"])
     plural = "" if count == 1 else "s"
@@ -277,10 +227,6 @@ def _submit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="The command.")
 
 
-def _job(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", type=int, metavar="JOB")
-
-
 def _jobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("jobs", type=int, nargs="+", metavar="JOB")
 
@@ -290,7 +236,7 @@ def _ps_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _logs_options(parser: argparse.ArgumentParser) -> None:
-    _job(parser)
+    plain.job_argument(parser)
     parser.add_argument("-f", "--follow", action="store_true", help="Until the job ends.")
 
 
@@ -307,8 +253,7 @@ def _prune_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: name -> (its help: a line, then more; its own arguments; what it does)
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain.Run]] = {
+_COMMANDS: plain.Commands = {
     "submit": (
         "Queue a command on the node's GPUs; prints the job id.\n\nWithout --memory, a job "
         "gets the share of each GPU's memory that --compute gives it.",
@@ -333,7 +278,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain
     ),
     "describe": (
         "A job's share, placement, events and, while queued, why it waits.",
-        _job,
+        plain.job_argument,
         _describe,
     ),
     "drain": (
@@ -352,9 +297,4 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], plain
 
 def parser(name: str) -> argparse.ArgumentParser:
     """The parser of the job command `name`, its run function as `run`."""
-    text, arguments, run = _COMMANDS[name]
-    command = plain.parser(name, text, run)
-    arguments(command)
-    options.add(command, options.URL)
-    options.add(command, options.JSON)
-    return command
+    return plain.client_parser(_COMMANDS, name)

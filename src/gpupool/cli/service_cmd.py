@@ -6,36 +6,21 @@ It parses with argparse, not typer (cli/plain.py says why).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Any
 
 from gpupool.api.client import Client
-from gpupool.cli import jobs_cmd, options, service_view
+from gpupool.cli import jobs_cmd, options, plain, service_view
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.units import parse_compute_percent, parse_duration, parse_memory_share
+from gpupool.core.units import parse_duration
 
 HELP = (
     "Model services: replicas kept up, routed by `gpupool serve --router`, scaled with their "
     "traffic.\n\nA service's command serves HTTP on $PORT (gpupool picks it); each replica is a "
     "job of the pool with the share given here. See docs/inference.md."
 )
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidRequest(f"invalid --env {pair!r}: use KEY=VALUE")
-        env[key] = value
-    return env
-
-
-def _echo_json(data: object) -> None:
-    print(json.dumps(data, indent=2))
 
 
 def _replicas(text: str) -> tuple[int, int]:
@@ -55,11 +40,7 @@ def _seconds(text: str | None, option: str) -> float | None:
 
 def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     """The options create and update share, those given, into `body`."""
-    if args.memory is not None:
-        parse_memory_share(args.memory)
-        body["memory"] = args.memory
-    if args.compute is not None:
-        body["compute"] = parse_compute_percent(args.compute) // 10
+    plain.share_into(args, body)
     if args.concurrency is not None and args.concurrency < 1:
         raise InvalidRequest(f"invalid --concurrency {args.concurrency}: at least 1")
     for key in ("mode", "priority", "concurrency", "health"):
@@ -73,7 +54,7 @@ def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     if ready is not None:
         body["ready_timeout_s"] = ready
     if args.env:
-        body["env"] = _env(args.env)
+        body["env"] = plain.env_pairs(args.env)
     command = args.command
     if command:
         body["argv"] = command
@@ -98,7 +79,7 @@ def _ls(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         services = client.call("GET", "/v1/services")["services"]
     if args.json:
-        _echo_json({"services": services})
+        plain.echo_json({"services": services})
     else:
         service_view.print_services(services)
     return 0
@@ -108,7 +89,7 @@ def _describe(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         service = client.call("GET", f"/v1/services/{_name(args.name)}")
     if args.json:
-        _echo_json(service)
+        plain.echo_json(service)
     else:
         service_view.print_service(service)
     return 0
@@ -173,10 +154,7 @@ def _name(name: str) -> str:
 
 
 def _done(args: argparse.Namespace, service: dict[str, Any], line: str) -> None:
-    if args.json:
-        _echo_json({"service": service})
-    else:
-        print(line)
+    plain.answer(args, {"service": service}, line)
 
 
 def _share_options(parser: argparse.ArgumentParser) -> None:
