@@ -8,6 +8,7 @@ process runs on the simulated driver with exactly the environment and files Allo
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -275,8 +276,7 @@ def test_an_earlier_versions_library_is_removed_once_no_container_uses_it(
     old = plugin.files.lib_dir
     api.add_pod(gpu_pod("before", memory="1Gi"))
     with ExtenderServer(Extender(api, key=KEY)) as http:
-        args = {"podName": "before", "podNamespace": "default", "podUID": "uid-default-before"}
-        assert http.post("/bind", json={**args, "node": "gpu-1"}).json() == {}
+        assert bind(http, "before") == {}
     kubelet.admit(1)  # allocated, its container not started (nothing mounts the files yet)
     # the plugin is upgraded: another library installs beside the old one
     native = tmp_path / "native"
