@@ -30,7 +30,7 @@ int main(void) {
            offsetof(gpupool_arbiter_view, size));
     SHARE(share_id); SHARE(weight); SHARE(priority); SHARE(vtime); SHARE(wanted_ns);
     SHARE(busy_ns); SHARE(pid); SHARE(policy); SHARE(uid); SHARE(waiting); SHARE(resting);
-    SHARE(clients);
+    SHARE(clients); SHARE(slice_us); SHARE(reserved);
     CLIENT(pid); CLIENT(slot); CLIENT(start);
     printf("share.size %zu\nclient.size %zu\nmsg.size %zu\n", sizeof(gpupool_arbiter_share),
            sizeof(gpupool_arbiter_client), sizeof(gpupool_arbiter_msg));
@@ -59,7 +59,7 @@ def test_python_reads_the_arbiter_at_the_c_offsets(tmp_path: Path) -> None:
     assert c["share.size"] == [arbiter.SHARE.size]
     # SHARE's fields in order: each one's offset and size as the struct format lays them out
     fields = ["share_id", "weight", "priority", "vtime", "wanted_ns", "busy_ns", "pid", "policy"]
-    fields += ["uid", "waiting", "resting", "clients"]
+    fields += ["uid", "waiting", "resting", "clients", "slice_us", "reserved"]
     _in_order(c, "share", fields, arbiter.SHARE.format)
     _in_order(c, "client", ["pid", "slot", "start"], arbiter.CLIENT.format)
 
