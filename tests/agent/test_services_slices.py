@@ -15,7 +15,10 @@ from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import until
 from tests.agent.services_support import Routed, start_routed
 
-from gpupool.agent.services import LATENCY_SLICE_US
+from gpupool.agent.jobs import JobSpec
+from gpupool.agent.services import LATENCY_SLICE_US, ServiceSpec
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.resources import Priority
 from gpupool.devices.sim.state import STATE_FILE, SimState
 from gpupool.isolation.arbiter import read_shares, view_file
 from gpupool.isolation.arbiter_control import node_arbiter_dir
@@ -65,3 +68,16 @@ def arbiter_pid(directory: Path) -> int:
         if argv and argv[0].endswith(b"gpupool-arbiterd") and argv[1:2] == [bytes(directory)]:
             return int(proc.name)
     return 0
+
+
+def test_a_replica_s_slice_follows_its_priority_and_is_stored_with_its_job() -> None:
+    online = ServiceSpec("chat", ("server",), priority=Priority.HIGH).replica(8000)
+    offline = ServiceSpec("score", ("server",), priority=Priority.LOW).replica(8001)
+    assert (online.slice_us, offline.slice_us) == (LATENCY_SLICE_US, 0)
+    assert JobSpec.from_json(online.to_json()) == online
+    stored = online.to_json()
+    del stored["slice_us"]  # a job stored before slices: the batch window
+    assert JobSpec.from_json(stored).slice_us == 0
+    for wrong in (50, 2_000_000):
+        with pytest.raises(InvalidRequest, match="time slice"):
+            JobSpec(argv=("server",), slice_us=wrong)
