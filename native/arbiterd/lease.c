@@ -13,13 +13,14 @@
  * work and releases; a `low` holder is asked at once when a share of another class waits. The
  * slice is the shorter of the holder's and the waiter's: each share's registration sets its own
  * (a latency-bound service's few milliseconds), GP_LEASE_NS (the batch window) if it set none,
- * so a latency-bound share waits for an equal-priority holder at most its own slice and the
- * kernel in flight. A `high` share that asks takes the lease from a `low` holder at once (the low
- * one finds it gone at its next batch: next to an active high share its batches are small). A
- * holder that has gone quiet (its beat shows no launch for GP_HOLD_IDLE_NS, GP_QUICK_IDLE_NS for
- * a holder with a slice shorter than the batch window or a high holder when only low shares
- * wait, and no queued work) loses the lease at once when another waits; one that does not give
- * it back within GP_YIELD_LIMIT_NS of being asked loses it whatever its beat says.
+ * so a latency-bound share whose clock comes first waits for an equal-priority holder at most
+ * its own slice and the holder's work in flight. A `high` share that asks takes the lease from a
+ * `low` holder at once (the low one finds it gone at its next batch: next to an active high share
+ * its batches are small). A holder that has gone quiet (its beat shows no launch for
+ * GP_HOLD_IDLE_NS, GP_QUICK_IDLE_NS for a holder with a slice shorter than the batch window or a
+ * high holder when only low shares wait, and no queued work) loses the lease at once when another
+ * waits; one that does not give it back within GP_YIELD_LIMIT_NS of being asked loses it whatever
+ * its beat says.
  */
 #include <stddef.h>
 #include <stdint.h>
