@@ -9,13 +9,18 @@
  * at the earliest clock of the others: idle time is never banked.
  *
  * The holder is asked to give the lease back (the view's yield_lease, read at its next batch)
- * when its lease is GP_LEASE_NS old and a waiting share of its class is now first; it drains its
- * work and releases; a `low` holder is asked at once when a share of another class waits. A `high`
- * share that asks takes the lease from a `low` holder at once (the low one finds it gone at its
- * next batch: next to an active high share its batches are small). A holder that has gone quiet
- * (its beat shows no launch for GP_HOLD_IDLE_NS, GP_HIGH_HOLD_IDLE_NS for a high holder when only
- * low shares wait, and no queued work) loses the lease at once when another waits; one that does
- * not give it back within GP_YIELD_LIMIT_NS of being asked loses it whatever its beat says.
+ * when its lease is a slice old and a waiting share of its class is now first; it drains its
+ * work and releases; a `low` holder is asked at once when a share of another class waits. The
+ * slice is the shorter of the holder's and the waiter's: each share's registration sets its own
+ * (a latency-bound service's few milliseconds), GP_LEASE_NS (the batch window) if it set none,
+ * so a latency-bound share whose clock comes first waits for an equal-priority holder at most
+ * its own slice and the holder's work in flight. A `high` share that asks takes the lease from a
+ * `low` holder at once (the low one finds it gone at its next batch: next to an active high share
+ * its batches are small). A holder that has gone quiet (its beat shows no launch for
+ * GP_HOLD_IDLE_NS, GP_QUICK_IDLE_NS for a holder with a slice shorter than the batch window or a
+ * high holder when only low shares wait, and no queued work) loses the lease at once when another
+ * waits; one that does not give it back within GP_YIELD_LIMIT_NS of being asked loses it whatever
+ * its beat says.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -24,7 +29,7 @@
 
 #define GP_LEASE_NS (20 * ARB_NS_PER_MS)
 #define GP_HOLD_IDLE_NS (3 * ARB_NS_PER_MS)
-#define GP_HIGH_HOLD_IDLE_NS (500 * 1000ULL)
+#define GP_QUICK_IDLE_NS (500 * 1000ULL)
 #define GP_IDLE_NS (50 * ARB_NS_PER_MS)
 #define GP_YIELD_LIMIT_NS (1000 * ARB_NS_PER_MS)
 #define GP_MIN_WAKE_NS (20 * 1000ULL) /* the soonest the arbiter looks again */
@@ -36,6 +41,12 @@
 static uint64_t lease_counter;
 
 static int is_low(const gpupool_arbiter_share *s) { return s->priority == 2; }
+
+/* the lease length a share registered (the batch window if none) */
+static uint64_t slice_of(const gpu *g, int slot) {
+    uint64_t slice = g->view->share[slot % GPUPOOL_ARBITER_SHARES].slice_us * 1000ULL;
+    return slice != 0 ? slice : GP_LEASE_NS;
+}
 
 uint64_t lease_floor(const gpu *g, int self, uint64_t now) {
     uint64_t low = UINT64_MAX;
@@ -178,13 +189,18 @@ static uint64_t schedule_gpu(gpu *g, uint64_t now) {
          * at once, after its own work (the other's events then measure only its own time) */
         uint64_t held = now > v->granted_ns ? now - v->granted_ns : 0;
         uint64_t clock = h->vtime + (h->weight ? held * 100 / h->weight : 0);
+        uint64_t own = slice_of(g, (int)v->holder_slot), theirs = slice_of(g, next->slot);
+        uint64_t slice = own < theirs ? own : theirs;
         int ask = (is_low(h) && !is_low(n)) ||
-                  (held >= GP_LEASE_NS && is_low(n) == is_low(h) && n->vtime < clock);
+                  (held >= slice && is_low(n) == is_low(h) && n->vtime < clock);
         if (ask && v->yield_lease != v->lease) {
             v->yield_lease = v->lease;
             g->yield_at = now;
         }
-        uint64_t hold_idle = !is_low(h) && is_low(n) ? GP_HIGH_HOLD_IDLE_NS : GP_HOLD_IDLE_NS;
+        /* a latency-bound holder's gaps between requests go to the others at once, as a high
+         * holder's do to low shares; a batch job keeps the lease over its host gaps */
+        uint64_t hold_idle =
+            own < GP_LEASE_NS || (!is_low(h) && is_low(n)) ? GP_QUICK_IDLE_NS : GP_HOLD_IDLE_NS;
         int overdue = g->yield_at != 0 && now > g->yield_at + GP_YIELD_LIMIT_NS;
         if (overdue && !g->holder->warned++)
             say("pid %d kept the lease of GPU share %016llx past %llu ms after it was asked "
@@ -197,11 +213,11 @@ static uint64_t schedule_gpu(gpu *g, uint64_t now) {
             if (g->yield_at != 0) {
                 wake = earliest(wake, g->yield_at + GP_YIELD_LIMIT_NS + 1);
             } else if (is_low(n) == is_low(h)) {
-                /* when the holder's clock passes the waiter's, its lease at least GP_LEASE_NS */
+                /* when the holder's clock passes the waiter's, its lease at least a slice */
                 uint64_t need = n->vtime > h->vtime && h->weight
                                     ? (n->vtime - h->vtime) * h->weight / 100 + 1
                                     : 0;
-                wake = earliest(wake, v->granted_ns + (need > GP_LEASE_NS ? need : GP_LEASE_NS));
+                wake = earliest(wake, v->granted_ns + (need > slice ? need : slice));
             }
             return wake;
         }

@@ -60,8 +60,12 @@ void free_slot(gpu *g, int slot) {
 
 static int do_register(conn *c, const gpupool_arbiter_msg *m) {
     uint32_t weight = (uint32_t)(m->value & 0xff), priority = (uint32_t)(m->value >> 8 & 0xff);
-    uint32_t policy = (uint32_t)(m->value >> 16 & 0xff);
-    if (m->share_id == 0 || weight < 1 || weight > 100 || priority > 2 || policy > 1)
+    uint32_t policy = (uint32_t)(m->value >> 16 & 0xff), slice_us = (uint32_t)(m->value >> 32);
+    /* bits 24..31 are no term of this version: refused, not ignored */
+    if (m->share_id == 0 || weight < 1 || weight > 100 || priority > 2 || policy > 1 ||
+        (m->value >> 24 & 0xff) != 0 ||
+        (slice_us != 0 &&
+         (slice_us < GPUPOOL_ARB_SLICE_MIN_US || slice_us > GPUPOOL_ARB_SLICE_MAX_US)))
         return -(int)GPUPOOL_ARB_WHY_INVALID;
     gpu *g = find_gpu(m->uuid, 1);
     if (g == NULL) return -(int)GPUPOOL_ARB_WHY_FULL;
@@ -82,6 +86,7 @@ static int do_register(conn *c, const gpupool_arbiter_msg *m) {
     s->policy = policy;
     s->uid = m->arg;
     g->priv[slot].owner = c;
+    s->slice_us = slice_us;
     return 1;
 }
 

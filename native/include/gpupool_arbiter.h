@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define GPUPOOL_ARBITER_MAGIC 0x3242524150505047ULL /* "GPPARB2" read as little-endian u64 */
-#define GPUPOOL_ARBITER_VERSION 5u
+#define GPUPOOL_ARBITER_VERSION 6u
 #define GPUPOOL_ARBITER_SHARES 64
 #define GPUPOOL_ARBITER_CLIENTS 256
 #define GPUPOOL_ARBITER_SOCKET "lease.sock"
@@ -46,9 +46,14 @@
 #define GPUPOOL_ARB_WHY_FULL 3u    /* no slot left */
 #define GPUPOOL_ARB_WHY_INVALID 4u /* a malformed request */
 
-/* a registration's terms in one u64: weight | priority << 8 | policy << 16 */
-#define GPUPOOL_ARB_TERMS(weight, priority, policy)                                                \
-    ((uint64_t)(weight) | (uint64_t)(priority) << 8 | (uint64_t)(policy) << 16)
+/* a registration's terms in one u64: weight | priority << 8 | policy << 16 | slice << 32 (bits
+ * 24..31 zero); slice: the share's lease length in microseconds (0: the batch window, 20 ms) */
+#define GPUPOOL_ARB_TERMS(weight, priority, policy, slice_us)                                      \
+    ((uint64_t)(weight) | (uint64_t)(priority) << 8 | (uint64_t)(policy) << 16 |                   \
+     (uint64_t)(slice_us) << 32)
+/* the slices a registration may ask for: from one short kernel's hand-over to the yield limit */
+#define GPUPOOL_ARB_SLICE_MIN_US 100u
+#define GPUPOOL_ARB_SLICE_MAX_US 1000000u
 
 typedef struct {
     uint32_t kind;     /* 0  GPUPOOL_ARB_* */
@@ -84,6 +89,8 @@ typedef struct {
     uint32_t waiting;   /* 52 its processes waiting for the lease now */
     uint32_t resting;   /* 56 1: asleep for its cap */
     uint32_t clients;   /* 60 its connected processes */
+    uint32_t slice_us;  /* 64 its lease length as registered (0: the batch window) */
+    uint32_t reserved;  /* 68 */
 } gpupool_arbiter_share;
 
 /* One connected process (the watchdog's list of processes that ask for leases). pid 0: free. */
@@ -105,7 +112,7 @@ typedef struct {
     uint8_t uuid[16];     /* 48 the GPU */
     uint8_t reserved[64]; /* 64 */
     gpupool_arbiter_share share[GPUPOOL_ARBITER_SHARES];    /* 128 */
-    gpupool_arbiter_client client[GPUPOOL_ARBITER_CLIENTS]; /* 4224 */
+    gpupool_arbiter_client client[GPUPOOL_ARBITER_CLIENTS]; /* 4736 */
 } gpupool_arbiter_view;
 
 #endif /* GPUPOOL_ARBITER_H */

@@ -10,7 +10,7 @@ from pathlib import Path
 from shim_support import INCLUDE, compile_prog
 
 from gpupool.isolation import arbiter
-from gpupool.isolation.arbiter_control import MSG
+from gpupool.isolation.arbiter_control import MSG, SLICE_MAX_US, SLICE_MIN_US
 
 PROGRAM = r"""
 #include <stddef.h>
@@ -30,8 +30,9 @@ int main(void) {
            offsetof(gpupool_arbiter_view, size));
     SHARE(share_id); SHARE(weight); SHARE(priority); SHARE(vtime); SHARE(wanted_ns);
     SHARE(busy_ns); SHARE(pid); SHARE(policy); SHARE(uid); SHARE(waiting); SHARE(resting);
-    SHARE(clients);
+    SHARE(clients); SHARE(slice_us); SHARE(reserved);
     CLIENT(pid); CLIENT(slot); CLIENT(start);
+    printf("slice %u %u\n", GPUPOOL_ARB_SLICE_MIN_US, GPUPOOL_ARB_SLICE_MAX_US);
     printf("share.size %zu\nclient.size %zu\nmsg.size %zu\n", sizeof(gpupool_arbiter_share),
            sizeof(gpupool_arbiter_client), sizeof(gpupool_arbiter_msg));
     return 0;
@@ -55,11 +56,12 @@ def test_python_reads_the_arbiter_at_the_c_offsets(tmp_path: Path) -> None:
     assert c["file.client"] == [arbiter.CLIENTS_OFFSET]
     assert c["client.size"] == [arbiter.CLIENT.size]
     assert c["msg.size"] == [MSG.size]
+    assert c["slice"] == [SLICE_MIN_US, SLICE_MAX_US]
     assert (c["file.version"], c["file.fsize"]) == ([8], [12])  # HEADER: magic, version, size
     assert c["share.size"] == [arbiter.SHARE.size]
     # SHARE's fields in order: each one's offset and size as the struct format lays them out
     fields = ["share_id", "weight", "priority", "vtime", "wanted_ns", "busy_ns", "pid", "policy"]
-    fields += ["uid", "waiting", "resting", "clients"]
+    fields += ["uid", "waiting", "resting", "clients", "slice_us", "reserved"]
     _in_order(c, "share", fields, arbiter.SHARE.format)
     _in_order(c, "client", ["pid", "slot", "start"], arbiter.CLIENT.format)
 

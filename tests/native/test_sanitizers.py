@@ -291,11 +291,12 @@ def test_the_arbiter_with_shares_and_priorities(
     uuid = gpu_uuid(node)
 
     def share(
-        name: str, percent: int = 100, policy: str = "cap", **settings: str
+        name: str, percent: int = 100, policy: str = "cap", slice_us: int = 0, **settings: str
     ) -> dict[str, str]:
         arbiter = ArbiterShare.new()
         priority = settings.get("COMPUTE_PRIORITY")
-        control.register(Registration(arbiter, os.getuid(), (uuid,), percent, priority, policy))
+        terms = Registration(arbiter, os.getuid(), (uuid,), percent, priority, policy, slice_us)
+        control.register(terms)
         named = {"ARBITER_DIR": str(directory), "ARBITER_SHARE": arbiter.setting, **settings}
         if percent < 100:
             named.update(COMPUTE_LIMIT=str(percent), COMPUTE_POLICY=policy)
@@ -308,9 +309,13 @@ def test_the_arbiter_with_shares_and_priorities(
         start([client, "run", 1.5, "kernel"], share("low", COMPUTE_PRIORITY="low")),
         start([client, "run", 30, "kernel"], share("doomed", 50)),
     ]
+    # two latency-bound high shares with short slices among them, one busy, one a request at a
+    # time with gaps between
+    online = share("busy-high", slice_us=2000, COMPUTE_PRIORITY="high")
+    busy.insert(-1, start([client, "run", 1, "kernel"], online))
     with killed_after([*busy, daemon]):
-        # a latency-bound high share among them: one request at a time, gaps between
-        service = run([sanitized.prog("request_loop"), 1, 20, 64, 5000], share("high"))
+        online = share("high", slice_us=2000, COMPUTE_PRIORITY="high")
+        service = run([sanitized.prog("request_loop"), 1, 20, 64, 5000], online)
         assert int(service.step("requests")[0][0]) > 0
         busy[-1].send_signal(signal.SIGKILL)  # killed holding or asking for the lease
         busy[-1].communicate()

@@ -10,6 +10,7 @@ from typing import Any
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, MemoryShare, parse_bytes, parse_memory_share
+from gpupool.isolation.arbiter_control import SLICE_MAX_US, SLICE_MIN_US
 from gpupool.isolation.node import mig_label
 from gpupool.scheduler.gpus import GpuRequest
 
@@ -66,6 +67,9 @@ class JobSpec:
     #: jobs with the same group spread over GPUs where they can (a service's replicas; the
     #: engine's `avoid`, scheduler/gpu_placement.py); empty: none
     spread_group: str = ""
+    #: its lease length at the node's compute arbiter next to busy shares of its priority, in
+    #: microseconds (a `high` service replica's short slice, services.py); 0: the batch window
+    slice_us: int = 0
 
     def __post_init__(self) -> None:
         if not self.argv or not self.argv[0]:
@@ -83,6 +87,11 @@ class JobSpec:
             raise InvalidRequest("mode mig and --mig-profile go together: give the profile")
         if self.mode is Mode.MIG and self.gpus != 1:
             raise InvalidRequest("a MIG job runs on one MIG instance: drop --gpus")
+        if self.slice_us != 0 and not SLICE_MIN_US <= self.slice_us <= SLICE_MAX_US:
+            raise InvalidRequest(
+                f"invalid time slice {self.slice_us} us: {SLICE_MIN_US} us to "
+                f"{SLICE_MAX_US // 1000} ms"
+            )
         self.check_bounds()
         self.request()  # the share itself must be valid
         self.burst_bytes()
@@ -164,6 +173,7 @@ class JobSpec:
             "mig_profile": self.mig_profile,
             "memory_burst": self.memory_burst,
             "spread_group": self.spread_group,
+            "slice_us": self.slice_us,
         }
 
     @classmethod
@@ -182,6 +192,7 @@ class JobSpec:
             mig_profile=data.get("mig_profile"),  # absent from jobs stored before MIG jobs
             memory_burst=data.get("memory_burst"),  # and before elastic memory
             spread_group=data.get("spread_group", ""),  # and before services spread
+            slice_us=data.get("slice_us", 0),  # and before a replica's short slice
         )
 
 

@@ -99,7 +99,13 @@ def _shim_env(
 
 
 def _shim_limits(job: Job) -> ShareLimits:
-    return ShareLimits(job.gpus, _share_memory(job), job.spec.compute, priority=job.spec.priority)
+    return ShareLimits(
+        job.gpus,
+        _share_memory(job),
+        job.spec.compute,
+        priority=job.spec.priority,
+        slice_us=job.spec.slice_us,
+    )
 
 
 def _mig_limits(job: Job, mig: MigUse) -> ShareLimits:
@@ -109,6 +115,7 @@ def _mig_limits(job: Job, mig: MigUse) -> ShareLimits:
         job.spec.compute,
         priority=job.spec.priority,
         mig_uuid=mig.uuid,
+        slice_us=job.spec.slice_us,
     )
 
 

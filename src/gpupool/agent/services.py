@@ -27,6 +27,10 @@ HEALTH_PATH = re.compile(r"/[\x21-\x7e]{0,255}")
 SERVICE_MODES = (Mode.SHIM, Mode.MPS)
 #: seconds a stopping replica's requests may take before it is stopped anyway
 DEFAULT_DRAIN_S = 30.0
+#: a `high` (online) replica's lease at the compute arbiter next to other busy `high` shares of
+#: its GPU, in microseconds: a request that arrives while another online service's runs waits
+#: for at most this and the kernel in flight, not for the batch jobs' 20 ms window
+LATENCY_SLICE_US = 2000
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class ServiceSpec:
             workdir=self.workdir,
             # replicas of one service spread over GPUs where they can; services still pack
             spread_group=f"service/{self.name}",
+            slice_us=LATENCY_SLICE_US if self.priority is Priority.HIGH else 0,
         )
 
     def scaled(self, low: int, high: int) -> ServiceSpec:

@@ -21,12 +21,12 @@ from pathlib import Path
 from gpupool.core.errors import ConfigError
 
 MAGIC = 0x3242524150505047  # b"GPPARB2" as a little-endian u64
-VERSION = 5
+VERSION = 6
 SHARES = 64
 CLIENTS = 256
 HEADER = struct.Struct("<QII")  # magic, version, size
 SHARES_OFFSET = 128
-SHARE = struct.Struct("<QIIQQQiIIIII")  # share_id .. clients
+SHARE = struct.Struct("<QIIQQQiIIIIIII")  # share_id .. clients, slice_us, reserved
 CLIENTS_OFFSET = SHARES_OFFSET + SHARES * SHARE.size
 CLIENT = struct.Struct("<iIQ")  # pid, slot, start
 FILE_SIZE = CLIENTS_OFFSET + CLIENTS * CLIENT.size
@@ -55,6 +55,8 @@ class ArbitratedShare:
     wanted_ns: int
     read_ns: int
     clients: int = 0
+    #: its lease length next to busy shares of its class, in microseconds (0: the batch window)
+    slice_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ def read_shares(path: Path) -> list[ArbitratedShare]:
                     wanted,
                     now,
                     fields[11],
+                    fields[12],
                 )
             )
     return shares

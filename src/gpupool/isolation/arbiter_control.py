@@ -37,6 +37,9 @@ _WHY = {
 }
 _PRIORITIES = {None: 0, "high": 1, "low": 2}
 _POLICIES = {"cap": 0, "share": 1}
+#: the lease lengths a share may register, in microseconds (gpupool_arbiter.h's
+#: GPUPOOL_ARB_SLICE_MIN_US/MAX_US); 0: the arbiter's batch window (20 ms)
+SLICE_MIN_US, SLICE_MAX_US = 100, 1_000_000
 #: where the node's arbiter lives on a real node (root's); a simulated node keeps its own
 NODE_DIR = Path("/run/gpupool/arbiter")
 _START_TIMEOUT_S = 5.0
@@ -72,6 +75,8 @@ class Registration:
     percent: int
     priority: str | None = None
     policy: str = "cap"
+    #: its lease length next to busy shares of its class, in microseconds (0: the batch window)
+    slice_us: int = 0
 
 
 def _path_of(directory: Path) -> tuple[int, str]:
@@ -143,10 +148,17 @@ class ArbiterControl:
         """Hold the share to its terms on each of its GPUs (again: the same terms, updated)."""
         if not 1 <= registration.percent <= 100:
             raise ConfigError(f"a compute share of {registration.percent}% cannot be arbitrated")
+        slice_us = registration.slice_us
+        if slice_us != 0 and not SLICE_MIN_US <= slice_us <= SLICE_MAX_US:
+            raise ConfigError(
+                f"a time slice of {slice_us} us cannot be arbitrated: "
+                f"{SLICE_MIN_US} us to {SLICE_MAX_US // 1000} ms"
+            )
         terms = (
             registration.percent
             | _PRIORITIES[registration.priority] << 8
             | _POLICIES[registration.policy] << 16
+            | slice_us << 32
         )
         share = registration.share
         for gpu in registration.gpu_uuids:

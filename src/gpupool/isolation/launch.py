@@ -43,6 +43,9 @@ class ShareLimits:
     #: the MIG instance the share runs on (its GPU is `gpus[0]`); CUDA shows a process one MIG
     #: device at most, so a share on an instance has exactly one
     mig_uuid: str | None = None
+    #: its lease length at the arbiter next to busy shares of its priority, in microseconds (a
+    #: latency-bound service's short slice); 0: the arbiter's batch window
+    slice_us: int = 0
 
     @property
     def arbitrated(self) -> bool:
@@ -60,7 +63,9 @@ class ShareLimits:
         """What the arbiter holds the share to; `uuids`: the node's GPUs' UUIDs by index."""
         gpus = (self.mig_uuid,) if self.mig_uuid is not None else tuple(uuids[g] for g in self.gpus)
         priority = self.priority.value if self.priority is not None else None
-        return Registration(share, uid, gpus, self.percent, priority, self.policy.value)
+        return Registration(
+            share, uid, gpus, self.percent, priority, self.policy.value, self.slice_us
+        )
 
     def __post_init__(self) -> None:
         if not self.gpus:
