@@ -15,7 +15,9 @@ from tests.agent.multiuser_support import group_daemon
 
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import JobSpec, State
-from gpupool.agent.store import MAX_NODE_EVENTS, MIGRATIONS, Store
+from gpupool.agent.store import Store
+from gpupool.agent.store_events import MAX_NODE_EVENTS
+from gpupool.agent.store_schema import MIGRATIONS
 from gpupool.api.app import PEER_UID, create_app
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import parse_duration

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from tests.agent.daemon_support import until
 
-from gpupool.agent import agent as agent_module
-from gpupool.agent import logs
+from gpupool.agent import launcher, logs
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.devices.factory import open_backend
@@ -51,14 +50,14 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def test_a_job_whose_launch_raises_fails_alone_with_its_reason(
     agent: Agent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = agent_module.launcher.launch
+    real = launcher.launch
 
     def launch(job: Job, *args: Any) -> None:
         if job.spec.name == "bad":
             raise RuntimeError("injected")
         real(job, *args)
 
-    monkeypatch.setattr(agent_module.launcher, "launch", launch)
+    monkeypatch.setattr(launcher, "launch", launch)
     first, bad, last = submit(agent, "first"), submit(agent, "bad"), submit(agent, "last")
     agent.start()
     done = until(lambda: all(agent.store.job(i).state.finished for i in (first, bad, last)))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.agent.jobs import JobSpec, State
-from gpupool.agent.store import MIGRATIONS, SCHEMA_VERSION, Store
+from gpupool.agent.store import Store
+from gpupool.agent.store_schema import MIGRATIONS, SCHEMA_VERSION
 from gpupool.core.errors import ConfigError, DaemonError, NotFound
 
 

@@ -21,10 +21,21 @@ ahead of it"). The rule, and why backfills past a blocked job count as staying, 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 from gpupool.agent.jobs import Job, JobSpec, MigUse, State
+from gpupool.agent.migchoice import (
+    MigChoice,
+    PlacingGpu,
+    choose,
+    enable_hint,
+    gpus_for,
+    instances_on,
+    model_of,
+    profile_of,
+    take,
+)
 from gpupool.agent.migwait import Fairness, Holder, MigGpu, Slot
 from gpupool.agent.store import Store
 from gpupool.core.errors import (
@@ -35,98 +46,9 @@ from gpupool.core.errors import (
     Unschedulable,
 )
 from gpupool.devices.backend import GpuBackend
-from gpupool.devices.snapshot import GpuSnapshot, MigInstance, NodeSnapshot
-from gpupool.mig import catalog
-from gpupool.mig.addition import Addition, additions, best_addition
+from gpupool.devices.snapshot import MigInstance, NodeSnapshot
+from gpupool.mig.addition import best_addition
 from gpupool.mig.planner import Placement
-
-
-@dataclass(frozen=True)
-class MigChoice:
-    """Where a queued MIG job goes: a free instance (`existing`), or a new one at `start`."""
-
-    job: Job
-    gpu: int
-    profile: str
-    start: int
-    existing: MigInstance | None
-
-
-@dataclass
-class _Gpu:
-    """One GPU as MIG admission sees it; `layout` and `free` change as a pass places jobs."""
-
-    index: int
-    model: catalog.GpuModel | None
-    mig_on: bool
-    layout: list[Placement]
-    #: instances no job uses, in start order
-    free: list[MigInstance]
-    #: False when the driver hides instance placements (NVML gives them to root only)
-    placements_known: bool
-    #: `additions` for `layout` by profile (or why none): many queued jobs ask the same
-    known_additions: dict[str, list[Addition] | MigLayoutError] = field(default_factory=dict)
-
-    def additions(self, profile: str) -> list[Addition]:
-        """Every place for a new `profile` instance, best first; MigLayoutError when none."""
-        assert self.model is not None
-        if profile not in self.known_additions:
-            try:
-                self.known_additions[profile] = additions(self.model, self.layout, profile)
-            except MigLayoutError as err:
-                self.known_additions[profile] = err
-        found = self.known_additions[profile]
-        if isinstance(found, MigLayoutError):
-            raise found
-        return found
-
-
-def model_of(gpu: GpuSnapshot) -> catalog.GpuModel | None:
-    """The catalog model of a snapshot's GPU; None for a GPU without MIG."""
-    try:
-        return catalog.get_model(gpu.model)
-    except InvalidRequest:
-        return None
-
-
-def _gpus(snapshot: NodeSnapshot, in_use: set[str], spec: JobSpec) -> list[_Gpu]:
-    gpus = []
-    for gpu in snapshot.gpus:
-        if spec.gpu_models and gpu.model not in spec.gpu_models:
-            continue
-        instances = sorted(gpu.mig.instances if gpu.mig else (), key=lambda i: i.gi_id)
-        known = all(i.placement_start is not None for i in instances)
-        gpus.append(
-            _Gpu(
-                gpu.index,
-                model_of(gpu),
-                bool(gpu.healthy and gpu.mig is not None and gpu.mig.current),
-                [Placement(i.placement_start or 0, i.profile) for i in instances],
-                [i for i in instances if i.uuid is not None and i.uuid not in in_use],
-                known,
-            )
-        )
-    return gpus
-
-
-def _enable_hint(gpus: Iterable[_Gpu]) -> str:
-    index = next(iter(gpus)).index
-    return (
-        f"an admin turns MIG mode on first, e.g. `sudo nvidia-smi -i {index} -mig 1` (and a GPU "
-        "reset), or lays out instances with `gpupool mig apply -f CONFIG.yaml -c NAME`"
-    )
-
-
-def _profile_of(gpus: Sequence[_Gpu], name: str) -> str:
-    """The canonical profile name, or InvalidRequest listing each model's valid profiles."""
-    models = {g.model.name: g.model for g in gpus if g.model is not None}
-    for model in models.values():
-        if model.has_profile(name):
-            return model.profile(name).name
-    if not models:
-        raise InvalidRequest(f"MIG profile {name!r}: no GPU of this node supports MIG")
-    valid = "; ".join(f"{m.name}: {', '.join(m.profile_names)}" for m in models.values())
-    raise InvalidRequest(f"unknown MIG profile {name!r} for this node's GPUs; valid: {valid}")
 
 
 class MigJobs:
@@ -143,21 +65,21 @@ class MigJobs:
     def check_submit(self, spec: JobSpec, snapshot: NodeSnapshot) -> JobSpec:
         """The spec with its profile's canonical name, or one line saying why it never fits."""
         assert spec.mig_profile is not None
-        gpus = _gpus(snapshot, set(), spec)
-        profile = _profile_of(gpus, spec.mig_profile)
+        gpus = gpus_for(snapshot, set(), spec)
+        profile = profile_of(gpus, spec.mig_profile)
         able = [g for g in gpus if g.model is not None and g.model.has_profile(profile)]
         on = [g for g in able if g.mig_on]
         if not on:
             where = ", ".join(str(g.index) for g in able)
             raise Unschedulable(
                 f"MIG profile {profile} needs a GPU in MIG mode; GPU {where} could take it but "
-                f"MIG mode is off: {_enable_hint(able)}"
+                f"MIG mode is off: {enable_hint(able)}"
             )
         ours = {use.uuid for use in self.store.mig_uses().values() if use.created}
         reasons = []
         for gpu in on:
             assert gpu.model is not None
-            instances = [i for i in _instances(snapshot, gpu.index) if i.uuid not in ours]
+            instances = [i for i in instances_on(snapshot, gpu.index) if i.uuid not in ours]
             if any(i.profile == profile for i in instances):
                 return replace(spec, mig_profile=profile)
             if not gpu.placements_known:
@@ -184,16 +106,16 @@ class MigJobs:
         uses = self.store.mig_uses()
         in_use = {use.uuid for use in uses.values()}
         fairness = self._fairness(snapshot, uses)
-        layouts: dict[tuple[str, ...], list[_Gpu]] = {}
+        layouts: dict[tuple[str, ...], list[PlacingGpu]] = {}
         choices: list[MigChoice] = []
         waiting: dict[int, tuple[str, ...]] = {}
         for job in queued:
             # GPUs filtered per model set; the placements of this pass are shared by index
             key = job.spec.gpu_models
             if key not in layouts:
-                layouts[key] = _gpus(snapshot, in_use, job.spec)
+                layouts[key] = gpus_for(snapshot, in_use, job.spec)
             gpus = layouts[key]
-            choice, why = _choose(job, gpus, fairness)
+            choice, why = choose(job, gpus, fairness)
             if choice is None:
                 waiting[job.id] = why
                 fairness.block(job)
@@ -204,7 +126,7 @@ class MigJobs:
             for others in layouts.values():  # the same GPU seen through other model filters
                 for gpu in others:
                     if gpu.index == choice.gpu:
-                        _take(gpu, choice)
+                        take(gpu, choice)
         return choices, waiting
 
     def _fairness(self, snapshot: NodeSnapshot, uses: dict[int, MigUse]) -> Fairness:
@@ -308,7 +230,7 @@ class MigJobs:
         """The GPU's instances from a fresh snapshot: the ones of the daemon's last look may be
         gone since, and a GPU instance id, once free, names the next instance made."""
         with self.lock:
-            return _instances(self.backend.snapshot(), gpu)
+            return instances_on(self.backend.snapshot(), gpu)
 
     def _destroy_made(self, use: MigUse) -> str:
         """Destroy the instance the daemon made for a job, found by its UUID."""
@@ -339,67 +261,3 @@ class MigJobs:
         except (DeviceError, InvalidRequest) as err:
             return f"{label} could not be destroyed: {err}"
         return f"{label} destroyed"
-
-
-def _instances(snapshot: NodeSnapshot, index: int) -> tuple[MigInstance, ...]:
-    gpu = next((g for g in snapshot.gpus if g.index == index), None)
-    return gpu.mig.instances if gpu is not None and gpu.mig is not None else ()
-
-
-def _choose(
-    job: Job, gpus: Sequence[_Gpu], fairness: Fairness
-) -> tuple[MigChoice | None, tuple[str, ...]]:
-    """A free instance of the job's profile first; else the new instance that strands the fewest
-    slices over the GPUs in MIG mode and delays no blocked job; else why not: that it would
-    delay one, or one line per GPU."""
-    assert job.spec.mig_profile is not None
-    profile = job.spec.mig_profile
-    for gpu in gpus:
-        if not gpu.mig_on:
-            continue
-        found = next((i for i in gpu.free if i.profile == profile), None)
-        if found is not None:
-            start = found.placement_start or 0
-            return MigChoice(job, gpu.index, profile, start, found), ()
-    best: tuple[tuple[int, int, int], MigChoice] | None = None
-    why = []
-    victim: int | None = None
-    for gpu in gpus:
-        if gpu.model is None or not gpu.model.has_profile(profile):
-            why.append(f"GPU {gpu.index}: no {profile} profile")
-            continue
-        if not gpu.mig_on:
-            why.append(f"GPU {gpu.index}: MIG mode is off")
-            continue
-        if not gpu.placements_known:
-            why.append(f"GPU {gpu.index}: no free {profile}, and its layout is unknown (not root)")
-            continue
-        try:
-            places = gpu.additions(profile)
-        except MigLayoutError as err:
-            why.append(f"GPU {gpu.index}: no free {profile} instance, none can be added: {err}")
-            continue
-        for addition in places:  # the best place on this GPU that delays no blocked job
-            delayed = fairness.delayed_by(gpu.index, addition.placement)
-            if delayed is not None:
-                victim = delayed if victim is None else victim
-                continue
-            choice = MigChoice(job, gpu.index, profile, addition.placement.start, None)
-            rank = (addition.stranded, -addition.options, gpu.index)
-            if best is None or rank < best[0]:
-                best = (rank, choice)
-            break
-    if best is not None:
-        return best[1], ()
-    if victim is not None:
-        return None, (f"it fits now, but would delay job {victim} queued ahead of it",)
-    return None, tuple(why)
-
-
-def _take(gpu: _Gpu, choice: MigChoice) -> None:
-    """`gpu` as it is once `choice` holds its instance."""
-    if choice.existing is not None:
-        gpu.free = [i for i in gpu.free if i.uuid != choice.existing.uuid]
-    else:
-        gpu.layout.append(Placement(choice.start, choice.profile))
-        gpu.known_additions.clear()

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from gpupool.agent.jobs import Job
 from gpupool.agent.logs import log
-from gpupool.agent.migjobs import MigChoice, MigJobs
+from gpupool.agent.migchoice import MigChoice
+from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.store import Store
 from gpupool.core.errors import GpupoolError
 from gpupool.devices.snapshot import NodeSnapshot
