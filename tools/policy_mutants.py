@@ -28,6 +28,12 @@ MUTANTS = [
         "return None",
     ),
     (
+        "gpupool-sizes",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "if 0 < np.count_nonzero(able) <= KEPT_PER_EXPECTED_POD * size.share * expected:",
+        "if 0 < np.count_nonzero(able) <= KEPT_PER_EXPECTED_POD * size.share:",
+    ),
+    (
         "random",
         "src/gpupool/scheduler/paper.py",
         "node = int(feasible[self._rng.integers(feasible.size)])",
