@@ -255,8 +255,13 @@ def test_gpupool_keeps_the_last_idle_nodes_that_can_take_the_widest_pod() -> Non
     ]
     wide = Request(gpus=8, compute=1000, cpu=120_000, host_memory=64 * GiB)
     small = whole(1, cpu=1000)
-    target = TargetWorkload.from_requests([small] * 20 + [wide])
+    # one wide pod in 201: too rare for the per-size reserve (2 x 15.5 / 201 < 1 node), so n0
+    # is kept by the RESERVED_NODES rule alone
+    target = TargetWorkload.from_requests([small] * 200 + [wide])
     assert target.widest.gpus == 8 and target.widest.cpu == 120_000
+    policy = make_policy("gpupool", seed=0, target_workload=target)
+    assert isinstance(policy, GpupoolPolicy)
+    assert policy.kept_by_size(ClusterState(nodes), demand_of(small)) is None
     for seed in range(6):  # whatever the node order, the small pod leaves n0 whole
         placement = place(
             ClusterState(nodes), small, make_policy("gpupool", seed=seed, target_workload=target)
