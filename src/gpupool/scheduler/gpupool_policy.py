@@ -18,7 +18,12 @@ The term opens idle big nodes sooner than FGD does, and the workload's widest po
 up to 120 cores in the trace) then find none left: before the cluster fills, `gpupool` turned
 them away where FGD did not. So once no more than RESERVED_NODES idle nodes could still take the
 widest pod (its GPUs, and the most CPU and host memory such pods ask), those nodes are kept for
-pods that wide: a narrower pod goes there only when nothing else fits.
+pods that wide: a narrower pod goes there only when nothing else fits. The widest pods come in
+CPU sizes (8 GPUs with 64, 88 or 120 cores), and the smaller ones fail too once the term has
+opened every idle 8-GPU node: so for each size, the idle nodes able to take one are kept the
+same way from other pods once they are no more than KEPT_PER_EXPECTED_POD times the pods of that
+size (or more CPU) expected among those that would fill the free GPUs. That reserve follows the
+target's own mix of wide pods, and shrinks to nothing as the cluster fills.
 
 The stranding term assumes a pod may use any node. When the target workload has specs bound to
 GPU models, it pulls unconstrained pods that are heavy on CPU onto the CPU-rich nodes, which in
