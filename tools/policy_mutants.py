@@ -30,8 +30,8 @@ MUTANTS = [
     (
         "gpupool-sizes",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "if 0 < np.count_nonzero(able) <= KEPT_PER_EXPECTED_POD * size.share * expected:",
-        "if 0 < np.count_nonzero(able) <= KEPT_PER_EXPECTED_POD * size.share:",
+        "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share * expected",
+        "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share",
     ),
     (
         "random",

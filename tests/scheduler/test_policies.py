@@ -24,7 +24,7 @@ from gpupool.scheduler import (
     place,
 )
 from gpupool.scheduler.fgd import fragment_options
-from gpupool.scheduler.gpupool_policy import GpupoolPolicy, stranded_milli
+from gpupool.scheduler.gpupool_policy import GpupoolPolicy, WideIdle, stranded_milli
 from gpupool.scheduler.paper import (
     BestFitPolicy,
     ClusteringPolicy,
@@ -321,3 +321,28 @@ def test_target_workload_counts_the_widest_pods_by_cpu_size() -> None:
     )
     assert target.gpu_milli_per_pod == (6 + 4 * 8) * 1000 / 10
     assert TargetWorkload.from_requests([whole(1)] * 3).widest.sizes == ()
+
+
+def test_the_idle_wide_nodes_follow_every_change_of_the_state() -> None:
+    nodes = [
+        NodeSpec(f"n{i}", cpu=cpu, host_memory=512 * GiB, gpu_count=gpus, gpu_model="A")
+        for i, (cpu, gpus) in enumerate([(128_000, 8), (96_000, 8), (64_000, 8), (96_000, 4)])
+    ]
+    sizes = (WideSize(120_000, 0, 0.01), WideSize(64_000, 64 * GiB, 0.02))
+    state = ClusterState(nodes)
+    wide = WideIdle(state, 8, sizes)
+    assert wide.counts == [1, 3]
+    state.observer("wide", lambda: wide)
+    steps = [
+        (cpu_only(cpu=40_000), Placement(0, (), 0)),  # n0 keeps its GPUs, loses the 120 cores
+        (whole(1, cpu=0), Placement(1, (3,), 1000)),  # n1 is no longer idle
+        (whole(2, cpu=0), Placement(3, (0, 1), 1000)),  # a 4-GPU node never counts
+    ]
+    for request, placement in steps:
+        state.allocate(request, placement)
+        fresh = WideIdle(state, 8, sizes)
+        assert wide.counts == fresh.counts and (wide.able == fresh.able).all()
+    assert wide.counts == [0, 2]
+    for request, placement in reversed(steps):
+        state.release(request, placement)
+    assert wide.counts == [1, 3]

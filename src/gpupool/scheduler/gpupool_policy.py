@@ -40,7 +40,7 @@ from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
-from gpupool.scheduler.workload import TargetWorkload
+from gpupool.scheduler.workload import TargetWorkload, WideSize
 
 #: idle nodes able to take the workload's widest pod that are kept for such pods: once no more
 #: than this many are left, narrower pods go there only when nothing else fits (measured on the
@@ -87,6 +87,8 @@ class GpupoolPolicy(TargetedPolicy):
         largest = max((spec.gpus for spec in target.specs), default=0)
         #: idle nodes with at least this many GPUs are kept for multi-GPU pods (0: none)
         self.keep_idle_gpus = largest if largest > 1 else 0
+        #: the widest pods' CPU sizes, largest first (none when the GPU milli per pod is unknown)
+        self.sizes = target.widest.sizes if target.gpu_milli_per_pod > 0 else ()
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
@@ -134,16 +136,55 @@ class GpupoolPolicy(TargetedPolicy):
         KEPT_PER_EXPECTED_POD x the pods of that size (or more CPU) expected to fill the free
         GPUs; None when no size is that short."""
         widest = self.target.widest
-        per_pod = self.target.gpu_milli_per_pod
-        if widest.gpus < 2 or per_pod <= 0:
+        if widest.gpus < 2 or not self.sizes:
             return None
-        expected = (state.total_gpu_milli - state.allocated_gpu_milli) / per_pod
-        idle = (state.full_free == state.gpu_count) & (state.gpu_count >= widest.gpus)
-        kept: BoolArray | None = None
-        for size in widest.sizes:
-            if demand.gpus >= widest.gpus and demand.cpu >= size.cpu:
-                continue  # a pod of this size (or wider): the nodes are kept for it
-            able = idle & (state.cpu_free >= size.cpu) & (state.mem_free >= size.host_memory)
-            if 0 < np.count_nonzero(able) <= KEPT_PER_EXPECTED_POD * size.share * expected:
-                kept = able if kept is None else kept | able
+        wide = state.observer(
+            ("gpupool-wide-idle", widest.gpus, tuple((z.cpu, z.host_memory) for z in self.sizes)),
+            lambda: WideIdle(state, widest.gpus, self.sizes),
+        )
+        expected = (
+            state.total_gpu_milli - state.allocated_gpu_milli
+        ) / self.target.gpu_milli_per_pod
+        short = [
+            k
+            for k, size in enumerate(self.sizes)
+            # a pod of this size (or wider) is what the nodes are kept for
+            if not (demand.gpus >= widest.gpus and demand.cpu >= size.cpu)
+            and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share * expected
+        ]
+        if not short:
+            return None
+        kept: BoolArray = np.asarray(wide.able[:, short].any(axis=1), np.bool_)
         return kept
+
+
+class WideIdle:
+    """Which idle nodes could take a pod of each CPU size of the widest pods, and how many,
+    kept up to date node by node as the state changes (a state observer)."""
+
+    def __init__(self, state: ClusterState, gpus: int, sizes: tuple[WideSize, ...]) -> None:
+        self.state = state
+        self.gpus = gpus
+        self.sizes = sizes
+        idle = (state.full_free == state.gpu_count) & (state.gpu_count >= gpus)
+        self.able: BoolArray = np.stack(
+            [
+                idle & (state.cpu_free >= size.cpu) & (state.mem_free >= size.host_memory)
+                for size in sizes
+            ],
+            axis=1,
+        )
+        self.counts: list[int] = [int(n) for n in self.able.sum(axis=0)]
+
+    def refresh_node(self, node: int) -> None:
+        state = self.state
+        count = int(state.gpu_count[node])
+        idle = count >= self.gpus and int(state.full_free[node]) == count
+        cpu = int(state.cpu_free[node])
+        memory = int(state.mem_free[node])
+        row = self.able[node]
+        for k, size in enumerate(self.sizes):
+            able = idle and cpu >= size.cpu and memory >= size.host_memory
+            if able != row[k]:
+                row[k] = able
+                self.counts[k] += 1 if able else -1
