@@ -46,11 +46,10 @@ from gpupool.scheduler.workload import TargetWorkload, WideSize
 #: than this many are left, narrower pods go there only when nothing else fits (measured on the
 #: trace's 1213 nodes: 40 keeps `fgd`'s early curve, 10 and 20 do not)
 RESERVED_NODES = 40
-#: idle nodes kept for each CPU size of the widest pods, per such pod expected: a size's pods
-#: (and the wider in CPU) are expected share x free GPU milli / GPU milli per pod times among the
-#: pods that would fill the free GPUs, and this many idle nodes able to take one are kept per
-#: pod (measured on cpu300, seeds 42-51: 1.5 leaves it behind `fgd` at 81 % arrived, 2 never;
-#: 4 gives up 1.4 points at 100 %, seeds 42-44)
+#: idle nodes kept for each CPU size of the widest pods, per pod of that size (or more CPU)
+#: expected among those that would fill the free GPUs (share x free GPU milli / GPU milli per
+#: pod); measured on cpu300: 1.5 leaves it behind `fgd` at 81 % arrived (seeds 42-51), 2 never;
+#: 4 gives up 1.8 of the 2.2 points it wins at 100 % (seeds 42-44)
 KEPT_PER_EXPECTED_POD = 2.0
 #: what using a reserved node costs a narrower pod's score (more than any fragment change)
 RESERVE_PENALTY = 1e7
