@@ -28,6 +28,12 @@ MUTANTS = [
         "return None",
     ),
     (
+        "gpupool-sizes",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share * expected",
+        "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share",
+    ),
+    (
         "random",
         "src/gpupool/scheduler/paper.py",
         "node = int(feasible[self._rng.integers(feasible.size)])",

@@ -8,7 +8,7 @@ import pytest
 from tests.scheduler.helpers import share, three_nodes
 
 from gpupool.core.errors import InvalidRequest
-from gpupool.core.resources import NodeSpec
+from gpupool.core.resources import NodeSpec, Request
 from gpupool.core.units import GiB
 from gpupool.k8s.fleet import priorities
 from gpupool.scheduler import ClusterState, Placement, fragment_index, make_policy, place
@@ -16,7 +16,7 @@ from gpupool.scheduler.gpu_placement import node_state
 from gpupool.scheduler.gpus import GpuRequest, GpuView
 from gpupool.scheduler.recent import MAX_SHAPES, PRIOR_WEIGHT, RecentShapes
 from gpupool.scheduler.state import GpuSlots
-from gpupool.scheduler.workload import PRIOR, TargetWorkload, spec_of
+from gpupool.scheduler.workload import PRIOR, TargetWorkload, WideSize, Widest, spec_of
 
 
 def test_random_takes_only_feasible_nodes_and_reaches_each_of_them() -> None:
@@ -133,3 +133,13 @@ def test_policy_scores_become_extender_priorities_best_ten() -> None:
     assert priorities(np.array([3.0, 1.0, 2.0])).tolist() == [10, 0, 5]
     assert priorities(np.array([7.0, 7.0])).tolist() == [10, 10]
     assert priorities(np.array([])).tolist() == []
+
+
+def test_recent_shapes_count_the_widest_by_cpu_and_the_gpu_milli_per_pod() -> None:
+    one = spec_of(GpuRequest(1, 500))
+    four_small = spec_of(Request(gpus=4, compute=1000, cpu=8000))
+    four_big = spec_of(Request(gpus=4, compute=1000, cpu=32000))
+    target = RecentShapes({one: 6.0, four_small: 3.0, four_big: 1.0}).target()
+    assert target.widest == Widest(4, 32000, 0, (WideSize(32000, 0, 0.1), WideSize(8000, 0, 0.4)))
+    assert target.gpu_milli_per_pod == pytest.approx((6 * 500 + 4 * 4000) / 10)
+    assert RecentShapes().target().widest.sizes == ()  # the prior: one GPU at most

@@ -18,19 +18,20 @@ from gpupool.scheduler import (
     ClusterState,
     Placement,
     TargetWorkload,
+    demand_of,
     fragment_index,
     make_policy,
     place,
 )
 from gpupool.scheduler.fgd import fragment_options
-from gpupool.scheduler.gpupool_policy import stranded_milli
+from gpupool.scheduler.gpupool_policy import GpupoolPolicy, WideIdle, stranded_milli
 from gpupool.scheduler.paper import (
     BestFitPolicy,
     ClusteringPolicy,
     DotProdPolicy,
     PackingPolicy,
 )
-from gpupool.scheduler.workload import PodSpec
+from gpupool.scheduler.workload import PodSpec, WideSize, Widest
 
 ALL = np.arange(3)
 
@@ -254,8 +255,13 @@ def test_gpupool_keeps_the_last_idle_nodes_that_can_take_the_widest_pod() -> Non
     ]
     wide = Request(gpus=8, compute=1000, cpu=120_000, host_memory=64 * GiB)
     small = whole(1, cpu=1000)
-    target = TargetWorkload.from_requests([small] * 20 + [wide])
+    # one wide pod in 201: too rare for the per-size reserve (2 x 15.5 / 201 < 1 node), so n0
+    # is kept by the RESERVED_NODES rule alone
+    target = TargetWorkload.from_requests([small] * 200 + [wide])
     assert target.widest.gpus == 8 and target.widest.cpu == 120_000
+    policy = make_policy("gpupool", seed=0, target_workload=target)
+    assert isinstance(policy, GpupoolPolicy)
+    assert policy.kept_by_size(ClusterState(nodes), demand_of(small)) is None
     for seed in range(6):  # whatever the node order, the small pod leaves n0 whole
         placement = place(
             ClusterState(nodes), small, make_policy("gpupool", seed=seed, target_workload=target)
@@ -266,3 +272,77 @@ def test_gpupool_keeps_the_last_idle_nodes_that_can_take_the_widest_pod() -> Non
     full.allocate(whole(8, cpu=1000), Placement(1, tuple(range(8)), 1000))
     placement = place(full, small, make_policy("gpupool", seed=0, target_workload=target))
     assert placement is not None and placement.node == 0
+
+
+def test_gpupool_keeps_idle_nodes_for_each_size_of_the_widest_pods_as_many_are_expected() -> None:
+    base = small_target()
+    big = NodeSpec("big", cpu=64_000, host_memory=GiB, gpu_count=8, gpu_model="A")
+    small = NodeSpec("small", cpu=15_000, host_memory=GiB, gpu_count=2, gpu_model="A")
+
+    def target(share_64: float) -> TargetWorkload:
+        # widest pods: 8 GPUs with 120 cores (no node takes them) or with 64 cores (big does)
+        sizes = (WideSize(120_000, 0, share_64 / 2), WideSize(64_000, 0, share_64))
+        return TargetWorkload(
+            base.specs,
+            base.probabilities,
+            cpu_per_gpu_milli=10.0,
+            widest=Widest(8, 120_000, 0, sizes),
+            gpu_milli_per_pod=1000.0,
+        )
+
+    request = whole(1, cpu=0)
+    # Without a reserve big wins (stranding reward 500 against 250, as above). The free GPUs
+    # (10,000 milli at 1,000 per pod) expect 10 pods; 10 % of them 8-GPU pods of 64 cores or
+    # more: 2 x 1 = 2 >= 1 able node, so big is kept; at 1 %, 0.2 < 1, it is not.
+    for seed in range(4):
+        kept = make_policy("gpupool", seed=seed, target_workload=target(0.1))
+        assert place(ClusterState([big, small]), request, kept) == Placement(1, (0,), 1000)
+        free = make_policy("gpupool", seed=seed, target_workload=target(0.01))
+        assert place(ClusterState([big, small]), request, free) == Placement(0, (0,), 1000)
+    # a pod of that size is what the node is kept for
+    policy = make_policy("gpupool", seed=0, target_workload=target(0.1))
+    assert isinstance(policy, GpupoolPolicy)
+    state = ClusterState([big, small])
+    assert policy.kept_by_size(state, demand_of(whole(8, cpu=64_000))) is None
+    assert policy.kept_by_size(state, demand_of(whole(8, cpu=32_000))) is not None
+    # once only big has room, the pod goes there all the same
+    state.allocate(demand_of(whole(2, cpu=0)), Placement(1, (0, 1), 1000))
+    assert place(state, request, kept) == Placement(0, (0,), 1000)
+
+
+def test_target_workload_counts_the_widest_pods_by_cpu_size() -> None:
+    pods = [whole(1)] * 6 + [whole(8, cpu=64_000), whole(8, cpu=64_000), whole(8, cpu=120_000)]
+    pods.append(whole(8, cpu=88_000, memory=8 * GiB))
+    target = TargetWorkload.from_requests(pods)
+    assert target.widest.sizes == (
+        WideSize(120_000, 0, 0.1),
+        WideSize(88_000, 8 * GiB, 0.2),
+        WideSize(64_000, 0, 0.4),
+    )
+    assert target.gpu_milli_per_pod == (6 + 4 * 8) * 1000 / 10
+    assert TargetWorkload.from_requests([whole(1)] * 3).widest.sizes == ()
+
+
+def test_the_idle_wide_nodes_follow_every_change_of_the_state() -> None:
+    nodes = [
+        NodeSpec(f"n{i}", cpu=cpu, host_memory=512 * GiB, gpu_count=gpus, gpu_model="A")
+        for i, (cpu, gpus) in enumerate([(128_000, 8), (96_000, 8), (64_000, 8), (96_000, 4)])
+    ]
+    sizes = (WideSize(120_000, 0, 0.01), WideSize(64_000, 64 * GiB, 0.02))
+    state = ClusterState(nodes)
+    wide = WideIdle(state, 8, sizes)
+    assert wide.counts == [1, 3]
+    state.observer("wide", lambda: wide)
+    steps = [
+        (cpu_only(cpu=40_000), Placement(0, (), 0)),  # n0 keeps its GPUs, loses the 120 cores
+        (whole(1, cpu=0), Placement(1, (3,), 1000)),  # n1 is no longer idle
+        (whole(2, cpu=0), Placement(3, (0, 1), 1000)),  # a 4-GPU node never counts
+    ]
+    for request, placement in steps:
+        state.allocate(request, placement)
+        fresh = WideIdle(state, 8, sizes)
+        assert wide.counts == fresh.counts and (wide.able == fresh.able).all()
+    assert wide.counts == [0, 2]
+    for request, placement in reversed(steps):
+        state.release(request, placement)
+    assert wide.counts == [1, 3]

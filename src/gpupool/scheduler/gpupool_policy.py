@@ -18,7 +18,12 @@ The term opens idle big nodes sooner than FGD does, and the workload's widest po
 up to 120 cores in the trace) then find none left: before the cluster fills, `gpupool` turned
 them away where FGD did not. So once no more than RESERVED_NODES idle nodes could still take the
 widest pod (its GPUs, and the most CPU and host memory such pods ask), those nodes are kept for
-pods that wide: a narrower pod goes there only when nothing else fits.
+pods that wide: a narrower pod goes there only when nothing else fits. The widest pods come in
+CPU sizes (8 GPUs with 64, 88 or 120 cores), and the smaller ones fail too once the term has
+opened every idle 8-GPU node: so for each size, the idle nodes able to take one are kept the
+same way from other pods once they are no more than KEPT_PER_EXPECTED_POD times the pods of that
+size (or more CPU) expected among those that would fill the free GPUs. That reserve follows the
+target's own mix of wide pods, and shrinks to nothing as the cluster fills.
 
 The stranding term assumes a pod may use any node. When the target workload has specs bound to
 GPU models, it pulls unconstrained pods that are heavy on CPU onto the CPU-rich nodes, which in
@@ -35,12 +40,17 @@ from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
-from gpupool.scheduler.workload import TargetWorkload
+from gpupool.scheduler.workload import TargetWorkload, WideSize
 
 #: idle nodes able to take the workload's widest pod that are kept for such pods: once no more
 #: than this many are left, narrower pods go there only when nothing else fits (measured on the
 #: trace's 1213 nodes: 40 keeps `fgd`'s early curve, 10 and 20 do not)
 RESERVED_NODES = 40
+#: idle nodes kept for each CPU size of the widest pods, per pod of that size (or more CPU)
+#: expected among those that would fill the free GPUs (share x free GPU milli / GPU milli per
+#: pod); measured on cpu300: 1.5 leaves it behind `fgd` at 81 % arrived (seeds 42-51), 2 never;
+#: 4 gives up 1.8 of the 2.2 points it wins at 100 % (seeds 42-44)
+KEPT_PER_EXPECTED_POD = 2.0
 #: what using a reserved node costs a narrower pod's score (more than any fragment change)
 RESERVE_PENALTY = 1e7
 #: weight of the stranded-GPU term against FGD's fragment decrease (both in GPU milli);
@@ -76,6 +86,8 @@ class GpupoolPolicy(TargetedPolicy):
         largest = max((spec.gpus for spec in target.specs), default=0)
         #: idle nodes with at least this many GPUs are kept for multi-GPU pods (0: none)
         self.keep_idle_gpus = largest if largest > 1 else 0
+        #: the widest pods' CPU sizes, largest first (none when the GPU milli per pod is unknown)
+        self.sizes = target.widest.sizes if target.gpu_milli_per_pod > 0 else ()
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
@@ -98,9 +110,9 @@ class GpupoolPolicy(TargetedPolicy):
             change = np.where(kept, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
         scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)
-        reserved = self.reserved(state, demand)
-        if reserved is not None:
-            scores = scores - RESERVE_PENALTY * reserved[nodes]
+        for reserved in (self.reserved(state, demand), self.kept_by_size(state, demand)):
+            if reserved is not None:
+                scores = scores - RESERVE_PENALTY * reserved[nodes]
         return scores
 
     def reserved(self, state: ClusterState, demand: Demand) -> BoolArray | None:
@@ -116,3 +128,62 @@ class GpupoolPolicy(TargetedPolicy):
             & (state.mem_free >= widest.host_memory)
         )
         return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None
+
+    def kept_by_size(self, state: ClusterState, demand: Demand) -> BoolArray | None:
+        """The idle nodes kept for each CPU size of the widest pods that `demand` is not: those
+        able to take a pod of that size, when there are no more of them than
+        KEPT_PER_EXPECTED_POD x the pods of that size (or more CPU) expected to fill the free
+        GPUs; None when no size is that short."""
+        widest = self.target.widest
+        if widest.gpus < 2 or not self.sizes:
+            return None
+        wide = state.observer(
+            ("gpupool-wide-idle", widest.gpus, tuple((z.cpu, z.host_memory) for z in self.sizes)),
+            lambda: WideIdle(state, widest.gpus, self.sizes),
+        )
+        expected = (
+            state.total_gpu_milli - state.allocated_gpu_milli
+        ) / self.target.gpu_milli_per_pod
+        short = [
+            k
+            for k, size in enumerate(self.sizes)
+            # a pod of this size (or wider) is what the nodes are kept for
+            if not (demand.gpus >= widest.gpus and demand.cpu >= size.cpu)
+            and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share * expected
+        ]
+        if not short:
+            return None
+        kept: BoolArray = np.asarray(wide.able[:, short].any(axis=1), np.bool_)
+        return kept
+
+
+class WideIdle:
+    """Which idle nodes could take a pod of each CPU size of the widest pods, and how many,
+    kept up to date node by node as the state changes (a state observer)."""
+
+    def __init__(self, state: ClusterState, gpus: int, sizes: tuple[WideSize, ...]) -> None:
+        self.state = state
+        self.gpus = gpus
+        self.sizes = sizes
+        idle = (state.full_free == state.gpu_count) & (state.gpu_count >= gpus)
+        self.able: BoolArray = np.stack(
+            [
+                idle & (state.cpu_free >= size.cpu) & (state.mem_free >= size.host_memory)
+                for size in sizes
+            ],
+            axis=1,
+        )
+        self.counts: list[int] = [int(n) for n in self.able.sum(axis=0)]
+
+    def refresh_node(self, node: int) -> None:
+        state = self.state
+        count = int(state.gpu_count[node])
+        idle = count >= self.gpus and int(state.full_free[node]) == count
+        cpu = int(state.cpu_free[node])
+        memory = int(state.mem_free[node])
+        row = self.able[node]
+        for k, size in enumerate(self.sizes):
+            able = idle and cpu >= size.cpu and memory >= size.host_memory
+            if able != row[k]:
+                row[k] = able
+                self.counts[k] += 1 if able else -1

@@ -19,7 +19,14 @@ from gpupool.core.resources import Request
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.gpus import GpuRequest
-from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, Widest, spec_of
+from gpupool.scheduler.workload import (
+    PRIOR,
+    PodSpec,
+    TargetWorkload,
+    Widest,
+    spec_of,
+    wide_sizes,
+)
 
 #: submissions after which a shape's weight has halved
 HALF_LIFE = 200
@@ -63,10 +70,21 @@ class RecentShapes:
             ranked = sorted(self.weights.items(), key=lambda item: -item[1])
             total = sum(weight for _, weight in ranked)
             widest = max((spec.gpus for spec, _ in ranked), default=0)
+            # a shape carries no host memory: the widest sizes are kept by CPU alone
+            wide = [(spec.cpu, 0, w) for spec, w in ranked if spec.gpus == widest]
             self._target = TargetWorkload(
                 tuple(spec for spec, _ in ranked),
                 tuple(w / total for _, w in ranked),
-                widest=Widest(widest),
+                widest=Widest(
+                    widest,
+                    max((cpu for cpu, _, _ in wide), default=0),
+                    sizes=wide_sizes(wide, total) if widest > 1 else (),
+                ),
+                gpu_milli_per_pod=(
+                    sum(w * spec.gpus * spec.gpu_milli for spec, w in ranked) / total
+                    if total
+                    else 0.0
+                ),
             )
         return self._target
 

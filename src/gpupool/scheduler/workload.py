@@ -51,13 +51,25 @@ def spec_of(request: Request | GpuRequest | Demand) -> PodSpec:
 
 
 @dataclass(frozen=True)
+class WideSize:
+    """One CPU size of a workload's widest pods: the CPU (milli) they ask, the most host memory
+    (bytes) any of that size asks, and the share of all pods that are this wide and ask at least
+    this much CPU (they all need a node with this much free)."""
+
+    cpu: int
+    host_memory: int
+    share: float
+
+
+@dataclass(frozen=True)
 class Widest:
-    """The widest pods of a workload: their GPU count, and the most CPU (milli) and host memory
-    (bytes) any of them asks."""
+    """The widest pods of a workload: their GPU count, the most CPU (milli) and host memory
+    (bytes) any of them asks, and their CPU sizes (largest first; none below 2 GPUs)."""
 
     gpus: int = 0
     cpu: int = 0
     host_memory: int = 0
+    sizes: tuple[WideSize, ...] = ()
 
     @classmethod
     def of(cls, demands: Sequence[Demand]) -> Widest:
@@ -67,7 +79,21 @@ class Widest:
             gpus,
             max((d.cpu for d in wide), default=0),
             max((d.host_memory for d in wide), default=0),
+            wide_sizes([(d.cpu, d.host_memory, 1.0) for d in wide], len(demands))
+            if gpus > 1
+            else (),
         )
+
+
+def wide_sizes(pods: Sequence[tuple[int, int, float]], total: float) -> tuple[WideSize, ...]:
+    """The sizes of the widest pods, given each as (CPU, host memory, weight) out of `total`
+    weight for the whole workload: largest CPU first, each with the weight at or above it."""
+    sizes: list[WideSize] = []
+    for cpu in sorted({pod[0] for pod in pods}, reverse=True):
+        memory = max(pod[1] for pod in pods if pod[0] == cpu)
+        weight = sum(pod[2] for pod in pods if pod[0] >= cpu)
+        sizes.append(WideSize(cpu, memory, weight / total if total else 0.0))
+    return tuple(sizes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +112,9 @@ class TargetWorkload:
     #: the widest pod of the workload (most GPUs; the most CPU and host memory any of the pods
     #: that wide asks), rare pods included: `gpupool` keeps a few idle nodes able to take it
     widest: Widest = field(default_factory=lambda: Widest())
+    #: GPU milli asked per pod, CPU-only pods included (0: not known): with the widest pods'
+    #: shares, how many of them the free GPUs are expected to meet
+    gpu_milli_per_pod: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.specs) != len(self.probabilities):
@@ -119,6 +148,7 @@ class TargetWorkload:
                 sum(r.host_memory for r in demands) / gpu_milli if gpu_milli else 0.0
             ),
             widest=Widest.of(demands),
+            gpu_milli_per_pod=gpu_milli / len(demands) if demands else 0.0,
         )
 
 
