@@ -32,6 +32,10 @@ class FragmentOptions:
         return result
 
 
+#: stale nodes up to which the one-GPU share case is worked out in plain Python
+FEW_NODES = 8
+
+
 @functools.cache
 def _earlier(width: int) -> BoolArray:
     """[i, j]: slot j comes before slot i."""
@@ -97,6 +101,8 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         memory = request.memory_on(state.gpu_mem_total[nodes])
         after = index.after_taking(nodes, chosen, request.compute, memory, request.cpu)
         return after, no_gpu
+    if plain and nodes.size <= FEW_NODES:
+        return _share_after_few(index, request, nodes)
     if plain:  # the nodes are feasible: in a simple state, every GPU is of an allowed model
         rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
     else:
@@ -110,6 +116,37 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
     first_best = np.flatnonzero(is_best)
     _, pick = np.unique(rows[first_best], return_index=True)
     return best_after, cols[first_best[pick]]
+
+
+def _share_after_few(
+    index: FragmentIndex, request: Demand, nodes: IntArray
+) -> tuple[FloatArray, IntArray]:
+    """The plain one-GPU share case of `_after` for a few nodes (usually the one a placement
+    changed): the same candidates (distinct_fitting's) and the same fragment call, the
+    bookkeeping around them in plain Python, which costs less than numpy's per-call overhead
+    at this size."""
+    milli = request.compute
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, free in enumerate(index.state.gpu_free[nodes].tolist()):
+        seen: set[int] = set()
+        for col, value in enumerate(free):
+            if value >= milli and value not in seen:
+                rows.append(row)
+                cols.append(col)
+            seen.add(value)
+    slots = np.array(cols, np.int64)
+    where = nodes[rows]
+    memory = request.memory_on(index.state.gpu_mem_total[where, slots])
+    cand_after = index.after_share(where, slots, milli, memory, request.cpu).tolist()
+    # per node the lowest F after, the lowest slot on ties (rows come in order, slots ascending)
+    best_after = [0.0] * nodes.size
+    best_gpu = [-1] * nodes.size
+    for row, col, after in zip(rows, cols, cand_after, strict=True):
+        if best_gpu[row] < 0 or after < best_after[row]:
+            best_after[row] = after
+            best_gpu[row] = col
+    return np.array(best_after, np.float64), np.array(best_gpu, np.int64)
 
 
 def placement_for(

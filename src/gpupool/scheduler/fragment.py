@@ -71,6 +71,12 @@ class FragmentIndex:
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
         self._after: dict[tuple[object, ...], AfterCache] = {}
+        # simple case: what one GPU with f milli free adds to cnt and to less, per spec, at
+        # row f + 1 (row 0: no GPU), so that a node's counters are two lookups and two sums
+        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
+        present = free >= 0
+        self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
+        self.less_table: IntArray = np.where(present & (free < self.spec_milli), free, 0)
         self._refresh_rows(np.arange(n))
 
     @property
@@ -81,7 +87,29 @@ class FragmentIndex:
     def refresh_node(self, node: int) -> None:
         """Recompute node `node` after its free resources changed."""
         self.version[node] += 1
-        self._refresh_rows(np.array([node]))
+        if not self.simple:
+            self._refresh_rows(np.array([node]))
+            return
+        # one row: table lookups and scalars (per-call overhead dominates arrays this small)
+        free = self.state.gpu_free[node] + 1
+        cnt = self.hold_table[free].sum(axis=0)
+        less = self.less_table[free].sum(axis=0)
+        self.cnt[node] = cnt
+        self.less[node] = less
+        self.frag[node] = self.fragment_of(node, cnt, less, self.state.gpu_free_total[node], 0)
+
+    def fragment_of(
+        self, node: int, cnt: IntArray, less: IntArray, gpu_total: int, cpu_request: int
+    ) -> float:
+        """`fragment` of the one row `node` (simple case): the same arithmetic, the same
+        (1, M) product, so the same bits."""
+        fits = (
+            self.node_ok[node]
+            & (self.spec_cpu <= self.state.cpu_free[node] - cpu_request)
+            & (cnt >= self.spec_gpus)
+        )
+        per_spec = np.where(fits, less, gpu_total)
+        return float((per_spec[None, :] @ self.prob)[0])
 
     def after_cache(self, shape: tuple[object, ...]) -> AfterCache:
         """The cache of per-node answers for a request shape."""
@@ -174,15 +202,17 @@ class FragmentIndex:
         state = self.state
         old = state.gpu_free[nodes, gpus]
         new = old - milli
-        if self.simple:
-            u = self.spec_milli[None, :]
-            was, now = old[:, None] >= u, new[:, None] >= u
+        if self.simple:  # the GPU is present and fits: old and new are 0..1000
+            cnt = self.cnt[nodes] - self.hold_table[old + 1] + self.hold_table[new + 1]
+            less = self.less[nodes] - self.less_table[old + 1] + self.less_table[new + 1]
         else:
             mold = state.gpu_mem_free[nodes, gpus]
             was = self.holds(nodes, gpus, old, mold)
             now = self.holds(nodes, gpus, new, mold - memory)
-        cnt = self.cnt[nodes] - was + now
-        less = self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
+            cnt = self.cnt[nodes] - was + now
+            less = (
+                self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
+            )
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 

@@ -278,12 +278,13 @@ class ClusterState:
         self.cpu_free[n] += sign * demand.cpu
         self.mem_free[n] += sign * demand.host_memory
         if placement.gpus:
-            gpus = list(placement.gpus)
-            self.gpu_free[n, gpus] += sign * placement.milli
+            # element by element: cheaper than fancy indexing for a pod's few GPUs
+            for gpu in placement.gpus:
+                self.gpu_free[n, gpu] += sign * placement.milli
             if demand.asks_memory:
-                self.gpu_mem_free[n, gpus] += sign * memory
+                self.gpu_mem_free[n, list(placement.gpus)] += sign * memory
             self.class_pods[n, pod_class(demand)] -= sign
-            self._derive(n)
+            self._derive_one(n)
         for observer in self._observers.values():
             observer.refresh_node(n)
 
@@ -302,6 +303,13 @@ class ClusterState:
         for observer in self._observers.values():
             for node in np.atleast_1d(nodes).tolist():
                 observer.refresh_node(node)
+
+    def _derive_one(self, n: int) -> None:
+        """`_derive` of one node, in plain Python over its few slots (same values)."""
+        row = self.gpu_free[n].tolist()
+        self.gpu_free_total[n] = sum(free for free in row if free > 0)
+        self.full_free[n] = row.count(MILLI_PER_GPU)
+        self.max_free[n] = max(row)
 
     def _derive(self, n: int | IntArray) -> None:
         rows = self.gpu_free[n]
