@@ -88,12 +88,20 @@ def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
 def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[FloatArray, IntArray]:
     state = index.state
     no_gpu = np.full(nodes.size, -1, np.int64)
+    plain = index.simple and not request.asks_memory
+    if nodes.size == 1 and plain and (request.gpus == 0 or request.compute == MILLI_PER_GPU):
+        # one node (the one the last placement changed): `fragment` of one row, as scalars
+        node = int(nodes[0])
+        cnt, total = index.cnt[node], state.gpu_free_total[node]
+        if request.gpus:
+            cnt = cnt - request.gpus * index.whole_held
+            total = total - request.gpus * MILLI_PER_GPU
+        return np.array([index.fragment_of(node, cnt, index.less[node], total, request.cpu)]), no_gpu
     if request.gpus == 0:
         after = index.fragment(
             nodes, index.cnt[nodes], index.less[nodes], state.gpu_free_total[nodes], request.cpu
         )
         return after, no_gpu
-    plain = index.simple and not request.asks_memory
     if plain and request.compute == MILLI_PER_GPU:
         return index.after_whole(nodes, request.gpus, request.cpu), no_gpu
     if request.gpus > 1:

@@ -77,6 +77,8 @@ class FragmentIndex:
         present = free >= 0
         self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
         self.less_table: IntArray = np.where(present & (free < self.spec_milli), free, 0)
+        #: per spec, 1 where a completely free GPU holds it (what taking one whole GPU removes)
+        self.whole_held: IntArray = (self.spec_milli <= MILLI_PER_GPU).astype(np.int64)
         self._refresh_rows(np.arange(n))
 
     @property
@@ -223,7 +225,7 @@ class FragmentIndex:
         A free GPU (1000 milli) counts in cnt for every spec (u_m <= 1000) and becomes 0, which
         adds nothing to `less`; so only cnt and the total move.
         """
-        cnt = self.cnt[nodes] - gpus * (self.spec_milli[None, :] <= MILLI_PER_GPU)
+        cnt = self.cnt[nodes] - gpus * self.whole_held[None, :]
         total = self.state.gpu_free_total[nodes] - gpus * MILLI_PER_GPU
         return self.fragment(nodes, cnt, self.less[nodes], total, cpu_request)
 

@@ -130,6 +130,7 @@ class ClusterState:
         self.class_pods: IntArray = np.zeros((n, self.max_gpus + 1), np.int64)
         self.total_gpu_milli = int(self.gpu_capacity.sum())
         self._observers: dict[Hashable, NodeObserver] = {}
+        self._model_masks: dict[tuple[str, ...], tuple[BoolArray, BoolArray]] = {}
 
     @property
     def n_nodes(self) -> int:
@@ -145,16 +146,29 @@ class ClusterState:
         """Nodes whose (first) GPU model is one of `models` (all nodes when `models` is empty)."""
         if not models:
             return np.ones(self.n_nodes, np.bool_)
-        return np.isin(self.model_id, self._model_ids(models))
+        return self._allowed(models)[0]
 
     def _model_ids(self, models: Sequence[str]) -> IntArray:
         return np.array([i for i, name in enumerate(self.model_names) if name in models], np.int64)
+
+    def _allowed(self, models: Sequence[str]) -> tuple[BoolArray, BoolArray]:
+        """(nodes whose first GPU is one of `models`, (nodes, slots) GPUs of one of them),
+        kept per model list: models never change, and pods repeat a few lists."""
+        key = tuple(models)
+        found = self._model_masks.get(key)
+        if found is None:
+            ids = self._model_ids(models)
+            found = self._model_masks[key] = (
+                np.isin(self.model_id, ids),
+                np.isin(self.gpu_model, ids),
+            )
+        return found
 
     def gpu_fits(self, demand: Demand, rows: IntArray | slice = slice(None)) -> BoolArray:
         """(rows, slots): the GPUs that can take one GPU of `demand` now."""
         ok: BoolArray = self.gpu_free[rows] >= demand.compute
         if demand.gpu_models:
-            ok &= np.isin(self.gpu_model[rows], self._model_ids(demand.gpu_models))
+            ok &= self._allowed(demand.gpu_models)[1][rows]
         if demand.asks_memory:
             ok &= self.gpu_mem_free[rows] >= demand.memory_on(self.gpu_mem_total[rows])
         return ok
@@ -168,7 +182,7 @@ class ClusterState:
             return ok
         if self.simple and not demand.asks_memory:
             if demand.gpu_models:
-                ok &= np.isin(self.model_id[rows], self._model_ids(demand.gpu_models))
+                ok &= self._allowed(demand.gpu_models)[0][rows]
             if demand.compute == MILLI_PER_GPU:
                 return ok & (self.full_free[rows] >= demand.gpus)
             if demand.gpus == 1:
@@ -197,13 +211,14 @@ class ClusterState:
         demand = demand_of(request)
         if self.simple and not demand.asks_memory and demand.gpus and not demand.gpu_models:
             # the trace's shapes (memory is the same on every GPU, the node feasible)
-            free = self.gpu_free[node]
+            # in plain Python: a node has a few GPUs, and this runs once per placed pod
+            free = self.gpu_free[node].tolist()
             if demand.compute == MILLI_PER_GPU:
-                whole = np.flatnonzero(free == MILLI_PER_GPU)[: demand.gpus]
-                return Placement(node, tuple(int(g) for g in whole), MILLI_PER_GPU)
+                whole = [g for g, milli in enumerate(free) if milli == MILLI_PER_GPU]
+                return Placement(node, tuple(whole[: demand.gpus]), MILLI_PER_GPU)
             if demand.gpus == 1:
-                masked = np.where(free >= demand.compute, free, np.iinfo(np.int64).max)
-                return Placement(node, (int(np.argmin(masked)),), demand.compute)
+                fits = [(milli, g) for g, milli in enumerate(free) if milli >= demand.compute]
+                return Placement(node, (min(fits, default=(0, 0))[1],), demand.compute)
         return self.gpus_in_order(node, demand, emptiest=False)
 
     def gpus_in_order(self, node: int, request: Asked, *, emptiest: bool) -> Placement:
