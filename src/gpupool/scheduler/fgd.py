@@ -9,7 +9,7 @@ import numpy as np
 
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand, demand_of
-from gpupool.scheduler.fragment import FragmentIndex, fragment_index
+from gpupool.scheduler.fragment import AfterCache, FragmentIndex, fragment_index
 from gpupool.scheduler.policy import Policy, Scores
 from gpupool.scheduler.state import Asked, ClusterState, Placement
 from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
@@ -18,18 +18,30 @@ from gpupool.scheduler.workload import TargetWorkload
 
 @dataclass(frozen=True)
 class FragmentOptions:
-    """The fragment each feasible node would have after the placement, with the GPU used."""
+    """The fragment each of `nodes` (feasible) would have after the placement, with the GPU
+    used: views of the index's answers for the demand's shape, gathered only when asked."""
 
     nodes: IntArray
-    gpus: IntArray  # chosen GPU per node for a one-GPU demand; -1 otherwise
-    before: FloatArray
-    after: FloatArray
+    index: FragmentIndex
+    answers: AfterCache
+
+    @property
+    def gpus(self) -> IntArray:
+        """Chosen GPU per node for a one-GPU demand; -1 otherwise."""
+        return self.answers.gpus[self.nodes]
+
+    @property
+    def before(self) -> FloatArray:
+        return self.index.frag[self.nodes]
+
+    @property
+    def after(self) -> FloatArray:
+        return self.answers.after[self.nodes]
 
     @property
     def delta(self) -> FloatArray:
-        """Decrease of the node's fragment (higher is better)."""
-        result: FloatArray = self.before - self.after
-        return result
+        """Decrease of the node's fragment (higher is better): before - after."""
+        return self.answers.delta[self.nodes]
 
 
 #: stale nodes up to which the one-GPU share case is worked out in plain Python
@@ -70,7 +82,11 @@ def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> Fra
         cache.after[stale] = after
         cache.gpus[stale] = gpus
         cache.seen[stale] = index.version[stale]
-    return FragmentOptions(nodes, cache.gpus[nodes], index.frag[nodes], cache.after[nodes])
+        # element by element, so the same values as over all `nodes` at once
+        delta = index.frag[stale] - after
+        cache.delta[stale] = delta
+        cache.fgd[stale] = fgd_score(delta)
+    return FragmentOptions(nodes, index, cache)
 
 
 def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
@@ -162,8 +178,9 @@ def placement_for(
 ) -> Placement:
     """The placement that `options` scored at position `at`."""
     node = int(options.nodes[at])
-    if request.gpus == 1 and options.gpus[at] >= 0:
-        return Placement(node, (int(options.gpus[at]),), request.compute)
+    gpu = int(options.answers.gpus[node])
+    if request.gpus == 1 and gpu >= 0:
+        return Placement(node, (gpu,), request.compute)
     return state.best_gpu_placement(node, request)
 
 
@@ -203,6 +220,11 @@ class FgdPolicy(TargetedPolicy):
 
 
 def fgd_scores(options: FragmentOptions) -> IntArray:
-    """FGD's integer score, int(100 * sigmoid(delta / 1000))."""
-    scores: IntArray = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)
+    """FGD's integer score per node of `options`, int(100 * sigmoid(delta / 1000))."""
+    return options.answers.fgd[options.nodes]
+
+
+def fgd_score(delta: FloatArray) -> IntArray:
+    """FGD's integer score of fragment decreases, int(100 * sigmoid(delta / 1000))."""
+    scores: IntArray = (100.0 / (1.0 + np.exp(-delta / 1000.0))).astype(np.int64)
     return scores

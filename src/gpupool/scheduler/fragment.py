@@ -31,12 +31,20 @@ MAX_CACHED_SHAPES = 512
 
 @dataclass
 class AfterCache:
-    """Per node, for one request shape: F after placing it, the GPU it would use, and the node
-    version this was computed at (-1: never)."""
+    """Per node, for one request shape: F after placing it, the GPU it would use, the decrease
+    of F and FGD's integer score of it (kept with the answer: both change only when the node
+    does), and the node version this was computed at (-1: never)."""
 
     after: FloatArray
     gpus: IntArray
     seen: IntArray
+    delta: FloatArray
+    fgd: IntArray
+
+    @classmethod
+    def empty(cls, n: int) -> AfterCache:
+        never = np.full(n, -1, np.int64)
+        return cls(np.zeros(n), never.copy(), never, np.zeros(n), np.zeros(n, np.int64))
 
 
 class FragmentIndex:
@@ -120,7 +128,7 @@ class FragmentIndex:
             if len(self._after) >= MAX_CACHED_SHAPES:
                 del self._after[next(iter(self._after))]
             n = self.state.n_nodes
-            cache = AfterCache(np.zeros(n), np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+            cache = AfterCache.empty(n)
             self._after[shape] = cache
         return cache
 

@@ -128,6 +128,8 @@ class ClusterState:
         self.max_free: IntArray = self.gpu_free.max(axis=1)
         # pods per (node, class); the class axis holds shares (0) and 1..max_gpus whole GPUs
         self.class_pods: IntArray = np.zeros((n, self.max_gpus + 1), np.int64)
+        #: per node, how many classes it holds pods of (nonzero entries of class_pods' row)
+        self.classes_held: IntArray = np.zeros(n, np.int64)
         self.total_gpu_milli = int(self.gpu_capacity.sum())
         self._observers: dict[Hashable, NodeObserver] = {}
         self._model_masks: dict[tuple[str, ...], tuple[BoolArray, BoolArray]] = {}
@@ -298,7 +300,11 @@ class ClusterState:
                 self.gpu_free[n, gpu] += sign * placement.milli
             if demand.asks_memory:
                 self.gpu_mem_free[n, list(placement.gpus)] += sign * memory
-            self.class_pods[n, pod_class(demand)] -= sign
+            cls = pod_class(demand)
+            self.class_pods[n, cls] -= sign
+            held = self.class_pods[n, cls]
+            if held == 0 or (held == 1 and sign < 0):  # the class left, or came
+                self.classes_held[n] -= sign
             self._derive_one(n)
         for observer in self._observers.values():
             observer.refresh_node(n)
@@ -314,6 +320,7 @@ class ClusterState:
         total = self.gpu_mem_total[nodes]
         self.gpu_mem_free[nodes] = np.where(usable, np.clip(memory, 0, total), 0)
         self.class_pods[nodes] = classes
+        self.classes_held[nodes] = np.count_nonzero(self.class_pods[nodes], axis=-1)
         self._derive(nodes)
         for observer in self._observers.values():
             for node in np.atleast_1d(nodes).tolist():
