@@ -74,7 +74,9 @@ class FragmentIndex:
         self.simple = state.simple and not any(s.asks_memory for s in specs)
         n, m = state.n_nodes, len(specs)
         self.cnt: IntArray = np.zeros((n, m), np.int64)
-        self.less: IntArray = np.zeros((n, m), np.int64)
+        #: whole milli, held as float64: the fragment's product takes float64, and a cast per
+        #: call costs more than the rest of a one-node update
+        self.less: FloatArray = np.zeros((n, m), np.float64)
         self.frag: FloatArray = np.zeros(n, np.float64)
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
@@ -84,7 +86,7 @@ class FragmentIndex:
         free = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
         present = free >= 0
         self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
-        self.less_table: IntArray = np.where(present & (free < self.spec_milli), free, 0)
+        self.less_table: FloatArray = np.where(present & (free < self.spec_milli), free, 0.0)
         #: per spec, 1 where a completely free GPU holds it (what taking one whole GPU removes)
         self.whole_held: IntArray = (self.spec_milli <= MILLI_PER_GPU).astype(np.int64)
         self._refresh_rows(np.arange(n))
@@ -109,7 +111,7 @@ class FragmentIndex:
         self.frag[node] = self.fragment_of(node, cnt, less, self.state.gpu_free_total[node], 0)
 
     def fragment_of(
-        self, node: int, cnt: IntArray, less: IntArray, gpu_total: int, cpu_request: int
+        self, node: int, cnt: IntArray, less: FloatArray, gpu_total: int, cpu_request: int
     ) -> float:
         """`fragment` of the one row `node` (simple case): the same arithmetic, the same
         (1, M) product, so the same bits."""
@@ -184,7 +186,7 @@ class FragmentIndex:
         self,
         nodes: IntArray,
         cnt: IntArray,
-        less: IntArray,
+        less: IntArray | FloatArray,
         gpu_total: IntArray,
         cpu_request: int,
     ) -> FloatArray:
