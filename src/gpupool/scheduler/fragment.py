@@ -68,6 +68,22 @@ class FragmentIndex:
             for i, model in enumerate(state.model_names):
                 model_ok[i, j] = spec.gpus > 0 and (not spec.gpu_models or model in spec.gpu_models)
         self.model_ok = model_ok
+        # A GPU's kind: its model, memory and whether it is usable, fixed for the state's life.
+        # Whether a GPU holds a spec depends, beyond its free milli and memory, on its kind
+        # alone: per kind, the memory each spec needs and whether the GPU can hold it at all.
+        kinds, kind = np.unique(
+            np.stack([state.gpu_model, state.gpu_mem_total, state.usable], axis=-1).reshape(-1, 3),
+            axis=0,
+            return_inverse=True,
+        )
+        self.gpu_kind: IntArray = kind.reshape(state.gpu_model.shape).astype(np.int64)
+        total = kinds[:, 1][:, None]
+        self.kind_need: IntArray = np.where(
+            self.spec_proportional[None, :],
+            total * self.spec_milli[None, :] // MILLI_PER_GPU,
+            self.spec_memory[None, :] + (total * self.spec_share[None, :]).astype(np.int64),
+        )
+        self.kind_ok: BoolArray = kinds[:, 2].astype(np.bool_)[:, None] & model_ok[kinds[:, 0]]
         #: model_ok per node (its first GPU's model): looked up once, not on every score
         self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
@@ -137,20 +153,15 @@ class FragmentIndex:
     def holds(self, nodes: IntArray, gpus: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
         """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,
         holds spec m (general form)."""
-        state = self.state
-        total = state.gpu_mem_total[nodes, gpus][:, None]
-        need = np.where(
-            self.spec_proportional[None, :],
-            total * self.spec_milli[None, :] // MILLI_PER_GPU,
-            self.spec_memory[None, :] + (total * self.spec_share[None, :]).astype(np.int64),
+        kind = self.gpu_kind[nodes, gpus]
+        return self._holds(self.kind_ok[kind], self.kind_need[kind], free, memory)
+
+    def _holds(self, ok: BoolArray, need: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
+        """`holds` given the GPUs' kinds' (K, M) rows of kind_ok and kind_need."""
+        held: BoolArray = (
+            ok & (free[:, None] >= self.spec_milli[None, :]) & (memory[:, None] >= need)
         )
-        ok: BoolArray = (
-            state.usable[nodes, gpus][:, None]
-            & self.model_ok[state.gpu_model[nodes, gpus]]
-            & (free[:, None] >= self.spec_milli[None, :])
-            & (memory[:, None] >= need)
-        )
-        return ok
+        return held
 
     def counters(
         self, nodes: IntArray, free: IntArray, memory: IntArray
@@ -219,8 +230,10 @@ class FragmentIndex:
             less = self.less[nodes] - self.less_table[old + 1] + self.less_table[new + 1]
         else:
             mold = state.gpu_mem_free[nodes, gpus]
-            was = self.holds(nodes, gpus, old, mold)
-            now = self.holds(nodes, gpus, new, mold - memory)
+            kind = self.gpu_kind[nodes, gpus]
+            ok, need = self.kind_ok[kind], self.kind_need[kind]
+            was = self._holds(ok, need, old, mold)
+            now = self._holds(ok, need, new, mold - memory)
             cnt = self.cnt[nodes] - was + now
             less = (
                 self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
