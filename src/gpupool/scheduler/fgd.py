@@ -112,7 +112,9 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         if request.gpus:
             cnt = cnt - request.gpus * index.whole_held
             total = total - request.gpus * MILLI_PER_GPU
-        return np.array([index.fragment_of(node, cnt, index.less[node], total, request.cpu)]), no_gpu
+        return np.array(
+            [index.fragment_of(node, cnt, index.less[node], total, request.cpu)]
+        ), no_gpu
     if request.gpus == 0:
         after = index.fragment(
             nodes, index.cnt[nodes], index.less[nodes], state.gpu_free_total[nodes], request.cpu

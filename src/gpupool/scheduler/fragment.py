@@ -61,6 +61,8 @@ class FragmentIndex:
         self.spec_share: FloatArray = np.array([s.memory_share for s in specs], np.float64)
         self.spec_proportional: BoolArray = np.array([s.proportional for s in specs], np.bool_)
         self.prob: FloatArray = np.array(target.probabilities, np.float64)
+        self.max_spec_cpu = int(self.spec_cpu.max(initial=0))
+        self.all_want_gpus = bool((self.spec_gpus > 0).all())
         # model_ok[model id, m]: spec m needs a GPU and accepts that model; the last row (id -1)
         # is no GPU at all
         model_ok = np.zeros((len(state.model_names) + 1, len(specs)), np.bool_)
@@ -94,6 +96,11 @@ class FragmentIndex:
         #: call costs more than the rest of a one-node update
         self.less: FloatArray = np.zeros((n, m), np.float64)
         self.frag: FloatArray = np.zeros(n, np.float64)
+        #: general case: held[n, i, m], GPU i of node n holds spec m now (what a placement
+        #: there changes from)
+        self.held: BoolArray = np.zeros(
+            (n, state.max_gpus, m) if not self.simple else (0, 0, 0), np.bool_
+        )
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
         self._after: dict[tuple[object, ...], AfterCache] = {}
@@ -168,7 +175,6 @@ class FragmentIndex:
     ) -> tuple[IntArray, IntArray]:
         """cnt and less of rows `nodes` whose GPUs have `free` milli and `memory` bytes free
         ((K, slots) arrays, the rows as they are or as a placement would leave them)."""
-        k, width = free.shape
         if self.simple:
             f = free[:, :, None]
             u = self.spec_milli[None, None, :]
@@ -177,18 +183,27 @@ class FragmentIndex:
                 np.count_nonzero(present & (f >= u), axis=1).astype(np.int64),
                 np.where(present & (f < u), f, 0).sum(axis=1),
             )
-        rows = np.repeat(nodes, width)
-        slots = np.tile(np.arange(width), k)
-        held = self.holds(rows, slots, free.ravel(), memory.ravel()).reshape(k, width, -1)
+        held = self.held_by(nodes, free, memory)
         usable = self.state.usable[nodes][:, :, None]
         less = np.where(usable & ~held, free[:, :, None], 0).sum(axis=1)
         return held.sum(axis=1).astype(np.int64), less
 
+    def held_by(self, nodes: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
+        """(K, slots, M): `holds` for every slot of rows `nodes` with `free` and `memory`."""
+        k, width = free.shape
+        rows = np.repeat(nodes, width)
+        slots = np.tile(np.arange(width), k)
+        held: BoolArray = self.holds(rows, slots, free.ravel(), memory.ravel()).reshape(
+            k, width, -1
+        )
+        return held
+
     def _refresh_rows(self, rows: IntArray) -> None:
         state = self.state
-        self.cnt[rows], self.less[rows] = self.counters(
-            rows, state.gpu_free[rows], state.gpu_mem_free[rows]
-        )
+        free, memory = state.gpu_free[rows], state.gpu_mem_free[rows]
+        if not self.simple:
+            self.held[rows] = self.held_by(rows, free, memory)
+        self.cnt[rows], self.less[rows] = self.counters(rows, free, memory)
         self.frag[rows] = self.fragment(
             rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
@@ -204,16 +219,15 @@ class FragmentIndex:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
         milli-CPU is taken from each."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
+        fits = cnt >= self.spec_gpus[None, :]
         if self.simple:
-            wanted = self.node_ok[nodes]
-        else:  # models are judged per GPU, in cnt
-            wanted = np.broadcast_to(self.spec_gpus[None, :] > 0, cnt.shape)
-        fits = (
-            wanted
-            & (cpu_left[:, None] >= self.spec_cpu[None, :])
-            & (cnt >= self.spec_gpus[None, :])
-        )
-        per_spec = np.where(fits, less, gpu_total[:, None])
+            fits &= self.node_ok[nodes]
+        elif not self.all_want_gpus:  # models are judged per GPU, in cnt
+            fits &= self.spec_gpus[None, :] > 0
+        # (K, M) passes skipped where they cannot change the answer: the live specs ask no CPU
+        if cpu_left.size and self.max_spec_cpu > cpu_left.min():
+            fits &= cpu_left[:, None] >= self.spec_cpu[None, :]
+        per_spec = np.where(fits, less, gpu_total[:, None].astype(np.float64))
         result: FloatArray = per_spec @ self.prob
         return result
 
@@ -229,15 +243,21 @@ class FragmentIndex:
             cnt = self.cnt[nodes] - self.hold_table[old + 1] + self.hold_table[new + 1]
             less = self.less[nodes] - self.less_table[old + 1] + self.less_table[new + 1]
         else:
-            mold = state.gpu_mem_free[nodes, gpus]
-            kind = self.gpu_kind[nodes, gpus]
-            ok, need = self.kind_ok[kind], self.kind_need[kind]
-            was = self._holds(ok, need, old, mold)
-            now = self._holds(ok, need, new, mold - memory)
-            cnt = self.cnt[nodes] - was + now
-            less = (
-                self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
-            )
+            # with less free milli and memory, a GPU holds a subset of what it held (`was`):
+            # `now` is `was` less what no longer fits; `lost` what the GPU stops holding
+            # (np.take: these gathers of (K, M) rows are most of an answer's time)
+            n, width, m = self.held.shape
+            was = np.take(self.held.reshape(n * width, m), nodes * width + gpus, axis=0)
+            need = np.take(self.kind_need, self.gpu_kind[nodes, gpus], axis=0)
+            mnew = state.gpu_mem_free[nodes, gpus] - memory
+            now = was & (new[:, None] >= self.spec_milli[None, :]) & (mnew[:, None] >= need)
+            lost = was > now
+            cnt = np.take(self.cnt, nodes, axis=0) - lost
+            # less gains the new free milli of a spec lost; a spec never held loses the milli
+            # (whole milli in float64: exact)
+            less = np.take(self.less, nodes, axis=0)
+            less += lost * new[:, None].astype(np.float64)
+            less -= (~was) * float(milli)
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
