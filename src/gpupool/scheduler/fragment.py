@@ -256,8 +256,9 @@ class FragmentIndex:
             # less gains the new free milli of a spec lost; a spec never held loses the milli
             # (whole milli in float64: exact)
             less = np.take(self.less, nodes, axis=0)
+            less -= float(milli)
+            less += was * float(milli)
             less += lost * new[:, None].astype(np.float64)
-            less -= (~was) * float(milli)
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
