@@ -225,7 +225,7 @@ class FragmentIndex:
         elif not self.all_want_gpus:  # models are judged per GPU, in cnt
             fits &= self.spec_gpus[None, :] > 0
         # (K, M) passes skipped where they cannot change the answer: the live specs ask no CPU
-        if cpu_left.size and self.max_spec_cpu > cpu_left.min():
+        if self.simple or (cpu_left.size and self.max_spec_cpu > cpu_left.min()):
             fits &= cpu_left[:, None] >= self.spec_cpu[None, :]
         per_spec = np.where(fits, less, gpu_total[:, None].astype(np.float64))
         result: FloatArray = per_spec @ self.prob
