@@ -248,19 +248,34 @@ class FragmentIndex:
             # (np.take: these gathers of (K, M) rows are most of an answer's time)
             n, width, m = self.held.shape
             was = np.take(self.held.reshape(n * width, m), nodes * width + gpus, axis=0)
-            need = np.take(self.kind_need, self.gpu_kind[nodes, gpus], axis=0)
-            mnew = state.gpu_mem_free[nodes, gpus] - memory
-            now = was & (new[:, None] >= self.spec_milli[None, :]) & (mnew[:, None] >= need)
+            now = was & (new[:, None] >= self.spec_milli[None, :])
+            now &= self._memory_fits(
+                self.gpu_kind[nodes, gpus], state.gpu_mem_free[nodes, gpus] - memory
+            )
             lost = was > now
             cnt = np.take(self.cnt, nodes, axis=0) - lost
-            # less gains the new free milli of a spec lost; a spec never held loses the milli
-            # (whole milli in float64: exact)
+            # less gains the new free milli of a spec lost (old - milli + milli) and loses the
+            # milli of a spec never held: in small integers first, then one float64 pass
+            change = was * np.int16(milli)
+            change += lost * new[:, None].astype(np.int16)
+            change -= np.int16(milli)
             less = np.take(self.less, nodes, axis=0)
-            less -= float(milli)
-            less += was * float(milli)
-            less += lost * new[:, None].astype(np.float64)
+            less += change
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
+
+    def _memory_fits(self, kind: IntArray, memory: IntArray) -> BoolArray:
+        """(K, M): `memory[k]` bytes free are enough for spec m on a GPU of kind `kind[k]`;
+        compared kind by kind (a fleet has few), not through a (K, M) copy of the needs."""
+        kinds = np.unique(kind)
+        if kinds.size == 1:
+            fits: BoolArray = memory[:, None] >= self.kind_need[kinds[0]][None, :]
+            return fits
+        fits = np.empty((kind.size, self.kind_need.shape[1]), np.bool_)
+        for each in kinds:
+            mine = kind == each
+            fits[mine] = memory[mine][:, None] >= self.kind_need[each][None, :]
+        return fits
 
     def after_whole(self, nodes: IntArray, gpus: int, cpu_request: int) -> FloatArray:
         """F of each node in `nodes` after `gpus` completely free GPUs (and the CPU) are taken
