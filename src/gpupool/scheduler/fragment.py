@@ -161,12 +161,10 @@ class FragmentIndex:
         """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,
         holds spec m (general form)."""
         kind = self.gpu_kind[nodes, gpus]
-        return self._holds(self.kind_ok[kind], self.kind_need[kind], free, memory)
-
-    def _holds(self, ok: BoolArray, need: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
-        """`holds` given the GPUs' kinds' (K, M) rows of kind_ok and kind_need."""
         held: BoolArray = (
-            ok & (free[:, None] >= self.spec_milli[None, :]) & (memory[:, None] >= need)
+            self.kind_ok[kind]
+            & (free[:, None] >= self.spec_milli[None, :])
+            & (memory[:, None] >= self.kind_need[kind])
         )
         return held
 
