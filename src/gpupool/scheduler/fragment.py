@@ -73,19 +73,21 @@ class FragmentIndex:
         # A GPU's kind: its model, memory and whether it is usable, fixed for the state's life.
         # Whether a GPU holds a spec depends, beyond its free milli and memory, on its kind
         # alone: per kind, the memory each spec needs and whether the GPU can hold it at all.
-        kinds, kind = np.unique(
-            np.stack([state.gpu_model, state.gpu_mem_total, state.usable], axis=-1).reshape(-1, 3),
-            axis=0,
-            return_inverse=True,
+        # (one integer key per GPU: a 1-D unique costs far less than a unique over rows, and
+        # the node daemon makes an index per decision)
+        models, total, usable = (
+            x.ravel() for x in (state.gpu_model, state.gpu_mem_total, state.usable)
         )
+        key = (total * (len(state.model_names) + 1) + (models + 1)) * 2 + usable
+        _, first, kind = np.unique(key, return_index=True, return_inverse=True)
         self.gpu_kind: IntArray = kind.reshape(state.gpu_model.shape).astype(np.int64)
-        total = kinds[:, 1][:, None]
+        kind_total = total[first][:, None]
         self.kind_need: IntArray = np.where(
             self.spec_proportional[None, :],
-            total * self.spec_milli[None, :] // MILLI_PER_GPU,
-            self.spec_memory[None, :] + (total * self.spec_share[None, :]).astype(np.int64),
+            kind_total * self.spec_milli[None, :] // MILLI_PER_GPU,
+            self.spec_memory[None, :] + (kind_total * self.spec_share[None, :]).astype(np.int64),
         )
-        self.kind_ok: BoolArray = kinds[:, 2].astype(np.bool_)[:, None] & model_ok[kinds[:, 0]]
+        self.kind_ok: BoolArray = state.usable.ravel()[first][:, None] & model_ok[models[first]]
         #: model_ok per node (its first GPU's model): looked up once, not on every score
         self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
@@ -106,7 +108,7 @@ class FragmentIndex:
         self._after: dict[tuple[object, ...], AfterCache] = {}
         # simple case: what one GPU with f milli free adds to cnt and to less, per spec, at
         # row f + 1 (row 0: no GPU), so that a node's counters are two lookups and two sums
-        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
+        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None] if self.simple else np.zeros((0, 1))
         present = free >= 0
         self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
         self.less_table: FloatArray = np.where(present & (free < self.spec_milli), free, 0.0)
@@ -181,7 +183,11 @@ class FragmentIndex:
                 np.count_nonzero(present & (f >= u), axis=1).astype(np.int64),
                 np.where(present & (f < u), f, 0).sum(axis=1),
             )
-        held = self.held_by(nodes, free, memory)
+        return self._counted(nodes, free, self.held_by(nodes, free, memory))
+
+    def _counted(
+        self, nodes: IntArray, free: IntArray, held: BoolArray
+    ) -> tuple[IntArray, IntArray]:
         usable = self.state.usable[nodes][:, :, None]
         less = np.where(usable & ~held, free[:, :, None], 0).sum(axis=1)
         return held.sum(axis=1).astype(np.int64), less
@@ -199,9 +205,11 @@ class FragmentIndex:
     def _refresh_rows(self, rows: IntArray) -> None:
         state = self.state
         free, memory = state.gpu_free[rows], state.gpu_mem_free[rows]
-        if not self.simple:
-            self.held[rows] = self.held_by(rows, free, memory)
-        self.cnt[rows], self.less[rows] = self.counters(rows, free, memory)
+        if self.simple:
+            self.cnt[rows], self.less[rows] = self.counters(rows, free, memory)
+        else:
+            held = self.held[rows] = self.held_by(rows, free, memory)
+            self.cnt[rows], self.less[rows] = self._counted(rows, free, held)
         self.frag[rows] = self.fragment(
             rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
