@@ -103,6 +103,9 @@ class FragmentIndex:
         self.held: BoolArray = np.zeros(
             (n, state.max_gpus, m) if not self.simple else (0, 0, 0), np.bool_
         )
+        #: general case: cnt >= g_m and cnt == g_m per node and spec, as cnt is
+        self.enough: BoolArray = np.zeros((n, m) if not self.simple else (0, 0), np.bool_)
+        self.just_enough: BoolArray = np.zeros_like(self.enough)
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
         self._after: dict[tuple[object, ...], AfterCache] = {}
@@ -210,6 +213,8 @@ class FragmentIndex:
         else:
             held = self.held[rows] = self.held_by(rows, free, memory)
             self.cnt[rows], self.less[rows] = self._counted(rows, free, held)
+            self.enough[rows] = self.cnt[rows] >= self.spec_gpus[None, :]
+            self.just_enough[rows] = self.cnt[rows] == self.spec_gpus[None, :]
         self.frag[rows] = self.fragment(
             rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
@@ -224,8 +229,18 @@ class FragmentIndex:
     ) -> FloatArray:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
         milli-CPU is taken from each."""
+        return self._fragment(nodes, cnt >= self.spec_gpus[None, :], less, gpu_total, cpu_request)
+
+    def _fragment(
+        self,
+        nodes: IntArray,
+        fits: BoolArray,
+        less: IntArray | FloatArray,
+        gpu_total: IntArray,
+        cpu_request: int,
+    ) -> FloatArray:
+        """`fragment` given where enough GPUs hold each spec (`fits`, changed in place)."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
-        fits = cnt >= self.spec_gpus[None, :]
         if self.simple:
             fits &= self.node_ok[nodes]
         elif not self.all_want_gpus:  # models are judged per GPU, in cnt
@@ -259,7 +274,10 @@ class FragmentIndex:
                 self.gpu_kind[nodes, gpus], state.gpu_mem_free[nodes, gpus] - memory
             )
             lost = was > now
-            cnt = np.take(self.cnt, nodes, axis=0) - lost
+            # enough GPUs hold spec m after (cnt - lost >= g_m): they did, and the GPU taken
+            # was not one of exactly g_m that did (bool rows kept per node, not (K, M) ints)
+            fits = np.take(self.enough, nodes, axis=0)
+            fits &= ~(lost & np.take(self.just_enough, nodes, axis=0))
             # less gains the new free milli of a spec lost (old - milli + milli) and loses the
             # milli of a spec never held: in small integers first, then one float64 pass
             change = was * np.int16(milli)
@@ -267,6 +285,9 @@ class FragmentIndex:
             change -= np.int16(milli)
             less = np.take(self.less, nodes, axis=0)
             less += change
+            return self._fragment(
+                nodes, fits, less, state.gpu_free_total[nodes] - milli, cpu_request
+            )
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
