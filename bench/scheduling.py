@@ -272,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fidelity, failed = fidelity_table(rows)
     workloads, worse = workloads_table(workload_runs) if workload_runs else ([], [])
     plot = args.doc.with_name(PLOT.name)
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
     report.plot_unallocated(plot, default_runs, "workload default on the Alibaba GPU trace")
     ours_100 = _mean_at(default_runs, "default", OURS, 100)
     fgd_100 = _mean_at(default_runs, "default", "fgd", 100)
@@ -360,7 +361,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "",
             ]
     doc += ["## What we tried for the gpupool policy", "", *tried_section(), ""]
-    args.doc.parent.mkdir(parents=True, exist_ok=True)
     args.doc.write_text("\n".join(doc), encoding="utf-8")
     print("\n".join(doc))
     print(f"wrote {args.doc} and {plot}", file=sys.stderr)

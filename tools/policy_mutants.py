@@ -66,13 +66,13 @@ MUTANTS = [
     (
         "fgd",
         "src/gpupool/scheduler/fgd.py",
-        "scores: IntArray = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)",
-        "scores: IntArray = (100.0 / (1.0 + np.exp(options.delta / 1000.0))).astype(np.int64)",
+        "scores: IntArray = (100.0 / (1.0 + np.exp(-delta / 1000.0))).astype(np.int64)",
+        "scores: IntArray = (100.0 / (1.0 + np.exp(delta / 1000.0))).astype(np.int64)",
     ),
     (
         "fgd-memory",
         "src/gpupool/scheduler/fragment.py",
-        "            & (memory[:, None] >= need)\n",
+        "            & (memory[:, None] >= self.kind_need[kind])\n",
         "\n",
     ),
     (

@@ -9,7 +9,7 @@ import numpy as np
 
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand, demand_of
-from gpupool.scheduler.fragment import FragmentIndex, fragment_index
+from gpupool.scheduler.fragment import AfterCache, FragmentIndex, fragment_index
 from gpupool.scheduler.policy import Policy, Scores
 from gpupool.scheduler.state import Asked, ClusterState, Placement
 from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
@@ -18,18 +18,34 @@ from gpupool.scheduler.workload import TargetWorkload
 
 @dataclass(frozen=True)
 class FragmentOptions:
-    """The fragment each feasible node would have after the placement, with the GPU used."""
+    """The fragment each of `nodes` (feasible) would have after the placement, with the GPU
+    used: views of the index's answers for the demand's shape, gathered only when asked."""
 
     nodes: IntArray
-    gpus: IntArray  # chosen GPU per node for a one-GPU demand; -1 otherwise
-    before: FloatArray
-    after: FloatArray
+    index: FragmentIndex
+    answers: AfterCache
+
+    @property
+    def gpus(self) -> IntArray:
+        """Chosen GPU per node for a one-GPU demand; -1 otherwise."""
+        return self.answers.gpus[self.nodes]
+
+    @property
+    def before(self) -> FloatArray:
+        return self.index.frag[self.nodes]
+
+    @property
+    def after(self) -> FloatArray:
+        return self.answers.after[self.nodes]
 
     @property
     def delta(self) -> FloatArray:
-        """Decrease of the node's fragment (higher is better)."""
-        result: FloatArray = self.before - self.after
-        return result
+        """Decrease of the node's fragment (higher is better): before - after."""
+        return self.answers.delta[self.nodes]
+
+
+#: stale nodes up to which the one-GPU share case is worked out in plain Python
+FEW_NODES = 8
 
 
 @functools.cache
@@ -66,7 +82,11 @@ def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> Fra
         cache.after[stale] = after
         cache.gpus[stale] = gpus
         cache.seen[stale] = index.version[stale]
-    return FragmentOptions(nodes, cache.gpus[nodes], index.frag[nodes], cache.after[nodes])
+        # element by element, so the same values as over all `nodes` at once
+        delta = index.frag[stale] - after
+        cache.delta[stale] = delta
+        cache.fgd[stale] = fgd_score(delta)
+    return FragmentOptions(nodes, index, cache)
 
 
 def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
@@ -84,12 +104,22 @@ def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
 def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[FloatArray, IntArray]:
     state = index.state
     no_gpu = np.full(nodes.size, -1, np.int64)
+    plain = index.simple and not request.asks_memory
+    if nodes.size == 1 and plain and (request.gpus == 0 or request.compute == MILLI_PER_GPU):
+        # one node (the one the last placement changed): `fragment` of one row, as scalars
+        node = int(nodes[0])
+        cnt, total = index.cnt[node], state.gpu_free_total[node]
+        if request.gpus:
+            cnt = cnt - request.gpus * index.whole_held
+            total = total - request.gpus * MILLI_PER_GPU
+        return np.array(
+            [index.fragment_of(node, cnt, index.less[node], total, request.cpu)]
+        ), no_gpu
     if request.gpus == 0:
         after = index.fragment(
             nodes, index.cnt[nodes], index.less[nodes], state.gpu_free_total[nodes], request.cpu
         )
         return after, no_gpu
-    plain = index.simple and not request.asks_memory
     if plain and request.compute == MILLI_PER_GPU:
         return index.after_whole(nodes, request.gpus, request.cpu), no_gpu
     if request.gpus > 1:
@@ -97,6 +127,8 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         memory = request.memory_on(state.gpu_mem_total[nodes])
         after = index.after_taking(nodes, chosen, request.compute, memory, request.cpu)
         return after, no_gpu
+    if plain and nodes.size <= FEW_NODES:
+        return _share_after_few(index, request, nodes)
     if plain:  # the nodes are feasible: in a simple state, every GPU is of an allowed model
         rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
     else:
@@ -112,13 +144,45 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
     return best_after, cols[first_best[pick]]
 
 
+def _share_after_few(
+    index: FragmentIndex, request: Demand, nodes: IntArray
+) -> tuple[FloatArray, IntArray]:
+    """The plain one-GPU share case of `_after` for a few nodes (usually the one a placement
+    changed): the same candidates (distinct_fitting's) and the same fragment call, the
+    bookkeeping around them in plain Python, which costs less than numpy's per-call overhead
+    at this size."""
+    milli = request.compute
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, free in enumerate(index.state.gpu_free[nodes].tolist()):
+        seen: set[int] = set()
+        for col, value in enumerate(free):
+            if value >= milli and value not in seen:
+                rows.append(row)
+                cols.append(col)
+            seen.add(value)
+    slots = np.array(cols, np.int64)
+    where = nodes[rows]
+    memory = request.memory_on(index.state.gpu_mem_total[where, slots])
+    cand_after = index.after_share(where, slots, milli, memory, request.cpu).tolist()
+    # per node the lowest F after, the lowest slot on ties (rows come in order, slots ascending)
+    best_after = [0.0] * nodes.size
+    best_gpu = [-1] * nodes.size
+    for row, col, after in zip(rows, cols, cand_after, strict=True):
+        if best_gpu[row] < 0 or after < best_after[row]:
+            best_after[row] = after
+            best_gpu[row] = col
+    return np.array(best_after, np.float64), np.array(best_gpu, np.int64)
+
+
 def placement_for(
     state: ClusterState, request: Demand, options: FragmentOptions, at: int
 ) -> Placement:
     """The placement that `options` scored at position `at`."""
     node = int(options.nodes[at])
-    if request.gpus == 1 and options.gpus[at] >= 0:
-        return Placement(node, (int(options.gpus[at]),), request.compute)
+    gpu = int(options.answers.gpus[node])
+    if request.gpus == 1 and gpu >= 0:
+        return Placement(node, (gpu,), request.compute)
     return state.best_gpu_placement(node, request)
 
 
@@ -158,6 +222,11 @@ class FgdPolicy(TargetedPolicy):
 
 
 def fgd_scores(options: FragmentOptions) -> IntArray:
-    """FGD's integer score, int(100 * sigmoid(delta / 1000))."""
-    scores: IntArray = (100.0 / (1.0 + np.exp(-options.delta / 1000.0))).astype(np.int64)
+    """FGD's integer score per node of `options`, int(100 * sigmoid(delta / 1000))."""
+    return options.answers.fgd[options.nodes]
+
+
+def fgd_score(delta: FloatArray) -> IntArray:
+    """FGD's integer score of fragment decreases, int(100 * sigmoid(delta / 1000))."""
+    scores: IntArray = (100.0 / (1.0 + np.exp(-delta / 1000.0))).astype(np.int64)
     return scores

@@ -31,12 +31,20 @@ MAX_CACHED_SHAPES = 512
 
 @dataclass
 class AfterCache:
-    """Per node, for one request shape: F after placing it, the GPU it would use, and the node
-    version this was computed at (-1: never)."""
+    """Per node, for one request shape: F after placing it, the GPU it would use, the decrease
+    of F and FGD's integer score of it (kept with the answer: both change only when the node
+    does), and the node version this was computed at (-1: never)."""
 
     after: FloatArray
     gpus: IntArray
     seen: IntArray
+    delta: FloatArray
+    fgd: IntArray
+
+    @classmethod
+    def empty(cls, n: int) -> AfterCache:
+        never = np.full(n, -1, np.int64)
+        return cls(np.zeros(n), never.copy(), never, np.zeros(n), np.zeros(n, np.int64))
 
 
 class FragmentIndex:
@@ -53,6 +61,8 @@ class FragmentIndex:
         self.spec_share: FloatArray = np.array([s.memory_share for s in specs], np.float64)
         self.spec_proportional: BoolArray = np.array([s.proportional for s in specs], np.bool_)
         self.prob: FloatArray = np.array(target.probabilities, np.float64)
+        self.max_spec_cpu = int(self.spec_cpu.max(initial=0))
+        self.all_want_gpus = bool((self.spec_gpus > 0).all())
         # model_ok[model id, m]: spec m needs a GPU and accepts that model; the last row (id -1)
         # is no GPU at all
         model_ok = np.zeros((len(state.model_names) + 1, len(specs)), np.bool_)
@@ -60,17 +70,53 @@ class FragmentIndex:
             for i, model in enumerate(state.model_names):
                 model_ok[i, j] = spec.gpus > 0 and (not spec.gpu_models or model in spec.gpu_models)
         self.model_ok = model_ok
+        # A GPU's kind: its model, memory and whether it is usable, fixed for the state's life.
+        # Whether a GPU holds a spec depends, beyond its free milli and memory, on its kind
+        # alone: per kind, the memory each spec needs and whether the GPU can hold it at all.
+        # (one integer key per GPU: a 1-D unique costs far less than a unique over rows, and
+        # the node daemon makes an index per decision)
+        models, total, usable = (
+            x.ravel() for x in (state.gpu_model, state.gpu_mem_total, state.usable)
+        )
+        key = (total * (len(state.model_names) + 1) + (models + 1)) * 2 + usable
+        _, first, kind = np.unique(key, return_index=True, return_inverse=True)
+        self.gpu_kind: IntArray = kind.reshape(state.gpu_model.shape).astype(np.int64)
+        kind_total = total[first][:, None]
+        self.kind_need: IntArray = np.where(
+            self.spec_proportional[None, :],
+            kind_total * self.spec_milli[None, :] // MILLI_PER_GPU,
+            self.spec_memory[None, :] + (kind_total * self.spec_share[None, :]).astype(np.int64),
+        )
+        self.kind_ok: BoolArray = state.usable.ravel()[first][:, None] & model_ok[models[first]]
         #: model_ok per node (its first GPU's model): looked up once, not on every score
         self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
         self.simple = state.simple and not any(s.asks_memory for s in specs)
         n, m = state.n_nodes, len(specs)
         self.cnt: IntArray = np.zeros((n, m), np.int64)
-        self.less: IntArray = np.zeros((n, m), np.int64)
+        #: whole milli, held as float64: the fragment's product takes float64, and a cast per
+        #: call costs more than the rest of a one-node update
+        self.less: FloatArray = np.zeros((n, m), np.float64)
         self.frag: FloatArray = np.zeros(n, np.float64)
+        #: general case: held[n, i, m], GPU i of node n holds spec m now (what a placement
+        #: there changes from)
+        self.held: BoolArray = np.zeros(
+            (n, state.max_gpus, m) if not self.simple else (0, 0, 0), np.bool_
+        )
+        #: general case: cnt >= g_m and cnt == g_m per node and spec, as cnt is
+        self.enough: BoolArray = np.zeros((n, m) if not self.simple else (0, 0), np.bool_)
+        self.just_enough: BoolArray = np.zeros_like(self.enough)
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
         self._after: dict[tuple[object, ...], AfterCache] = {}
+        # simple case: what one GPU with f milli free adds to cnt and to less, per spec, at
+        # row f + 1 (row 0: no GPU), so that a node's counters are two lookups and two sums
+        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None] if self.simple else np.zeros((0, 1))
+        present = free >= 0
+        self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
+        self.less_table: FloatArray = np.where(present & (free < self.spec_milli), free, 0.0)
+        #: per spec, 1 where a completely free GPU holds it (what taking one whole GPU removes)
+        self.whole_held: IntArray = (self.spec_milli <= MILLI_PER_GPU).astype(np.int64)
         self._refresh_rows(np.arange(n))
 
     @property
@@ -81,7 +127,29 @@ class FragmentIndex:
     def refresh_node(self, node: int) -> None:
         """Recompute node `node` after its free resources changed."""
         self.version[node] += 1
-        self._refresh_rows(np.array([node]))
+        if not self.simple:
+            self._refresh_rows(np.array([node]))
+            return
+        # one row: table lookups and scalars (per-call overhead dominates arrays this small)
+        free = self.state.gpu_free[node] + 1
+        cnt = self.hold_table[free].sum(axis=0)
+        less = self.less_table[free].sum(axis=0)
+        self.cnt[node] = cnt
+        self.less[node] = less
+        self.frag[node] = self.fragment_of(node, cnt, less, self.state.gpu_free_total[node], 0)
+
+    def fragment_of(
+        self, node: int, cnt: IntArray, less: FloatArray, gpu_total: int, cpu_request: int
+    ) -> float:
+        """`fragment` of the one row `node` (simple case): the same arithmetic, the same
+        (1, M) product, so the same bits."""
+        fits = (
+            self.node_ok[node]
+            & (self.spec_cpu <= self.state.cpu_free[node] - cpu_request)
+            & (cnt >= self.spec_gpus)
+        )
+        per_spec = np.where(fits, less, gpu_total)
+        return float((per_spec[None, :] @ self.prob)[0])
 
     def after_cache(self, shape: tuple[object, ...]) -> AfterCache:
         """The cache of per-node answers for a request shape."""
@@ -90,34 +158,26 @@ class FragmentIndex:
             if len(self._after) >= MAX_CACHED_SHAPES:
                 del self._after[next(iter(self._after))]
             n = self.state.n_nodes
-            cache = AfterCache(np.zeros(n), np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+            cache = AfterCache.empty(n)
             self._after[shape] = cache
         return cache
 
     def holds(self, nodes: IntArray, gpus: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
         """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,
         holds spec m (general form)."""
-        state = self.state
-        total = state.gpu_mem_total[nodes, gpus][:, None]
-        need = np.where(
-            self.spec_proportional[None, :],
-            total * self.spec_milli[None, :] // MILLI_PER_GPU,
-            self.spec_memory[None, :] + (total * self.spec_share[None, :]).astype(np.int64),
-        )
-        ok: BoolArray = (
-            state.usable[nodes, gpus][:, None]
-            & self.model_ok[state.gpu_model[nodes, gpus]]
+        kind = self.gpu_kind[nodes, gpus]
+        held: BoolArray = (
+            self.kind_ok[kind]
             & (free[:, None] >= self.spec_milli[None, :])
-            & (memory[:, None] >= need)
+            & (memory[:, None] >= self.kind_need[kind])
         )
-        return ok
+        return held
 
     def counters(
         self, nodes: IntArray, free: IntArray, memory: IntArray
     ) -> tuple[IntArray, IntArray]:
         """cnt and less of rows `nodes` whose GPUs have `free` milli and `memory` bytes free
         ((K, slots) arrays, the rows as they are or as a placement would leave them)."""
-        k, width = free.shape
         if self.simple:
             f = free[:, :, None]
             u = self.spec_milli[None, None, :]
@@ -126,18 +186,35 @@ class FragmentIndex:
                 np.count_nonzero(present & (f >= u), axis=1).astype(np.int64),
                 np.where(present & (f < u), f, 0).sum(axis=1),
             )
-        rows = np.repeat(nodes, width)
-        slots = np.tile(np.arange(width), k)
-        held = self.holds(rows, slots, free.ravel(), memory.ravel()).reshape(k, width, -1)
+        return self._counted(nodes, free, self.held_by(nodes, free, memory))
+
+    def _counted(
+        self, nodes: IntArray, free: IntArray, held: BoolArray
+    ) -> tuple[IntArray, IntArray]:
         usable = self.state.usable[nodes][:, :, None]
         less = np.where(usable & ~held, free[:, :, None], 0).sum(axis=1)
         return held.sum(axis=1).astype(np.int64), less
 
+    def held_by(self, nodes: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
+        """(K, slots, M): `holds` for every slot of rows `nodes` with `free` and `memory`."""
+        k, width = free.shape
+        rows = np.repeat(nodes, width)
+        slots = np.tile(np.arange(width), k)
+        held: BoolArray = self.holds(rows, slots, free.ravel(), memory.ravel()).reshape(
+            k, width, -1
+        )
+        return held
+
     def _refresh_rows(self, rows: IntArray) -> None:
         state = self.state
-        self.cnt[rows], self.less[rows] = self.counters(
-            rows, state.gpu_free[rows], state.gpu_mem_free[rows]
-        )
+        free, memory = state.gpu_free[rows], state.gpu_mem_free[rows]
+        if self.simple:
+            self.cnt[rows], self.less[rows] = self.counters(rows, free, memory)
+        else:
+            held = self.held[rows] = self.held_by(rows, free, memory)
+            self.cnt[rows], self.less[rows] = self._counted(rows, free, held)
+            self.enough[rows] = self.cnt[rows] >= self.spec_gpus[None, :]
+            self.just_enough[rows] = self.cnt[rows] == self.spec_gpus[None, :]
         self.frag[rows] = self.fragment(
             rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
@@ -146,23 +223,32 @@ class FragmentIndex:
         self,
         nodes: IntArray,
         cnt: IntArray,
-        less: IntArray,
+        less: IntArray | FloatArray,
         gpu_total: IntArray,
         cpu_request: int,
     ) -> FloatArray:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
         milli-CPU is taken from each."""
+        return self._fragment(nodes, cnt >= self.spec_gpus[None, :], less, gpu_total, cpu_request)
+
+    def _fragment(
+        self,
+        nodes: IntArray,
+        fits: BoolArray,
+        less: IntArray | FloatArray,
+        gpu_total: IntArray,
+        cpu_request: int,
+    ) -> FloatArray:
+        """`fragment` given where enough GPUs hold each spec (`fits`, changed in place)."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
         if self.simple:
-            wanted = self.node_ok[nodes]
-        else:  # models are judged per GPU, in cnt
-            wanted = np.broadcast_to(self.spec_gpus[None, :] > 0, cnt.shape)
-        fits = (
-            wanted
-            & (cpu_left[:, None] >= self.spec_cpu[None, :])
-            & (cnt >= self.spec_gpus[None, :])
-        )
-        per_spec = np.where(fits, less, gpu_total[:, None])
+            fits &= self.node_ok[nodes]
+        elif not self.all_want_gpus:  # models are judged per GPU, in cnt
+            fits &= self.spec_gpus[None, :] > 0
+        # (K, M) passes skipped where they cannot change the answer: the live specs ask no CPU
+        if self.simple or (cpu_left.size and self.max_spec_cpu > cpu_left.min()):
+            fits &= cpu_left[:, None] >= self.spec_cpu[None, :]
+        per_spec = np.where(fits, less, gpu_total[:, None].astype(np.float64))
         result: FloatArray = per_spec @ self.prob
         return result
 
@@ -174,17 +260,49 @@ class FragmentIndex:
         state = self.state
         old = state.gpu_free[nodes, gpus]
         new = old - milli
-        if self.simple:
-            u = self.spec_milli[None, :]
-            was, now = old[:, None] >= u, new[:, None] >= u
+        if self.simple:  # the GPU is present and fits: old and new are 0..1000
+            cnt = self.cnt[nodes] - self.hold_table[old + 1] + self.hold_table[new + 1]
+            less = self.less[nodes] - self.less_table[old + 1] + self.less_table[new + 1]
         else:
-            mold = state.gpu_mem_free[nodes, gpus]
-            was = self.holds(nodes, gpus, old, mold)
-            now = self.holds(nodes, gpus, new, mold - memory)
-        cnt = self.cnt[nodes] - was + now
-        less = self.less[nodes] - np.where(was, 0, old[:, None]) + np.where(now, 0, new[:, None])
+            # with less free milli and memory, a GPU holds a subset of what it held (`was`):
+            # `now` is `was` less what no longer fits; `lost` what the GPU stops holding
+            # (np.take: these gathers of (K, M) rows are most of an answer's time)
+            n, width, m = self.held.shape
+            was = np.take(self.held.reshape(n * width, m), nodes * width + gpus, axis=0)
+            now = was & (new[:, None] >= self.spec_milli[None, :])
+            now &= self._memory_fits(
+                self.gpu_kind[nodes, gpus], state.gpu_mem_free[nodes, gpus] - memory
+            )
+            lost = was > now
+            # enough GPUs hold spec m after (cnt - lost >= g_m): they did, and the GPU taken
+            # was not one of exactly g_m that did (bool rows kept per node, not (K, M) ints)
+            fits = np.take(self.enough, nodes, axis=0)
+            fits &= ~(lost & np.take(self.just_enough, nodes, axis=0))
+            # less gains the new free milli of a spec lost (old - milli + milli) and loses the
+            # milli of a spec never held: in small integers first, then one float64 pass
+            change = was * np.int16(milli)
+            change += lost * new[:, None].astype(np.int16)
+            change -= np.int16(milli)
+            less = np.take(self.less, nodes, axis=0)
+            less += change
+            return self._fragment(
+                nodes, fits, less, state.gpu_free_total[nodes] - milli, cpu_request
+            )
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
+
+    def _memory_fits(self, kind: IntArray, memory: IntArray) -> BoolArray:
+        """(K, M): `memory[k]` bytes free are enough for spec m on a GPU of kind `kind[k]`;
+        compared kind by kind (a fleet has few), not through a (K, M) copy of the needs."""
+        kinds = np.unique(kind)
+        if kinds.size == 1:
+            fits: BoolArray = memory[:, None] >= self.kind_need[kinds[0]][None, :]
+            return fits
+        fits = np.empty((kind.size, self.kind_need.shape[1]), np.bool_)
+        for each in kinds:
+            mine = kind == each
+            fits[mine] = memory[mine][:, None] >= self.kind_need[each][None, :]
+        return fits
 
     def after_whole(self, nodes: IntArray, gpus: int, cpu_request: int) -> FloatArray:
         """F of each node in `nodes` after `gpus` completely free GPUs (and the CPU) are taken
@@ -193,7 +311,7 @@ class FragmentIndex:
         A free GPU (1000 milli) counts in cnt for every spec (u_m <= 1000) and becomes 0, which
         adds nothing to `less`; so only cnt and the total move.
         """
-        cnt = self.cnt[nodes] - gpus * (self.spec_milli[None, :] <= MILLI_PER_GPU)
+        cnt = self.cnt[nodes] - gpus * self.whole_held[None, :]
         total = self.state.gpu_free_total[nodes] - gpus * MILLI_PER_GPU
         return self.fragment(nodes, cnt, self.less[nodes], total, cpu_request)
 

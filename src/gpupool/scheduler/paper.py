@@ -73,9 +73,8 @@ class ClusteringPolicy(Policy):
         if request.gpus == 0:
             return np.zeros(nodes.size, np.int64)
         within = (MAX_SCORE // 4) * (MAX_GPU_MILLI - state.gpu_free_total[nodes]) // MAX_GPU_MILLI
-        held = state.class_pods[nodes]
-        classes = np.count_nonzero(held, axis=1)
-        has_own = held[:, pod_class(request)] > 0
+        classes = state.classes_held[nodes]
+        has_own = state.class_pods[nodes, pod_class(request)] > 0
         tier = np.where(has_own, np.where(classes == 1, 3, 2), np.where(classes == 0, 1, 0)).astype(
             np.int64
         )

@@ -128,8 +128,11 @@ class ClusterState:
         self.max_free: IntArray = self.gpu_free.max(axis=1)
         # pods per (node, class); the class axis holds shares (0) and 1..max_gpus whole GPUs
         self.class_pods: IntArray = np.zeros((n, self.max_gpus + 1), np.int64)
+        #: per node, how many classes it holds pods of (nonzero entries of class_pods' row)
+        self.classes_held: IntArray = np.zeros(n, np.int64)
         self.total_gpu_milli = int(self.gpu_capacity.sum())
         self._observers: dict[Hashable, NodeObserver] = {}
+        self._model_masks: dict[tuple[str, ...], tuple[BoolArray, BoolArray]] = {}
 
     @property
     def n_nodes(self) -> int:
@@ -145,16 +148,29 @@ class ClusterState:
         """Nodes whose (first) GPU model is one of `models` (all nodes when `models` is empty)."""
         if not models:
             return np.ones(self.n_nodes, np.bool_)
-        return np.isin(self.model_id, self._model_ids(models))
+        return self._allowed(models)[0]
 
     def _model_ids(self, models: Sequence[str]) -> IntArray:
         return np.array([i for i, name in enumerate(self.model_names) if name in models], np.int64)
+
+    def _allowed(self, models: Sequence[str]) -> tuple[BoolArray, BoolArray]:
+        """(nodes whose first GPU is one of `models`, (nodes, slots) GPUs of one of them),
+        kept per model list: models never change, and pods repeat a few lists."""
+        key = tuple(models)
+        found = self._model_masks.get(key)
+        if found is None:
+            ids = self._model_ids(models)
+            found = self._model_masks[key] = (
+                np.isin(self.model_id, ids),
+                np.isin(self.gpu_model, ids),
+            )
+        return found
 
     def gpu_fits(self, demand: Demand, rows: IntArray | slice = slice(None)) -> BoolArray:
         """(rows, slots): the GPUs that can take one GPU of `demand` now."""
         ok: BoolArray = self.gpu_free[rows] >= demand.compute
         if demand.gpu_models:
-            ok &= np.isin(self.gpu_model[rows], self._model_ids(demand.gpu_models))
+            ok &= self._allowed(demand.gpu_models)[1][rows]
         if demand.asks_memory:
             ok &= self.gpu_mem_free[rows] >= demand.memory_on(self.gpu_mem_total[rows])
         return ok
@@ -168,7 +184,7 @@ class ClusterState:
             return ok
         if self.simple and not demand.asks_memory:
             if demand.gpu_models:
-                ok &= np.isin(self.model_id[rows], self._model_ids(demand.gpu_models))
+                ok &= self._allowed(demand.gpu_models)[0][rows]
             if demand.compute == MILLI_PER_GPU:
                 return ok & (self.full_free[rows] >= demand.gpus)
             if demand.gpus == 1:
@@ -197,13 +213,14 @@ class ClusterState:
         demand = demand_of(request)
         if self.simple and not demand.asks_memory and demand.gpus and not demand.gpu_models:
             # the trace's shapes (memory is the same on every GPU, the node feasible)
-            free = self.gpu_free[node]
+            # in plain Python: a node has a few GPUs, and this runs once per placed pod
+            free = self.gpu_free[node].tolist()
             if demand.compute == MILLI_PER_GPU:
-                whole = np.flatnonzero(free == MILLI_PER_GPU)[: demand.gpus]
-                return Placement(node, tuple(int(g) for g in whole), MILLI_PER_GPU)
+                whole = [g for g, milli in enumerate(free) if milli == MILLI_PER_GPU]
+                return Placement(node, tuple(whole[: demand.gpus]), MILLI_PER_GPU)
             if demand.gpus == 1:
-                masked = np.where(free >= demand.compute, free, np.iinfo(np.int64).max)
-                return Placement(node, (int(np.argmin(masked)),), demand.compute)
+                fits = [(milli, g) for g, milli in enumerate(free) if milli >= demand.compute]
+                return Placement(node, (min(fits, default=(0, 0))[1],), demand.compute)
         return self.gpus_in_order(node, demand, emptiest=False)
 
     def gpus_in_order(self, node: int, request: Asked, *, emptiest: bool) -> Placement:
@@ -278,12 +295,17 @@ class ClusterState:
         self.cpu_free[n] += sign * demand.cpu
         self.mem_free[n] += sign * demand.host_memory
         if placement.gpus:
-            gpus = list(placement.gpus)
-            self.gpu_free[n, gpus] += sign * placement.milli
+            # element by element: cheaper than fancy indexing for a pod's few GPUs
+            for gpu in placement.gpus:
+                self.gpu_free[n, gpu] += sign * placement.milli
             if demand.asks_memory:
-                self.gpu_mem_free[n, gpus] += sign * memory
-            self.class_pods[n, pod_class(demand)] -= sign
-            self._derive(n)
+                self.gpu_mem_free[n, list(placement.gpus)] += sign * memory
+            cls = pod_class(demand)
+            self.class_pods[n, cls] -= sign
+            held = self.class_pods[n, cls]
+            if held == 0 or (held == 1 and sign < 0):  # the class left, or came
+                self.classes_held[n] -= sign
+            self._derive_one(n)
         for observer in self._observers.values():
             observer.refresh_node(n)
 
@@ -298,10 +320,18 @@ class ClusterState:
         total = self.gpu_mem_total[nodes]
         self.gpu_mem_free[nodes] = np.where(usable, np.clip(memory, 0, total), 0)
         self.class_pods[nodes] = classes
+        self.classes_held[nodes] = np.count_nonzero(self.class_pods[nodes], axis=-1)
         self._derive(nodes)
         for observer in self._observers.values():
             for node in np.atleast_1d(nodes).tolist():
                 observer.refresh_node(node)
+
+    def _derive_one(self, n: int) -> None:
+        """`_derive` of one node, in plain Python over its few slots (same values)."""
+        row = self.gpu_free[n].tolist()
+        self.gpu_free_total[n] = sum(free for free in row if free > 0)
+        self.full_free[n] = row.count(MILLI_PER_GPU)
+        self.max_free[n] = max(row)
 
     def _derive(self, n: int | IntArray) -> None:
         rows = self.gpu_free[n]

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from gpupool.core.resources import NodeSpec, Request
 from gpupool.scheduler import (
     ClusterState,
+    Demand,
     TargetWorkload,
     demand_of,
     fragment_index,
@@ -63,8 +64,13 @@ def replay(
     fragment = np.zeros(count, np.float64)
     placed = np.zeros(count, np.bool_)
     in_use = 0
+    # pods repeat a few shapes: one Demand per shape, so its cached keys are made once
+    demands: dict[tuple[object, ...], Demand] = {}
     for i, pod in enumerate(pods):
-        demand = demand_of(pod)
+        key = (pod.gpus, pod.compute, pod.cpu, pod.host_memory, pod.gpu_models, pod.memory)
+        demand = demands.get(key)
+        if demand is None:
+            demand = demands[key] = demand_of(pod)
         placement = place(state, demand, policy)
         if placement is not None:
             state.allocate(demand, placement)
