@@ -24,7 +24,7 @@ MUTANTS = [
     (
         "gpupool-reserve",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None",
+        "return wide.able[:, 0] if wide.counts[0] <= RESERVED_NODES else None",
         "return None",
     ),
     (
@@ -78,8 +78,8 @@ MUTANTS = [
     (
         "gpupool",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)",
-        "scores: FloatArray = np.round(options.delta + STRANDING_WEIGHT * change, 6)",
+        "scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, 6)",
+        "scores: FloatArray = np.round(delta + STRANDING_WEIGHT * change, 6)",
     ),
     (
         "binpack",

@@ -34,10 +34,13 @@ docs/benchmarks/gpupool-policy-notes.md has the measurements.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
+from gpupool.scheduler.fragment import MAX_CACHED_SHAPES
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload, WideSize
@@ -88,11 +91,35 @@ class GpupoolPolicy(TargetedPolicy):
         self.keep_idle_gpus = largest if largest > 1 else 0
         #: the widest pods' CPU sizes, largest first (none when the GPU milli per pod is unknown)
         self.sizes = target.widest.sizes if target.gpu_milli_per_pod > 0 else ()
+        widest = target.widest
+        #: the widest pod's GPUs with the most CPU and host memory any such pod asks, as a size
+        self.widest_size = (WideSize(widest.cpu, widest.host_memory, 0.0),)
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
             return fgd_scores(options)
         nodes = options.nodes
+        # the net score of a node changes only when the node does: kept per demand, and worked
+        # out again only for the nodes changed since (element by element, so the same values)
+        cache = state.observer(("gpupool-net", self.target), lambda: NetScores(state.n_nodes))
+        answers = cache.answers((demand.shape, demand.host_memory))
+        stale = nodes[answers.seen[nodes] != cache.version[nodes]]
+        if stale.size:
+            answers.score[stale] = self.net_scores(
+                state, demand, stale, options.answers.delta[stale]
+            )
+            answers.seen[stale] = cache.version[stale]
+        scores: FloatArray = answers.score[nodes]
+        for reserved in (self.reserved(state, demand), self.kept_by_size(state, demand)):
+            if reserved is not None:
+                scores = scores - RESERVE_PENALTY * reserved[nodes]
+        return scores
+
+    def net_scores(
+        self, state: ClusterState, demand: Demand, nodes: IntArray, delta: FloatArray
+    ) -> FloatArray:
+        """The score of `nodes` before the reserves: the fragment decrease `delta` net of the
+        GPU milli the demand newly strands there (never a reward on a kept idle node)."""
         gpu = state.gpu_free_total[nodes]
         cpu = state.cpu_free[nodes]
         memory = state.mem_free[nodes]
@@ -109,10 +136,7 @@ class GpupoolPolicy(TargetedPolicy):
             kept = (state.full_free[nodes] == count) & (count >= self.keep_idle_gpus)
             change = np.where(kept, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
-        scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)
-        for reserved in (self.reserved(state, demand), self.kept_by_size(state, demand)):
-            if reserved is not None:
-                scores = scores - RESERVE_PENALTY * reserved[nodes]
+        scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, 6)
         return scores
 
     def reserved(self, state: ClusterState, demand: Demand) -> BoolArray | None:
@@ -121,13 +145,9 @@ class GpupoolPolicy(TargetedPolicy):
         widest = self.target.widest
         if widest.gpus < 2 or demand.gpus >= widest.gpus:
             return None
-        able: BoolArray = (
-            (state.full_free == state.gpu_count)
-            & (state.gpu_count >= widest.gpus)
-            & (state.cpu_free >= widest.cpu)
-            & (state.mem_free >= widest.host_memory)
-        )
-        return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None
+        # the idle nodes able to take it, kept node by node as the state changes
+        wide = self.wide_idle(state, self.widest_size)
+        return wide.able[:, 0] if wide.counts[0] <= RESERVED_NODES else None
 
     def kept_by_size(self, state: ClusterState, demand: Demand) -> BoolArray | None:
         """The idle nodes kept for each CPU size of the widest pods that `demand` is not: those
@@ -137,10 +157,7 @@ class GpupoolPolicy(TargetedPolicy):
         widest = self.target.widest
         if widest.gpus < 2 or not self.sizes:
             return None
-        wide = state.observer(
-            ("gpupool-wide-idle", widest.gpus, tuple((z.cpu, z.host_memory) for z in self.sizes)),
-            lambda: WideIdle(state, widest.gpus, self.sizes),
-        )
+        wide = self.wide_idle(state, self.sizes)
         expected = (
             state.total_gpu_milli - state.allocated_gpu_milli
         ) / self.target.gpu_milli_per_pod
@@ -155,6 +172,15 @@ class GpupoolPolicy(TargetedPolicy):
             return None
         kept: BoolArray = np.asarray(wide.able[:, short].any(axis=1), np.bool_)
         return kept
+
+    def wide_idle(self, state: ClusterState, sizes: tuple[WideSize, ...]) -> WideIdle:
+        """The state's observer of the idle nodes able to take a widest pod of each of `sizes`
+        (keyed by what it counts: one observer per GPU count and sizes)."""
+        gpus = self.target.widest.gpus
+        return state.observer(
+            ("gpupool-wide-idle", gpus, tuple((z.cpu, z.host_memory) for z in sizes)),
+            lambda: WideIdle(state, gpus, sizes),
+        )
 
 
 class WideIdle:
@@ -187,3 +213,37 @@ class WideIdle:
             if able != row[k]:
                 row[k] = able
                 self.counts[k] += 1 if able else -1
+
+
+@dataclass
+class NetAnswers:
+    """Per node, for one demand: its net score and the node version it was worked out at
+    (-1: never)."""
+
+    score: FloatArray
+    seen: IntArray
+
+
+class NetScores:
+    """`gpupool`'s net scores per demand and node, and a version per node bumped whenever the
+    node changes (a state observer): what makes a kept score stale."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.version: IntArray = np.zeros(n, np.int64)
+        self._answers: dict[tuple[object, ...], NetAnswers] = {}
+
+    def refresh_node(self, node: int) -> None:
+        self.version[node] += 1
+
+    def answers(self, key: tuple[object, ...]) -> NetAnswers:
+        """The answers kept for a demand (its shape and host memory), the oldest dropped first
+        beyond MAX_CACHED_SHAPES."""
+        found = self._answers.get(key)
+        if found is None:
+            if len(self._answers) >= MAX_CACHED_SHAPES:
+                del self._answers[next(iter(self._answers))]
+            found = self._answers[key] = NetAnswers(
+                np.zeros(self.n, np.float64), np.full(self.n, -1, np.int64)
+            )
+        return found
