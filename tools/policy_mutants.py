@@ -78,8 +78,14 @@ MUTANTS = [
     (
         "gpupool",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, 6)",
-        "scores: FloatArray = np.round(delta + STRANDING_WEIGHT * change, 6)",
+        "scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, DECIMALS)",
+        "scores: FloatArray = np.round(delta + STRANDING_WEIGHT * change, DECIMALS)",
+    ),
+    (
+        "gpupool-one-node",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "return rounded(delta - STRANDING_WEIGHT * change)",
+        "return rounded(delta + STRANDING_WEIGHT * change)",
     ),
     (
         "binpack",
