@@ -247,11 +247,17 @@ class WideIdle:
             axis=1,
         )
         self.counts: list[int] = [int(n) for n in self.able.sum(axis=0)]
+        #: per node, whether it has the GPUs at all (fixed), and whether it is able for a size
+        self.big: list[bool] = (state.gpu_count >= gpus).tolist()
+        self.any_able: list[bool] = self.able.any(axis=1).tolist()
 
     def refresh_node(self, node: int) -> None:
+        if not self.big[node]:  # never able
+            return
         state = self.state
-        count = int(state.gpu_count[node])
-        idle = count >= self.gpus and int(state.full_free[node]) == count
+        idle = int(state.full_free[node]) == int(state.gpu_count[node])
+        if not idle and not self.any_able[node]:  # was not able, is not now: most changes
+            return
         cpu = int(state.cpu_free[node])
         memory = int(state.mem_free[node])
         row = self.able[node]
@@ -260,6 +266,7 @@ class WideIdle:
             if able != row[k]:
                 row[k] = able
                 self.counts[k] += 1 if able else -1
+        self.any_able[node] = bool(row.any())
 
 
 @dataclass
