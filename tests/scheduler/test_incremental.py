@@ -20,6 +20,7 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.fgd import fragment_options
 from gpupool.scheduler.fragment import FragmentIndex
+from gpupool.scheduler.gpupool_policy import GpupoolPolicy
 
 NODES: list[NodeSpec] = [
     *three_nodes(),
@@ -163,6 +164,7 @@ def test_gpupool_kept_scores_equal_scores_worked_out_afresh(
     # the net score kept per demand and node must follow every change of the state
     state = ClusterState(NODES)
     policy = make_policy("gpupool", seed=3, target_workload=NET_TARGET)
+    assert isinstance(policy, GpupoolPolicy)
     live: list[tuple[Request, Placement]] = []
     for adding, request, position in ops:
         if adding or not live:
@@ -175,6 +177,7 @@ def test_gpupool_kept_scores_equal_scores_worked_out_afresh(
             request, placement = live.pop(position % len(live))
             state.release(request, placement)
         fresh = fresh_state(live)
+        assert policy.net(state).free_milli == state.total_gpu_milli - state.allocated_gpu_milli
         for probe in PROBES:
             feasible = np.flatnonzero(state.feasible(probe))
             if feasible.size:

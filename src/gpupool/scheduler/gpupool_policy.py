@@ -107,6 +107,7 @@ class GpupoolPolicy(TargetedPolicy):
         widest = target.widest
         #: the widest pod's GPUs with the most CPU and host memory any such pod asks, as a size
         self.widest_size = (WideSize(widest.cpu, widest.host_memory, 0.0),)
+        self._wide_keys: dict[tuple[WideSize, ...], tuple[object, ...]] = {}
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
@@ -114,7 +115,7 @@ class GpupoolPolicy(TargetedPolicy):
         nodes = options.nodes
         # the net score of a node changes only when the node does: kept per demand, and worked
         # out again only for the nodes changed since (element by element, so the same values)
-        cache = state.observer(("gpupool-net", self.target), lambda: NetScores(state.n_nodes))
+        cache = self.net(state)
         answers = cache.answers((demand.shape, demand.host_memory))
         stale = nodes[answers.seen[nodes] != cache.version[nodes]]
         if FEW_NODES >= stale.size > 0:  # usually the one node the last placement changed
@@ -205,9 +206,8 @@ class GpupoolPolicy(TargetedPolicy):
         if widest.gpus < 2 or not self.sizes:
             return None
         wide = self.wide_idle(state, self.sizes)
-        expected = (
-            state.total_gpu_milli - state.allocated_gpu_milli
-        ) / self.target.gpu_milli_per_pod
+        # the free GPU milli, the same integer as state.total_gpu_milli - allocated_gpu_milli
+        expected = self.net(state).free_milli / self.target.gpu_milli_per_pod
         short = [
             k
             for k, size in enumerate(self.sizes)
@@ -223,11 +223,19 @@ class GpupoolPolicy(TargetedPolicy):
     def wide_idle(self, state: ClusterState, sizes: tuple[WideSize, ...]) -> WideIdle:
         """The state's observer of the idle nodes able to take a widest pod of each of `sizes`
         (keyed by what it counts: one observer per GPU count and sizes)."""
-        gpus = self.target.widest.gpus
-        return state.observer(
-            ("gpupool-wide-idle", gpus, tuple((z.cpu, z.host_memory) for z in sizes)),
-            lambda: WideIdle(state, gpus, sizes),
-        )
+        key = self._wide_keys.get(sizes)
+        if key is None:
+            cpu_and_memory = tuple((z.cpu, z.host_memory) for z in sizes)
+            key = self._wide_keys[sizes] = (
+                "gpupool-wide-idle",
+                self.target.widest.gpus,
+                cpu_and_memory,
+            )
+        return state.observer(key, lambda: WideIdle(state, self.target.widest.gpus, sizes))
+
+    def net(self, state: ClusterState) -> NetScores:
+        """The state's observer that keeps this policy's net scores and the free GPU milli."""
+        return state.observer(("gpupool-net", self.target), lambda: NetScores(state))
 
 
 class WideIdle:
@@ -279,16 +287,24 @@ class NetAnswers:
 
 
 class NetScores:
-    """`gpupool`'s net scores per demand and node, and a version per node bumped whenever the
-    node changes (a state observer): what makes a kept score stale."""
+    """`gpupool`'s net scores per demand and node, a version per node bumped whenever the node
+    changes (what makes a kept score stale), and the cluster's free GPU milli (a state
+    observer)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.version: IntArray = np.zeros(n, np.int64)
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.n = state.n_nodes
+        self.version: IntArray = np.zeros(self.n, np.int64)
         self._answers: dict[tuple[object, ...], NetAnswers] = {}
+        self._free: list[int] = state.gpu_free_total.tolist()
+        #: free GPU milli over all nodes (integers: the same sum in any order)
+        self.free_milli = sum(self._free)
 
     def refresh_node(self, node: int) -> None:
         self.version[node] += 1
+        free = int(self.state.gpu_free_total[node])
+        self.free_milli += free - self._free[node]
+        self._free[node] = free
 
     def answers(self, key: tuple[object, ...]) -> NetAnswers:
         """The answers kept for a demand (its shape and host memory), the oldest dropped first
