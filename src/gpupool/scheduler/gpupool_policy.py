@@ -257,7 +257,7 @@ class WideIdle:
         self.counts: list[int] = [int(n) for n in self.able.sum(axis=0)]
         #: per node, whether it has the GPUs at all (fixed), and whether it is able for a size
         self.big: list[bool] = (state.gpu_count >= gpus).tolist()
-        self.any_able: list[bool] = [bool(x) for x in self.able.any(axis=1)]
+        self.any_able: list[bool] = [bool(x) for x in np.any(self.able, axis=1).tolist()]
 
     def refresh_node(self, node: int) -> None:
         if not self.big[node]:  # never able
