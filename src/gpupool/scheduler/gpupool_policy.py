@@ -107,7 +107,15 @@ class GpupoolPolicy(TargetedPolicy):
         widest = target.widest
         #: the widest pod's GPUs with the most CPU and host memory any such pod asks, as a size
         self.widest_size = (WideSize(widest.cpu, widest.host_memory, 0.0),)
-        self._wide_keys: dict[tuple[WideSize, ...], tuple[object, ...]] = {}
+        #: the state observers' keys for the sizes above (what each counts), made once
+        self._wide_keys = {
+            id(sizes): (
+                "gpupool-wide-idle",
+                widest.gpus,
+                tuple((z.cpu, z.host_memory) for z in sizes),
+            )
+            for sizes in (self.sizes, self.widest_size)
+        }
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
@@ -222,16 +230,10 @@ class GpupoolPolicy(TargetedPolicy):
 
     def wide_idle(self, state: ClusterState, sizes: tuple[WideSize, ...]) -> WideIdle:
         """The state's observer of the idle nodes able to take a widest pod of each of `sizes`
-        (keyed by what it counts: one observer per GPU count and sizes)."""
-        key = self._wide_keys.get(sizes)
-        if key is None:
-            cpu_and_memory = tuple((z.cpu, z.host_memory) for z in sizes)
-            key = self._wide_keys[sizes] = (
-                "gpupool-wide-idle",
-                self.target.widest.gpus,
-                cpu_and_memory,
-            )
-        return state.observer(key, lambda: WideIdle(state, self.target.widest.gpus, sizes))
+        (self.sizes or self.widest_size), keyed by what it counts."""
+        return state.observer(
+            self._wide_keys[id(sizes)], lambda: WideIdle(state, self.target.widest.gpus, sizes)
+        )
 
     def net(self, state: ClusterState) -> NetScores:
         """The state's observer that keeps this policy's net scores and the free GPU milli."""
