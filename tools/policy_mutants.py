@@ -19,6 +19,7 @@ T = [
     "tests/scheduler/test_gpu_placement.py",
     "tests/scheduler/test_state.py",
     "tests/scheduler/test_spread.py",
+    "tests/scheduler/test_gpupool_net.py",
 ]
 MUTANTS = [
     (
