@@ -19,12 +19,13 @@ T = [
     "tests/scheduler/test_gpu_placement.py",
     "tests/scheduler/test_state.py",
     "tests/scheduler/test_spread.py",
+    "tests/scheduler/test_gpupool_net.py",
 ]
 MUTANTS = [
     (
         "gpupool-reserve",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None",
+        "return wide.able[:, 0] if wide.counts[0] <= RESERVED_NODES else None",
         "return None",
     ),
     (
@@ -78,8 +79,14 @@ MUTANTS = [
     (
         "gpupool",
         "src/gpupool/scheduler/gpupool_policy.py",
-        "scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)",
-        "scores: FloatArray = np.round(options.delta + STRANDING_WEIGHT * change, 6)",
+        "scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, DECIMALS)",
+        "scores: FloatArray = np.round(delta + STRANDING_WEIGHT * change, DECIMALS)",
+    ),
+    (
+        "gpupool-one-node",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "return rounded(delta - STRANDING_WEIGHT * change)",
+        "return rounded(delta + STRANDING_WEIGHT * change)",
     ),
     (
         "binpack",

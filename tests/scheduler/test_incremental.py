@@ -13,12 +13,14 @@ from gpupool.scheduler import (
     ClusterState,
     Placement,
     TargetWorkload,
+    demand_of,
     fragment_index,
     make_policy,
     place,
 )
 from gpupool.scheduler.fgd import fragment_options
 from gpupool.scheduler.fragment import FragmentIndex
+from gpupool.scheduler.gpupool_policy import GpupoolPolicy
 
 NODES: list[NodeSpec] = [
     *three_nodes(),
@@ -133,3 +135,54 @@ def test_hypothetical_fragment_equals_fragment_after_allocating(
                 alt = fresh_state([*live, (request, moved)])
                 afters.append((round(naive_fragment(alt, int(node), TARGET), 6), int(other)))
             assert min(afters)[1] == gpu
+
+
+#: no spec bound to a model, multi-GPU specs, CPU and host memory asked: every part of
+#: `gpupool`'s score (the stranding term, the idle-node clamp, both reserves) is in play
+NET_TARGET = TargetWorkload.from_requests(
+    [Request(gpus=1, compute=m, cpu=4000, host_memory=8 * 2**30) for m in (250, 500, 1000)]
+    + [Request(gpus=4, compute=1000, cpu=8000, host_memory=16 * 2**30)] * 2
+    + [Request(gpus=2, compute=1000, cpu=1000), Request(gpus=0, cpu=6000, host_memory=2**30)]
+)
+PROBES = [
+    demand_of(r)
+    for r in (
+        Request(gpus=1, compute=500, cpu=1000, host_memory=4 * 2**30),
+        Request(gpus=1, compute=1000, cpu=12_000),
+        Request(gpus=2, compute=1000, cpu=8000, host_memory=2**30),
+        Request(gpus=4, compute=1000, cpu=8000),
+        Request(gpus=0, cpu=6000, host_memory=2**30),
+    )
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations)
+def test_gpupool_kept_scores_equal_scores_worked_out_afresh(
+    ops: list[tuple[bool, Request, int]],
+) -> None:
+    # the net score kept per demand and node must follow every change of the state
+    state = ClusterState(NODES)
+    policy = make_policy("gpupool", seed=3, target_workload=NET_TARGET)
+    assert isinstance(policy, GpupoolPolicy)
+    live: list[tuple[Request, Placement]] = []
+    for adding, request, position in ops:
+        if adding or not live:
+            placement = place(state, request, policy)
+            if placement is None:
+                continue
+            state.allocate(request, placement)
+            live.append((request, placement))
+        else:
+            request, placement = live.pop(position % len(live))
+            state.release(request, placement)
+        fresh = fresh_state(live)
+        assert policy.net(state).free_milli == state.total_gpu_milli - state.allocated_gpu_milli
+        for probe in PROBES:
+            feasible = np.flatnonzero(state.feasible(probe))
+            if feasible.size:
+                again = make_policy("gpupool", seed=3, target_workload=NET_TARGET)
+                assert (
+                    policy.scores(state, probe, feasible).tolist()
+                    == again.scores(fresh, probe, feasible).tolist()
+                )

@@ -34,10 +34,14 @@ docs/benchmarks/gpupool-policy-notes.md has the measurements.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
+from gpupool.scheduler.fragment import MAX_CACHED_SHAPES
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload, WideSize
@@ -56,6 +60,11 @@ RESERVE_PENALTY = 1e7
 #: weight of the stranded-GPU term against FGD's fragment decrease (both in GPU milli);
 #: 0.25..2 all measured within 0.05 points on `default`, 0.5 best
 STRANDING_WEIGHT = 0.5
+#: decimals a score is rounded to, so that float noise does not split nodes that tie
+DECIMALS = 6
+ROUNDING = 10.0**DECIMALS
+#: stale nodes up to which a net score is worked out in plain Python, one node at a time
+FEW_NODES = 8
 
 
 def stranded_milli(
@@ -75,6 +84,13 @@ def stranded_milli(
     return stranded
 
 
+def rounded(score: float) -> float:
+    """np.round(score, DECIMALS) of one Python float, bit for bit: numpy multiplies by
+    10**DECIMALS, rounds half to even (rint, which keeps the sign of a zero) and divides."""
+    scaled = score * ROUNDING
+    return math.copysign(round(scaled), scaled) / ROUNDING
+
+
 class GpupoolPolicy(TargetedPolicy):
     """Highest fragment decrease net of newly stranded GPU milli; ties go to node order."""
 
@@ -88,11 +104,49 @@ class GpupoolPolicy(TargetedPolicy):
         self.keep_idle_gpus = largest if largest > 1 else 0
         #: the widest pods' CPU sizes, largest first (none when the GPU milli per pod is unknown)
         self.sizes = target.widest.sizes if target.gpu_milli_per_pod > 0 else ()
+        widest = target.widest
+        #: the widest pod's GPUs with the most CPU and host memory any such pod asks, as a size
+        self.widest_size = (WideSize(widest.cpu, widest.host_memory, 0.0),)
+        #: the state observers' keys for the sizes above (what each counts), made once
+        self._wide_keys = {
+            id(sizes): (
+                "gpupool-wide-idle",
+                widest.gpus,
+                tuple((z.cpu, z.host_memory) for z in sizes),
+            )
+            for sizes in (self.sizes, self.widest_size)
+        }
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
             return fgd_scores(options)
         nodes = options.nodes
+        # the net score of a node changes only when the node does: kept per demand, and worked
+        # out again only for the nodes changed since (element by element, so the same values)
+        cache = self.net(state)
+        answers = cache.answers((demand.shape, demand.host_memory))
+        stale = nodes[answers.seen[nodes] != cache.version[nodes]]
+        if FEW_NODES >= stale.size > 0:  # usually the one node the last placement changed
+            delta = options.answers.delta
+            for node in stale.tolist():
+                answers.score[node] = self.net_score_of(state, demand, node, float(delta[node]))
+            answers.seen[stale] = cache.version[stale]
+        elif stale.size:
+            answers.score[stale] = self.net_scores(
+                state, demand, stale, options.answers.delta[stale]
+            )
+            answers.seen[stale] = cache.version[stale]
+        scores: FloatArray = answers.score[nodes]
+        for reserved in (self.reserved(state, demand), self.kept_by_size(state, demand)):
+            if reserved is not None:
+                scores = scores - RESERVE_PENALTY * reserved[nodes]
+        return scores
+
+    def net_scores(
+        self, state: ClusterState, demand: Demand, nodes: IntArray, delta: FloatArray
+    ) -> FloatArray:
+        """The score of `nodes` before the reserves: the fragment decrease `delta` net of the
+        GPU milli the demand newly strands there (never a reward on a kept idle node)."""
         gpu = state.gpu_free_total[nodes]
         cpu = state.cpu_free[nodes]
         memory = state.mem_free[nodes]
@@ -109,11 +163,37 @@ class GpupoolPolicy(TargetedPolicy):
             kept = (state.full_free[nodes] == count) & (count >= self.keep_idle_gpus)
             change = np.where(kept, np.maximum(change, 0.0), change)
         # rounding keeps float noise from splitting nodes that tie
-        scores: FloatArray = np.round(options.delta - STRANDING_WEIGHT * change, 6)
-        for reserved in (self.reserved(state, demand), self.kept_by_size(state, demand)):
-            if reserved is not None:
-                scores = scores - RESERVE_PENALTY * reserved[nodes]
+        scores: FloatArray = np.round(delta - STRANDING_WEIGHT * change, DECIMALS)
         return scores
+
+    def net_score_of(self, state: ClusterState, demand: Demand, node: int, delta: float) -> float:
+        """`net_scores` of one node in plain Python floats, which costs less than numpy's
+        per-call overhead: the same IEEE operations in the same order (np.maximum's choice on
+        ties, `rounded` for np.round), so the same bits."""
+        gpu = int(state.gpu_free_total[node])
+        cpu = int(state.cpu_free[node])
+        memory = int(state.mem_free[node])
+        change = self._stranded_of(
+            gpu - demand.total_gpu_milli, cpu - demand.cpu, memory - demand.host_memory
+        ) - self._stranded_of(gpu, cpu, memory)
+        if self.keep_idle_gpus and change < 0.0:
+            count = int(state.gpu_count[node])
+            if int(state.full_free[node]) == count and count >= self.keep_idle_gpus:
+                change = 0.0
+        return rounded(delta - STRANDING_WEIGHT * change)
+
+    def _stranded_of(self, gpu: int, cpu: int, memory: int) -> float:
+        """`stranded_milli` of one node, in plain Python floats."""
+        stranded = 0.0
+        for free, per_milli in (
+            (cpu, self.target.cpu_per_gpu_milli),
+            (memory, self.target.memory_per_gpu_milli),
+        ):
+            if per_milli > 0:
+                left = gpu - free / per_milli
+                if not stranded >= left:  # np.maximum keeps the first on ties
+                    stranded = left
+        return stranded
 
     def reserved(self, state: ClusterState, demand: Demand) -> BoolArray | None:
         """The nodes kept for the workload's widest pods, when `demand` is narrower and no more
@@ -121,13 +201,9 @@ class GpupoolPolicy(TargetedPolicy):
         widest = self.target.widest
         if widest.gpus < 2 or demand.gpus >= widest.gpus:
             return None
-        able: BoolArray = (
-            (state.full_free == state.gpu_count)
-            & (state.gpu_count >= widest.gpus)
-            & (state.cpu_free >= widest.cpu)
-            & (state.mem_free >= widest.host_memory)
-        )
-        return able if int(np.count_nonzero(able)) <= RESERVED_NODES else None
+        # the idle nodes able to take it, kept node by node as the state changes
+        wide = self.wide_idle(state, self.widest_size)
+        return wide.able[:, 0] if wide.counts[0] <= RESERVED_NODES else None
 
     def kept_by_size(self, state: ClusterState, demand: Demand) -> BoolArray | None:
         """The idle nodes kept for each CPU size of the widest pods that `demand` is not: those
@@ -137,13 +213,9 @@ class GpupoolPolicy(TargetedPolicy):
         widest = self.target.widest
         if widest.gpus < 2 or not self.sizes:
             return None
-        wide = state.observer(
-            ("gpupool-wide-idle", widest.gpus, tuple((z.cpu, z.host_memory) for z in self.sizes)),
-            lambda: WideIdle(state, widest.gpus, self.sizes),
-        )
-        expected = (
-            state.total_gpu_milli - state.allocated_gpu_milli
-        ) / self.target.gpu_milli_per_pod
+        wide = self.wide_idle(state, self.sizes)
+        # the free GPU milli, the same integer as state.total_gpu_milli - allocated_gpu_milli
+        expected = self.net(state).free_milli / self.target.gpu_milli_per_pod
         short = [
             k
             for k, size in enumerate(self.sizes)
@@ -155,6 +227,17 @@ class GpupoolPolicy(TargetedPolicy):
             return None
         kept: BoolArray = np.asarray(wide.able[:, short].any(axis=1), np.bool_)
         return kept
+
+    def wide_idle(self, state: ClusterState, sizes: tuple[WideSize, ...]) -> WideIdle:
+        """The state's observer of the idle nodes able to take a widest pod of each of `sizes`
+        (self.sizes or self.widest_size), keyed by what it counts."""
+        return state.observer(
+            self._wide_keys[id(sizes)], lambda: WideIdle(state, self.target.widest.gpus, sizes)
+        )
+
+    def net(self, state: ClusterState) -> NetScores:
+        """The state's observer that keeps this policy's net scores and the free GPU milli."""
+        return state.observer(("gpupool-net", self.target), lambda: NetScores(state))
 
 
 class WideIdle:
@@ -174,11 +257,17 @@ class WideIdle:
             axis=1,
         )
         self.counts: list[int] = [int(n) for n in self.able.sum(axis=0)]
+        #: per node, whether it has the GPUs at all (fixed), and whether it is able for a size
+        self.big: list[bool] = (state.gpu_count >= gpus).tolist()
+        self.any_able: list[bool] = [bool(x) for x in np.any(self.able, axis=1).tolist()]
 
     def refresh_node(self, node: int) -> None:
+        if not self.big[node]:  # never able
+            return
         state = self.state
-        count = int(state.gpu_count[node])
-        idle = count >= self.gpus and int(state.full_free[node]) == count
+        idle = int(state.full_free[node]) == int(state.gpu_count[node])
+        if not idle and not self.any_able[node]:  # was not able, is not now: most changes
+            return
         cpu = int(state.cpu_free[node])
         memory = int(state.mem_free[node])
         row = self.able[node]
@@ -187,3 +276,46 @@ class WideIdle:
             if able != row[k]:
                 row[k] = able
                 self.counts[k] += 1 if able else -1
+        self.any_able[node] = bool(row.any())
+
+
+@dataclass
+class NetAnswers:
+    """Per node, for one demand: its net score and the node version it was worked out at
+    (-1: never)."""
+
+    score: FloatArray
+    seen: IntArray
+
+
+class NetScores:
+    """`gpupool`'s net scores per demand and node, a version per node bumped whenever the node
+    changes (what makes a kept score stale), and the cluster's free GPU milli (a state
+    observer)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.n = state.n_nodes
+        self.version: IntArray = np.zeros(self.n, np.int64)
+        self._answers: dict[tuple[object, ...], NetAnswers] = {}
+        self._free: list[int] = state.gpu_free_total.tolist()
+        #: free GPU milli over all nodes (integers: the same sum in any order)
+        self.free_milli = sum(self._free)
+
+    def refresh_node(self, node: int) -> None:
+        self.version[node] += 1
+        free = int(self.state.gpu_free_total[node])
+        self.free_milli += free - self._free[node]
+        self._free[node] = free
+
+    def answers(self, key: tuple[object, ...]) -> NetAnswers:
+        """The answers kept for a demand (its shape and host memory), the oldest dropped first
+        beyond MAX_CACHED_SHAPES."""
+        found = self._answers.get(key)
+        if found is None:
+            if len(self._answers) >= MAX_CACHED_SHAPES:
+                del self._answers[next(iter(self._answers))]
+            found = self._answers[key] = NetAnswers(
+                np.zeros(self.n, np.float64), np.full(self.n, -1, np.int64)
+            )
+        return found
