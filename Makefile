@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 	$(BIN)/python -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
+# the sources compiled once first: where PYTHONDONTWRITEBYTECODE is set,
+# every daemon, job and CLI process the tests start would otherwise compile gpupool again
 test: $(STAMP) native browser
+	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q
 
 # the web dashboard's test drives Debian's headless Chromium: as root, install it when missing;
