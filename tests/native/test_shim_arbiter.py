@@ -32,7 +32,6 @@ from shim_support import (
 )
 
 from gpupool.isolation.arbiter_control import ArbiterControl
-from gpupool.isolation.libraries import native_libraries
 
 SECONDS = 2.0
 TOLERANCE = 0.05
@@ -207,14 +206,6 @@ REQUEST_GAP_US = 5000
 LOW_SLICE_NS = 600_000  # the low share's slice (0.5 ms of work) and the lease hand-over
 P99_JITTER_NS = 3_000_000
 ATTEMPTS = 3
-
-
-@pytest.fixture(scope="module")
-def request_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("progs") / "request_loop"
-    return compile_prog(
-        PROGS / "request_loop.c", out, f"-L{native_libraries().sim_dir}", "-l:libcuda.so.1"
-    )
 
 
 @dataclass

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 from shim_support import (
-    PROGS,
     Result,
     arbiter,
-    compile_prog,
     gpu_uuid,
     make_node,
     run_client,
@@ -30,7 +28,6 @@ from gpupool.core.errors import ConfigError, DeviceError
 from gpupool.isolation.arbiter import uuid_bytes
 from gpupool.isolation.arbiter_control import REGISTER, ArbiterControl, ArbiterShare
 from gpupool.isolation.arbiter_control import Registration as Reg
-from gpupool.isolation.libraries import native_libraries
 
 SECONDS = 2.0
 KERNEL_NS = 1_000_000  # a 256-block kernel
@@ -41,14 +38,6 @@ BATCH_WINDOW_NS = 20_000_000  # the arbiter's lease without a slice
 IN_FLIGHT_NS = 2 * KERNEL_NS  # a holder has at most two batches in flight when asked back
 JITTER_NS = 3_000_000  # two busy shared cores: a hand-over needs the arbiter scheduled too
 ATTEMPTS = 3
-
-
-@pytest.fixture(scope="module")
-def request_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("progs") / "request_loop"
-    return compile_prog(
-        PROGS / "request_loop.c", out, f"-L{native_libraries().sim_dir}", "-l:libcuda.so.1"
-    )
 
 
 @pytest.fixture
