@@ -17,10 +17,17 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 	touch $(STAMP)
 
 # the sources compiled once first: where PYTHONDONTWRITEBYTECODE is set,
-# every daemon, job and CLI process the tests start would otherwise compile gpupool again
+# every daemon, job and CLI process the tests start would otherwise compile gpupool again.
+# Most tests wait on the processes they start, so their files run on TEST_WORKERS workers; the
+# tests marked `serial` (GPU time shares and latencies measured over wall-clock windows) run
+# after them, one at a time. Both parts always run; either failing fails `make test`.
+TEST_WORKERS ?= 4
 test: $(STAMP) native browser
 	$(BIN)/python -m compileall -q src
-	$(BIN)/python -m pytest -q
+	@status=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=1; \
+	$(BIN)/python -m pytest -q -m serial || status=1; \
+	exit $$status
 
 # the web dashboard's test drives Debian's headless Chromium: as root, install it when missing;
 # elsewhere (not root, no apt-get) that test skips and says why. A failed install does not stop

@@ -28,6 +28,8 @@ from gpupool.devices.sim.state import STATE_FILE, SimState
 from gpupool.isolation.arbiter import find_share
 from gpupool.isolation.arbiter_control import node_arbiter_dir
 
+pytestmark = pytest.mark.serial  # wall-clock shares and latencies: run alone (Makefile)
+
 REPORT_WITHIN_S = 5.0
 SHARED_MIB = 256  # the process under the library
 ESCAPED_MIB = 320  # the one without it

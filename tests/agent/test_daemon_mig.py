@@ -126,7 +126,7 @@ def test_a_queued_mig_job_says_which_gpu_cannot_take_its_profile(mig_daemon: Dae
     described = cli("describe", str(whole), url=mig_daemon.url, check=True).stdout
     assert "MIG:      7g.80gb instance: not placed yet" in described
     assert mig_daemon.wait(whole)["mig"].startswith("mig:7g.80gb@0/")  # once GPU 0 is empty
-    assert instances(mig_daemon, 0) == []
+    assert instances_once_settled(mig_daemon, 0) == []
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,7 @@ def control_gone(daemon: Daemon, gpu: int, timeout: float = 20) -> bool:
     return True
 
 
+@pytest.mark.serial
 def test_two_mps_jobs_30_and_70_share_one_gpu_at_once(node: Daemon) -> None:
     low = node.submit([sys.executable, CUDA_JOB, "8", "256"], mode="mps", compute=30)
     high = node.submit([sys.executable, CUDA_JOB, "8", "256"], mode="mps", compute=70)
@@ -153,6 +154,7 @@ def requests_beside(daemon: Daemon, other_priority: str | None) -> dict[str, flo
     return result
 
 
+@pytest.mark.serial
 def test_a_high_mps_job_beside_a_busy_low_one_with_long_kernels_is_as_fast_as_alone(
     one_gpu: Daemon,
 ) -> None:
@@ -165,6 +167,7 @@ def test_a_high_mps_job_beside_a_busy_low_one_with_long_kernels_is_as_fast_as_al
     assert beside_high["p50_ms"] > 5 * alone["p50_ms"]
 
 
+@pytest.mark.serial
 def test_a_low_mps_job_runs_beside_a_high_one_that_holds_every_sm(one_gpu: Daemon) -> None:
     """A low job holds no compute in admission: a one-process low job is admitted beside a high
     job at 100 % (the SMs oversubscribed), and its priority keeps it out of the high one's way."""

@@ -48,6 +48,7 @@ def _submit(daemon: Daemon, user: User, compute: str, seconds: str) -> int:
     return int(done.stdout.strip())
 
 
+@pytest.mark.serial
 def test_two_users_compute_shares_run_together_on_one_gpu(
     two_users: tuple[Daemon, User, User],
 ) -> None:

@@ -60,9 +60,13 @@ def test_scale_out_under_load_then_in_with_every_request_answered(routed: Routed
 def test_scale_to_zero_then_the_next_request_wakes_a_replica(routed: Routed) -> None:
     # mode mps: its replica cannot be suspended, so it is cancelled (a shim one is parked in
     # host memory: test_services_parking.py)
-    routed.create("sleepy", min_replicas=0, max_replicas=1, idle_s=1.0, window_s=0.5, mode="mps")
+    # MIN 1 until its replica is ready: the idle clock must not run out while a loaded machine
+    # starts it
+    routed.create("sleepy", min_replicas=1, max_replicas=1, idle_s=1.0, window_s=0.5, mode="mps")
     first = routed.ready("sleepy")
     job = first["replica_list"][0]["job_id"]
+    scaled = {"min_replicas": 0, "max_replicas": 1}
+    routed.daemon.call("POST", "/v1/services/sleepy/scale", json=scaled)
     gone = until(lambda: routed.service("sleepy")["replicas"]["desired"] == 0, timeout=15)
     assert gone, routed.service("sleepy")
     assert until(lambda: routed.daemon.job(job)["state"] == "cancelled", timeout=15)

@@ -43,6 +43,7 @@ def slices(routed: Routed) -> set[tuple[str | None, int]]:
     return {(share.priority, share.slice_us) for share in read_shares(view)}
 
 
+@pytest.mark.serial
 def test_online_replicas_get_the_short_slice_and_offline_ones_the_batch_window(
     routed: Routed,
 ) -> None:

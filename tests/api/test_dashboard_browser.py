@@ -21,6 +21,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import CUDA_JOB, Daemon
 
+pytestmark = pytest.mark.serial  # a headless browser beside many processes can fail to start
+
 TOKEN = "dashboard-secret"
 MISSING = "headless chromium is needed: apt-get install -y chromium chromium-driver"
 

@@ -24,17 +24,22 @@ from gpupool.isolation.region import OpenRegions
 SPEC = JobSpec(argv=(sys.executable, "-c", "pass"), compute=250)
 
 
-def open_regions(under: Path) -> list[str]:
-    """The region files this process holds open under `under`."""
+def held_under(under: Path) -> list[str]:
+    """The files under `under` this process holds open (other tests' garbage is not counted)."""
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue  # the listing's own descriptor, closed by now
-        if target.startswith(str(under)) and target.split(" ")[0].endswith("/region"):
+        if target.startswith(str(under)):
             found.append(target)
     return sorted(found)
+
+
+def open_regions(under: Path) -> list[str]:
+    """The region files this process holds open under `under`."""
+    return [path for path in held_under(under) if path.split(" ")[0].endswith("/region")]
 
 
 def refused(collector: AgentCollector) -> dict[str, float]:
@@ -67,7 +72,7 @@ def end(agent: Agent, job: Job) -> None:
 def test_regions_stay_open_while_their_jobs_run_and_no_value_is_stale(
     agent: Agent, tmp_path: Path
 ) -> None:
-    before = len(os.listdir("/proc/self/fd"))
+    before = held_under(tmp_path)
     first = start_shared_job(agent, SPEC, "alice", [0], [(1, 0, 0)])
     second = start_shared_job(agent, SPEC, "bob", [1], [(2, 0, 0)])
     collector = AgentCollector(agent.view)
@@ -93,7 +98,7 @@ def test_regions_stay_open_while_their_jobs_run_and_no_value_is_stale(
     end(agent, third)
     assert refused(collector) == {}
     assert open_regions(tmp_path) == []
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert held_under(tmp_path) == before
 
 
 def test_a_truncated_region_reads_short_and_a_missing_one_holds_nothing(tmp_path: Path) -> None:

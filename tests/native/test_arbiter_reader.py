@@ -37,6 +37,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RUN_S = 6
 
 
+@pytest.mark.serial
 def test_two_busy_shares_show_their_use_against_their_share(client: Path, tmp_path: Path) -> None:
     node = make_node(tmp_path / "node", uuids=[GPU])
     procs, ids = {}, {}

@@ -47,6 +47,8 @@ from gpupool.isolation.arbiter_control import (
     start_arbiter,
 )
 
+pytestmark = pytest.mark.serial  # wall-clock shares and latencies: run alone (Makefile)
+
 SECONDS = 3.0
 TOLERANCE = 0.06
 HELLO, ACQUIRE, RELEASE = 1, 2, 3

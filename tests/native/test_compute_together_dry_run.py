@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tests.gpu_dry_run import dry_run
+
+pytestmark = pytest.mark.serial  # wall-clock shares and latencies: run alone (Makefile)
 
 
 def test_the_priority_case_runs_alone_on_the_simulated_driver(tmp_path: Path) -> None:

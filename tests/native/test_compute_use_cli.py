@@ -32,6 +32,7 @@ def gpupool(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.serial
 def test_gpus_and_exec_show_each_busy_share_against_its_share(client: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     node = tmp_path / "node"

@@ -115,6 +115,7 @@ def test_every_catalog_model_has_a_host_link() -> None:
     assert all(link.bytes_per_s > 0 for link in HOST_LINKS.values())
 
 
+@pytest.mark.serial
 def test_copies_and_migrations_take_the_host_links_time(tmp_path: Path) -> None:
     size = 256 * MiB
     bandwidth = 1024 * MiB  # 1 GiB/s: 0.25 s a copy

@@ -33,6 +33,8 @@ from shim_support import (
 
 from gpupool.isolation.arbiter_control import ArbiterControl
 
+pytestmark = pytest.mark.serial  # wall-clock shares and latencies: run alone (Makefile)
+
 SECONDS = 2.0
 TOLERANCE = 0.05
 

@@ -88,6 +88,7 @@ def polite_beside_busy(
     return polite
 
 
+@pytest.mark.serial
 def test_a_latency_slice_bounds_the_wait_behind_another_busy_high_share(
     request_loop: Path, tmp_path: Path, arb: ArbiterControl
 ) -> None:

@@ -24,6 +24,8 @@ from shim_support import (
     shim_env,
 )
 
+pytestmark = pytest.mark.serial  # wall-clock shares and latencies: run alone (Makefile)
+
 SECONDS = 1.0
 TOLERANCE = 0.05
 

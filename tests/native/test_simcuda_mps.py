@@ -129,6 +129,7 @@ REQUESTS = (50, 512)  # a 50 % client, 2 ms kernels on the whole GPU (4 ms at 50
 LONG_KERNELS = (100, 256 * 50)  # a 100 % client, 50 ms kernels back to back
 
 
+@pytest.mark.serial
 def test_a_normal_client_beside_a_below_normal_one_with_long_kernels_is_as_fast_as_alone(
     sim_dir: Path, node: Path, twin: Twin
 ) -> None:
@@ -192,6 +193,7 @@ def test_the_twin_speaks_the_control_protocol_and_refuses_a_second_daemon(twin: 
     assert twin.run(stdin="get_server_list\n").returncode == 1
 
 
+@pytest.mark.serial
 def test_clients_30_and_70_run_at_once_each_as_fast_as_alone(
     sim_dir: Path, node: Path, twin: Twin
 ) -> None:
