@@ -101,6 +101,7 @@ def pooling(seconds: float) -> dict[str, Any]:
         offline = {name: _rate(process) for name, process in zip(OFFLINE, batch, strict=True)}
         services = pool.call("GET", "/v1/services")["services"]
         gpus = sorted({g for s in services for g in s["gpus"]})
+        placed = {s["name"]: s["gpus"] for s in services}
     alone = {}
     for name in ONLINE:
         with (
@@ -113,6 +114,7 @@ def pooling(seconds: float) -> dict[str, Any]:
     return {
         "gpus_pooled": len(gpus),
         "gpus_dedicated": len(ONLINE) + len(OFFLINE),
+        "placement": placed,
         "online": {
             name: {
                 "rate": ONLINE[name],
@@ -312,6 +314,9 @@ def _pooling(pooled: dict[str, Any]) -> None:
         f"\nGPUs: {pooled['gpus_pooled']} pooled against {pooled['gpus_dedicated']} "
         f"(one per service): {share:.0%}"
     )
+    for gpu in sorted({g for on in pooled["placement"].values() for g in on}):
+        names = [name for name, on in pooled["placement"].items() if gpu in on]
+        print(f"GPU {gpu}: {', '.join(names)}")
     print(f"{'online':<8} {'req/s':>6} {'alone p50/p99 ms':>18} {'pooled p50/p99 ms':>18} {'x':>5}")
     for name, row in pooled["online"].items():
         ratio = row["pooled_p99_ms"] / row["alone_p99_ms"]
