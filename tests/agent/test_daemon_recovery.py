@@ -29,6 +29,12 @@ def test_kill_9_loses_nothing_and_runs_nothing_twice(daemon: Daemon, tmp_path: P
     outlives = daemon.submit(["sh", "-c", held, "b"], compute=30)
     queued = daemon.submit(["sh", "-c", script, "c", "0", "0"], gpus=2, compute=100)
     daemon.wait(outlives, ("running",))
+    # running in the store is not yet launched: its own first line is (a daemon killed
+    # before its supervisor began requeues it, rightly, and `b` would not be adopted)
+    deadline = time.monotonic() + 30
+    while not (marks / "b").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (marks / "b").exists(), daemon.job(outlives)
     daemon.kill()
     time.sleep(1.5)  # `a` ends while no daemon runs
     with pytest.raises(Exception, match="no gpupool daemon"):
