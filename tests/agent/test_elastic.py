@@ -66,7 +66,8 @@ def one_gpu(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def test_suspend_frees_the_gpu_and_resume_brings_the_data_back(daemon: Daemon) -> None:
-    job = run_job(daemon, 5, 8192, memory="10Gi")
+    # long enough to be running still after every step below on a loaded machine
+    job = run_job(daemon, 8, 8192, memory="10Gi")
     holding(daemon, job)
     assert gpu_used(daemon) == 8 * GiB
     done = cli("suspend", str(job), url=daemon.url)
