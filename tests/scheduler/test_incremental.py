@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,6 +23,7 @@ from gpupool.scheduler import (
 from gpupool.scheduler.fgd import fragment_options
 from gpupool.scheduler.fragment import FragmentIndex
 from gpupool.scheduler.gpupool_policy import GpupoolPolicy
+from gpupool.scheduler.policy import Policy
 
 NODES: list[NodeSpec] = [
     *three_nodes(),
@@ -58,6 +61,27 @@ def fresh_state(live: list[tuple[Request, Placement]]) -> ClusterState:
     return state
 
 
+def replayed(
+    ops: list[tuple[bool, Request, int]], state: ClusterState, policy: Policy
+) -> Iterator[list[tuple[Request, Placement]]]:
+    """Places or releases as each operation says, on `state` in place; after each, the pods
+    live on it."""
+    live: list[tuple[Request, Placement]] = []
+    for adding, request, position in ops:
+        if adding or not live:
+            placement = place(state, request, policy)
+            if placement is None:
+                assert not state.feasible(request).any()
+                continue
+            assert state.feasible(request)[placement.node]
+            state.allocate(request, placement)
+            live.append((request, placement))
+        else:
+            request, placement = live.pop(position % len(live))
+            state.release(request, placement)
+        yield live
+
+
 def assert_same(state: ClusterState, fresh: ClusterState) -> None:
     for name in (
         "gpu_free",
@@ -79,19 +103,7 @@ def test_incremental_state_and_fragments_match_recomputation(
     state = ClusterState(NODES)
     index = fragment_index(state, TARGET)
     policy = make_policy(policy_name, seed=3, target_workload=TARGET)
-    live: list[tuple[Request, Placement]] = []
-    for adding, request, position in ops:
-        if adding or not live:
-            placement = place(state, request, policy)
-            if placement is None:
-                assert not state.feasible(request).any()
-                continue
-            assert state.feasible(request)[placement.node]
-            state.allocate(request, placement)
-            live.append((request, placement))
-        else:
-            request, placement = live.pop(position % len(live))
-            state.release(request, placement)
+    for live in replayed(ops, state, policy):
         fresh = fresh_state(live)
         assert_same(state, fresh)
         rebuilt = FragmentIndex(state, TARGET)
@@ -165,17 +177,7 @@ def test_gpupool_kept_scores_equal_scores_worked_out_afresh(
     state = ClusterState(NODES)
     policy = make_policy("gpupool", seed=3, target_workload=NET_TARGET)
     assert isinstance(policy, GpupoolPolicy)
-    live: list[tuple[Request, Placement]] = []
-    for adding, request, position in ops:
-        if adding or not live:
-            placement = place(state, request, policy)
-            if placement is None:
-                continue
-            state.allocate(request, placement)
-            live.append((request, placement))
-        else:
-            request, placement = live.pop(position % len(live))
-            state.release(request, placement)
+    for live in replayed(ops, state, policy):
         fresh = fresh_state(live)
         assert policy.net(state).free_milli == state.total_gpu_milli - state.allocated_gpu_milli
         for probe in PROBES:
