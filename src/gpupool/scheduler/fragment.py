@@ -16,7 +16,9 @@ depends only on that GPU, so the fragment after a hypothetical placement on many
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,6 +29,20 @@ from gpupool.scheduler.workload import TargetWorkload
 
 #: request shapes whose per-node answers are kept (oldest dropped first); the trace has ~150
 MAX_CACHED_SHAPES = 512
+
+Kept = TypeVar("Kept")
+
+
+def kept_per_shape(
+    cache: dict[tuple[object, ...], Kept], shape: tuple[object, ...], make: Callable[[], Kept]
+) -> Kept:
+    """cache[shape], made on first use; beyond MAX_CACHED_SHAPES the oldest shape goes first."""
+    found = cache.get(shape)
+    if found is None:
+        if len(cache) >= MAX_CACHED_SHAPES:
+            del cache[next(iter(cache))]
+        found = cache[shape] = make()
+    return found
 
 
 @dataclass
@@ -153,14 +169,7 @@ class FragmentIndex:
 
     def after_cache(self, shape: tuple[object, ...]) -> AfterCache:
         """The cache of per-node answers for a request shape."""
-        cache = self._after.get(shape)
-        if cache is None:
-            if len(self._after) >= MAX_CACHED_SHAPES:
-                del self._after[next(iter(self._after))]
-            n = self.state.n_nodes
-            cache = AfterCache.empty(n)
-            self._after[shape] = cache
-        return cache
+        return kept_per_shape(self._after, shape, lambda: AfterCache.empty(self.state.n_nodes))
 
     def holds(self, nodes: IntArray, gpus: IntArray, free: IntArray, memory: IntArray) -> BoolArray:
         """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,

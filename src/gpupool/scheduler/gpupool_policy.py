@@ -41,7 +41,7 @@ import numpy as np
 
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
-from gpupool.scheduler.fragment import MAX_CACHED_SHAPES
+from gpupool.scheduler.fragment import kept_per_shape
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload, WideSize
@@ -309,13 +309,10 @@ class NetScores:
         self._free[node] = free
 
     def answers(self, key: tuple[object, ...]) -> NetAnswers:
-        """The answers kept for a demand (its shape and host memory), the oldest dropped first
-        beyond MAX_CACHED_SHAPES."""
-        found = self._answers.get(key)
-        if found is None:
-            if len(self._answers) >= MAX_CACHED_SHAPES:
-                del self._answers[next(iter(self._answers))]
-            found = self._answers[key] = NetAnswers(
-                np.zeros(self.n, np.float64), np.full(self.n, -1, np.int64)
-            )
-        return found
+        """The answers kept for a demand (its shape and host memory), as many demands as the
+        fragment index keeps answers for."""
+        return kept_per_shape(
+            self._answers,
+            key,
+            lambda: NetAnswers(np.zeros(self.n, np.float64), np.full(self.n, -1, np.int64)),
+        )
