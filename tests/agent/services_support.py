@@ -7,13 +7,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import EXAMPLES, Daemon, until
 
 MODEL_SERVER = str(EXAMPLES / "model_server.py")
@@ -61,6 +63,20 @@ def start_routed(root: Path, spec: str = "2xA100-40GB") -> Routed:
     port = free_port()
     daemon = Daemon(root, spec, ("--router", f"127.0.0.1:{port}")).start()
     return Routed(daemon, port)
+
+
+def routed_on(spec: str = "2xA100-40GB") -> Callable[[Path], Iterator[Routed]]:
+    """A test module's `routed` fixture: a daemon with its router on a simulated node of `spec`,
+    started, yielded, then stopped with nothing of it left behind."""
+
+    @pytest.fixture
+    def routed(tmp_path: Path) -> Iterator[Routed]:
+        running = start_routed(tmp_path, spec)
+        yield running
+        running.daemon.stop()
+        _kill_jobs(running.daemon)
+
+    return routed
 
 
 @dataclass

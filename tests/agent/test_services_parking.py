@@ -9,27 +9,19 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import cli, until
-from tests.agent.services_support import Routed, start_routed
+from tests.agent.services_support import Routed, routed_on, start_routed
 
 from gpupool.devices.sim.state import SimState
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_routed(tmp_path, "1xA100-40GB")
-    yield running
-    running.daemon.stop()
-    _kill_jobs(running.daemon)
+routed = routed_on("1xA100-40GB")
 
 
 def gpu_used(routed: Routed) -> int:

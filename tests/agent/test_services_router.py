@@ -8,22 +8,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import cli, until
-from tests.agent.services_support import Routed, event_times, start_routed
+from tests.agent.services_support import Routed, event_times, routed_on, start_routed
 
-
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_routed(tmp_path)
-    yield running
-    running.daemon.stop()
-    _kill_jobs(running.daemon)
+routed = routed_on()
 
 
 def test_a_token_stream_is_passed_through_chunk_by_chunk(routed: Routed) -> None:

@@ -4,22 +4,12 @@ example model server, real HTTP through the router."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import scrape, until
-from tests.agent.services_support import Load, Routed, start_routed
+from tests.agent.services_support import Load, Routed, routed_on
 
-
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_routed(tmp_path)
-    yield running
-    running.daemon.stop()
-    _kill_jobs(running.daemon)
+routed = routed_on()
 
 
 def test_scale_out_under_load_then_in_with_every_request_answered(routed: Routed) -> None:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import until
-from tests.agent.services_support import Routed, start_routed
+from tests.agent.services_support import Routed, routed_on
 
 from gpupool.agent.jobs import JobSpec
 from gpupool.agent.services import LATENCY_SLICE_US, ServiceSpec
@@ -23,13 +21,7 @@ from gpupool.devices.sim.state import STATE_FILE, SimState
 from gpupool.isolation.arbiter import read_shares, view_file
 from gpupool.isolation.arbiter_control import node_arbiter_dir
 
-
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_routed(tmp_path, "1xA100-40GB")
-    yield running
-    running.daemon.stop()
-    _kill_jobs(running.daemon)
+routed = routed_on("1xA100-40GB")
 
 
 def slices(routed: Routed) -> set[tuple[str | None, int]]:

@@ -5,27 +5,12 @@ with -9."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon
-from tests.agent.services_support import Routed, free_port
+from tests.agent.services_support import Routed, routed_on, start_routed
 
-
-def start_routed(root: Path) -> Routed:
-    port = free_port()
-    extra = ("--router", f"127.0.0.1:{port}")
-    return Routed(Daemon(root, "2xA100-40GB", extra).start(), port)
-
-
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[Routed]:
-    running = start_routed(tmp_path)
-    yield running
-    running.daemon.stop()
-    _kill_jobs(running.daemon)
+routed = routed_on()
 
 
 def gpus_of(routed: Routed) -> dict[str, list[int]]:
