@@ -16,7 +16,7 @@ from gpupool.scheduler.gpu_placement import node_state
 from gpupool.scheduler.gpus import GpuRequest, GpuView
 from gpupool.scheduler.recent import MAX_SHAPES, PRIOR_WEIGHT, RecentShapes
 from gpupool.scheduler.state import GpuSlots
-from gpupool.scheduler.workload import PRIOR, TargetWorkload, WideSize, Widest, spec_of
+from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, WideSize, Widest, spec_of
 
 
 def test_random_takes_only_feasible_nodes_and_reaches_each_of_them() -> None:
@@ -143,3 +143,62 @@ def test_recent_shapes_count_the_widest_by_cpu_and_the_gpu_milli_per_pod() -> No
     assert target.widest == Widest(4, 32000, 0, (WideSize(32000, 0, 0.1), WideSize(8000, 0, 0.4)))
     assert target.gpu_milli_per_pod == pytest.approx((6 * 500 + 4 * 4000) / 10)
     assert RecentShapes().target().widest.sizes == ()  # the prior: one GPU at most
+
+
+def test_a_gpu_holds_a_spec_exactly_when_its_model_compute_and_memory_allow() -> None:
+    """The fragment index's holding test (table look-ups by free milli and, per GPU kind, by
+    sorted memory needs) against the definition, GPU by GPU and spec by spec, at the edges."""
+    models = np.array([[0, 0, 1, -1], [0, 1, 1, 0]])
+    totals = np.array([[24 * GiB, 80 * GiB, 40 * GiB, 0], [24 * GiB, 40 * GiB, 40 * GiB, 80 * GiB]])
+    usable = np.array([[True, True, True, False], [True, False, True, True]])
+    state = ClusterState.of_gpus(
+        [NodeSpec("a", 0, 0, 0), NodeSpec("b", 0, 0, 0)],
+        GpuSlots(models, totals, usable, ("A", "B")),
+    )
+    specs = (
+        PodSpec(0, 300, 1, ()),
+        PodSpec(0, 1000, 1, ("B",)),
+        PodSpec(0, 500, 1, (), memory=20 * GiB),
+        PodSpec(0, 500, 1, (), memory=20 * GiB),  # equal needs: both held or neither
+        PodSpec(0, 250, 1, ("A",), memory_share=0.5),
+        PodSpec(0, 400, 1, (), proportional=True),
+        PodSpec(0, 0, 0, ()),
+    )
+    index = fragment_index(state, TargetWorkload(specs, (1 / len(specs),) * len(specs)))
+    rng = np.random.default_rng(7)
+    nodes = np.repeat([0, 1], 4 * 40)
+    slots = np.tile(np.repeat(np.arange(4), 40), 2)
+    total = totals[nodes, slots]
+    edges = np.array([-1, 0, 250, 299, 300, 400, 500, 999, 1000])
+    # free milli at the specs' edges or anywhere; free memory at a need, a byte either side
+    free = np.where(
+        rng.random(nodes.size) < 0.5,
+        rng.choice(edges, nodes.size),
+        rng.integers(0, 1001, nodes.size),
+    )
+    needs = [
+        [
+            t * s.gpu_milli // 1000 if s.proportional else s.memory + int(t * s.memory_share)
+            for s in specs
+        ]
+        for t in total
+    ]
+    memory = np.array([need[rng.integers(len(specs))] + rng.integers(-1, 2) for need in needs])
+    held = index.holds(nodes, slots, free, memory)
+    for k in range(nodes.size):
+        model = (
+            state.model_names[models[nodes[k], slots[k]]]
+            if models[nodes[k], slots[k]] >= 0
+            else None
+        )
+        for m, spec in enumerate(specs):
+            expected = (
+                bool(usable[nodes[k], slots[k]])
+                and model is not None
+                and spec.gpus > 0
+                and (not spec.gpu_models or model in spec.gpu_models)
+                and free[k] >= spec.gpu_milli
+                and memory[k] >= needs[k][m]
+            )
+            assert held[k, m] == expected, (k, m, free[k], memory[k], needs[k][m])
+    assert held.any() and not held.all()

@@ -104,11 +104,25 @@ class FragmentIndex:
             self.spec_memory[None, :] + (kind_total * self.spec_share[None, :]).astype(np.int64),
         )
         self.kind_ok: BoolArray = state.usable.ravel()[first][:, None] & model_ok[models[first]]
+        # Holding by compute and by memory as table lookups rather than (K, M) comparisons:
+        # row f + 1 says which specs f milli free holds (row 0: f < 0, nothing); and per kind,
+        # the needs in increasing order, so that the specs `b` bytes free hold are the first
+        # searchsorted(needs, b) of them, row kind * (M + 1) + that count of `memory_held`.
+        m = len(specs)
+        free_rows = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
+        self.milli_held: BoolArray = free_rows >= self.spec_milli[None, :]
+        order = np.argsort(self.kind_need, axis=1, kind="stable")
+        self.kind_need_sorted: IntArray = np.take_along_axis(self.kind_need, order, axis=1)
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(m)[None, :], axis=1)
+        self.memory_held: BoolArray = (
+            np.arange(m + 1)[None, :, None] > rank[:, None, :]
+        ).reshape(len(first) * (m + 1), m)
         #: model_ok per node (its first GPU's model): looked up once, not on every score
         self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
         self.simple = state.simple and not any(s.asks_memory for s in specs)
-        n, m = state.n_nodes, len(specs)
+        n = state.n_nodes
         self.cnt: IntArray = np.zeros((n, m), np.int64)
         #: whole milli, held as float64: the fragment's product takes float64, and a cast per
         #: call costs more than the rest of a one-node update
@@ -175,11 +189,9 @@ class FragmentIndex:
         """(K, M): GPU gpus[k] of node nodes[k], with `free` milli and `memory` bytes free,
         holds spec m (general form)."""
         kind = self.gpu_kind[nodes, gpus]
-        held: BoolArray = (
-            self.kind_ok[kind]
-            & (free[:, None] >= self.spec_milli[None, :])
-            & (memory[:, None] >= self.kind_need[kind])
-        )
+        held: BoolArray = np.take(self.kind_ok, kind, axis=0)
+        held &= self._milli_fits(free)
+        held &= self._memory_fits(kind, memory)
         return held
 
     def counters(
@@ -237,7 +249,7 @@ class FragmentIndex:
         cpu_request: int,
     ) -> FloatArray:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
-        milli-CPU is taken from each."""
+        milli-CPU is taken from each (`less` is the caller's own copy: it is written over)."""
         return self._fragment(nodes, cnt >= self.spec_gpus[None, :], less, gpu_total, cpu_request)
 
     def _fragment(
@@ -248,7 +260,8 @@ class FragmentIndex:
         gpu_total: IntArray,
         cpu_request: int,
     ) -> FloatArray:
-        """`fragment` given where enough GPUs hold each spec (`fits`, changed in place)."""
+        """`fragment` given where enough GPUs hold each spec (`fits` and `less` are changed in
+        place)."""
         cpu_left = self.state.cpu_free[nodes] - cpu_request
         if self.simple:
             fits &= self.node_ok[nodes]
@@ -257,7 +270,10 @@ class FragmentIndex:
         # (K, M) passes skipped where they cannot change the answer: the live specs ask no CPU
         if self.simple or (cpu_left.size and self.max_spec_cpu > cpu_left.min()):
             fits &= cpu_left[:, None] >= self.spec_cpu[None, :]
-        per_spec = np.where(fits, less, gpu_total[:, None].astype(np.float64))
+        # per spec: `less` where it fits, else the whole free total (written over `less`, which
+        # every caller makes for this call: one pass instead of a third (K, M) array)
+        per_spec = less.astype(np.float64, copy=False)
+        np.copyto(per_spec, gpu_total[:, None].astype(np.float64), where=~fits)
         result: FloatArray = per_spec @ self.prob
         return result
 
@@ -278,7 +294,7 @@ class FragmentIndex:
             # (np.take: these gathers of (K, M) rows are most of an answer's time)
             n, width, m = self.held.shape
             was = np.take(self.held.reshape(n * width, m), nodes * width + gpus, axis=0)
-            now = was & (new[:, None] >= self.spec_milli[None, :])
+            now = was & self._milli_fits(new)
             now &= self._memory_fits(
                 self.gpu_kind[nodes, gpus], state.gpu_mem_free[nodes, gpus] - memory
             )
@@ -300,17 +316,25 @@ class FragmentIndex:
         total = state.gpu_free_total[nodes] - milli
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
+    def _milli_fits(self, free: IntArray) -> BoolArray:
+        """(K, M): `free[k]` milli free are enough for spec m (by compute alone)."""
+        rows = np.clip(free + 1, 0, MILLI_PER_GPU + 1)
+        fits: BoolArray = np.take(self.milli_held, rows, axis=0)
+        return fits
+
     def _memory_fits(self, kind: IntArray, memory: IntArray) -> BoolArray:
-        """(K, M): `memory[k]` bytes free are enough for spec m on a GPU of kind `kind[k]`;
-        compared kind by kind (a fleet has few), not through a (K, M) copy of the needs."""
-        kinds = np.unique(kind)
-        if kinds.size == 1:
-            fits: BoolArray = memory[:, None] >= self.kind_need[kinds[0]][None, :]
-            return fits
-        fits = np.empty((kind.size, self.kind_need.shape[1]), np.bool_)
-        for each in kinds:
-            mine = kind == each
-            fits[mine] = memory[mine][:, None] >= self.kind_need[each][None, :]
+        """(K, M): `memory[k]` bytes free are enough for spec m on a GPU of kind `kind[k]`:
+        how many of the kind's needs (sorted) it covers, then that row of `memory_held`."""
+        width = self.kind_need.shape[1] + 1
+        if self.kind_need.shape[0] == 1:
+            rows = np.searchsorted(self.kind_need_sorted[0], memory, side="right")
+        else:
+            rows = np.empty(kind.size, np.int64)
+            for each in np.unique(kind):
+                mine = kind == each
+                covered = np.searchsorted(self.kind_need_sorted[each], memory[mine], side="right")
+                rows[mine] = covered + each * width
+        fits: BoolArray = np.take(self.memory_held, rows, axis=0)
         return fits
 
     def after_whole(self, nodes: IntArray, gpus: int, cpu_request: int) -> FloatArray:
