@@ -73,7 +73,7 @@ MUTANTS = [
     (
         "fgd-memory",
         "src/gpupool/scheduler/fragment.py",
-        "            & (memory[:, None] >= self.kind_need[kind])\n",
+        "        held &= self._memory_fits(kind, memory)\n",
         "\n",
     ),
     (

@@ -110,7 +110,7 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         node = int(nodes[0])
         cnt, total = index.cnt[node], state.gpu_free_total[node]
         if request.gpus:
-            cnt = cnt - request.gpus * index.whole_held
+            cnt = cnt - request.gpus * index.specs.whole_held
             total = total - request.gpus * MILLI_PER_GPU
         return np.array(
             [index.fragment_of(node, cnt, index.less[node], total, request.cpu)]

@@ -16,33 +16,15 @@ depends only on that GPU, so the fragment after a hypothetical placement on many
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
 from gpupool.core.units import MILLI_PER_GPU
+from gpupool.scheduler.spec_tables import kept_per_shape, spec_tables
 from gpupool.scheduler.state import ClusterState
 from gpupool.scheduler.types import BoolArray, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload
-
-#: request shapes whose per-node answers are kept (oldest dropped first); the trace has ~150
-MAX_CACHED_SHAPES = 512
-
-Kept = TypeVar("Kept")
-
-
-def kept_per_shape(
-    cache: dict[tuple[object, ...], Kept], shape: tuple[object, ...], make: Callable[[], Kept]
-) -> Kept:
-    """cache[shape], made on first use; beyond MAX_CACHED_SHAPES the oldest shape goes first."""
-    found = cache.get(shape)
-    if found is None:
-        if len(cache) >= MAX_CACHED_SHAPES:
-            del cache[next(iter(cache))]
-        found = cache[shape] = make()
-    return found
 
 
 @dataclass
@@ -69,60 +51,25 @@ class FragmentIndex:
     def __init__(self, state: ClusterState, target: TargetWorkload) -> None:
         self.state = state
         self.target = target
-        specs = target.specs
-        self.spec_cpu: IntArray = np.array([s.cpu for s in specs], np.int64)
-        self.spec_milli: IntArray = np.array([s.gpu_milli for s in specs], np.int64)
-        self.spec_gpus: IntArray = np.array([s.gpus for s in specs], np.int64)
-        self.spec_memory: IntArray = np.array([s.memory for s in specs], np.int64)
-        self.spec_share: FloatArray = np.array([s.memory_share for s in specs], np.float64)
-        self.spec_proportional: BoolArray = np.array([s.proportional for s in specs], np.bool_)
-        self.prob: FloatArray = np.array(target.probabilities, np.float64)
-        self.max_spec_cpu = int(self.spec_cpu.max(initial=0))
-        self.all_want_gpus = bool((self.spec_gpus > 0).all())
-        # model_ok[model id, m]: spec m needs a GPU and accepts that model; the last row (id -1)
-        # is no GPU at all
-        model_ok = np.zeros((len(state.model_names) + 1, len(specs)), np.bool_)
-        for j, spec in enumerate(specs):
-            for i, model in enumerate(state.model_names):
-                model_ok[i, j] = spec.gpus > 0 and (not spec.gpu_models or model in spec.gpu_models)
-        self.model_ok = model_ok
+        self.specs = spec_tables(target)
+        model_ok = self.specs.model_ok(state.model_names)
         # A GPU's kind: its model, memory and whether it is usable, fixed for the state's life.
         # Whether a GPU holds a spec depends, beyond its free milli and memory, on its kind
         # alone: per kind, the memory each spec needs and whether the GPU can hold it at all.
         # (one integer key per GPU: a 1-D unique costs far less than a unique over rows, and
         # the node daemon makes an index per decision)
-        models, total, usable = (
-            x.ravel() for x in (state.gpu_model, state.gpu_mem_total, state.usable)
-        )
+        models, total = state.gpu_model.ravel(), state.gpu_mem_total.ravel()
+        usable = state.usable.ravel()
         key = (total * (len(state.model_names) + 1) + (models + 1)) * 2 + usable
         _, first, kind = np.unique(key, return_index=True, return_inverse=True)
         self.gpu_kind: IntArray = kind.reshape(state.gpu_model.shape).astype(np.int64)
-        kind_total = total[first][:, None]
-        self.kind_need: IntArray = np.where(
-            self.spec_proportional[None, :],
-            kind_total * self.spec_milli[None, :] // MILLI_PER_GPU,
-            self.spec_memory[None, :] + (kind_total * self.spec_share[None, :]).astype(np.int64),
-        )
-        self.kind_ok: BoolArray = state.usable.ravel()[first][:, None] & model_ok[models[first]]
-        # Holding by compute and by memory as table lookups rather than (K, M) comparisons:
-        # row f + 1 says which specs f milli free holds (row 0: f < 0, nothing); and per kind,
-        # the needs in increasing order, so that the specs `b` bytes free hold are the first
-        # searchsorted(needs, b) of them, row kind * (M + 1) + that count of `memory_held`.
-        m = len(specs)
-        free_rows = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
-        self.milli_held: BoolArray = free_rows >= self.spec_milli[None, :]
-        order = np.argsort(self.kind_need, axis=1, kind="stable")
-        self.kind_need_sorted: IntArray = np.take_along_axis(self.kind_need, order, axis=1)
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(m)[None, :], axis=1)
-        self.memory_held: BoolArray = (
-            np.arange(m + 1)[None, :, None] > rank[:, None, :]
-        ).reshape(len(first) * (m + 1), m)
+        self.needs = self.specs.needs(total[first])
+        self.kind_ok: BoolArray = usable[first][:, None] & model_ok[models[first]]
         #: model_ok per node (its first GPU's model): looked up once, not on every score
         self.node_ok: BoolArray = model_ok[state.model_id]
         #: the trace's case: holding is compute alone, models per node (the fast formulas)
-        self.simple = state.simple and not any(s.asks_memory for s in specs)
-        n = state.n_nodes
+        self.simple = state.simple and not self.specs.asks_memory
+        n, m = state.n_nodes, len(target.specs)
         self.cnt: IntArray = np.zeros((n, m), np.int64)
         #: whole milli, held as float64: the fragment's product takes float64, and a cast per
         #: call costs more than the rest of a one-node update
@@ -139,14 +86,6 @@ class FragmentIndex:
         #: bumped whenever a node's free resources change; invalidates cached answers for it
         self.version: IntArray = np.zeros(n, np.int64)
         self._after: dict[tuple[object, ...], AfterCache] = {}
-        # simple case: what one GPU with f milli free adds to cnt and to less, per spec, at
-        # row f + 1 (row 0: no GPU), so that a node's counters are two lookups and two sums
-        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None] if self.simple else np.zeros((0, 1))
-        present = free >= 0
-        self.hold_table: IntArray = (present & (free >= self.spec_milli)).astype(np.int64)
-        self.less_table: FloatArray = np.where(present & (free < self.spec_milli), free, 0.0)
-        #: per spec, 1 where a completely free GPU holds it (what taking one whole GPU removes)
-        self.whole_held: IntArray = (self.spec_milli <= MILLI_PER_GPU).astype(np.int64)
         self._refresh_rows(np.arange(n))
 
     @property
@@ -162,8 +101,8 @@ class FragmentIndex:
             return
         # one row: table lookups and scalars (per-call overhead dominates arrays this small)
         free = self.state.gpu_free[node] + 1
-        cnt = self.hold_table[free].sum(axis=0)
-        less = self.less_table[free].sum(axis=0)
+        cnt = self.specs.hold_table[free].sum(axis=0)
+        less = self.specs.less_table[free].sum(axis=0)
         self.cnt[node] = cnt
         self.less[node] = less
         self.frag[node] = self.fragment_of(node, cnt, less, self.state.gpu_free_total[node], 0)
@@ -175,11 +114,11 @@ class FragmentIndex:
         (1, M) product, so the same bits."""
         fits = (
             self.node_ok[node]
-            & (self.spec_cpu <= self.state.cpu_free[node] - cpu_request)
-            & (cnt >= self.spec_gpus)
+            & (self.specs.cpu <= self.state.cpu_free[node] - cpu_request)
+            & (cnt >= self.specs.gpus)
         )
         per_spec = np.where(fits, less, gpu_total)
-        return float((per_spec[None, :] @ self.prob)[0])
+        return float((per_spec[None, :] @ self.specs.prob)[0])
 
     def after_cache(self, shape: tuple[object, ...]) -> AfterCache:
         """The cache of per-node answers for a request shape."""
@@ -201,7 +140,7 @@ class FragmentIndex:
         ((K, slots) arrays, the rows as they are or as a placement would leave them)."""
         if self.simple:
             f = free[:, :, None]
-            u = self.spec_milli[None, None, :]
+            u = self.specs.milli[None, None, :]
             present = f >= 0
             return (
                 np.count_nonzero(present & (f >= u), axis=1).astype(np.int64),
@@ -234,8 +173,8 @@ class FragmentIndex:
         else:
             held = self.held[rows] = self.held_by(rows, free, memory)
             self.cnt[rows], self.less[rows] = self._counted(rows, free, held)
-            self.enough[rows] = self.cnt[rows] >= self.spec_gpus[None, :]
-            self.just_enough[rows] = self.cnt[rows] == self.spec_gpus[None, :]
+            self.enough[rows] = self.cnt[rows] >= self.specs.gpus[None, :]
+            self.just_enough[rows] = self.cnt[rows] == self.specs.gpus[None, :]
         self.frag[rows] = self.fragment(
             rows, self.cnt[rows], self.less[rows], state.gpu_free_total[rows], 0
         )
@@ -250,7 +189,7 @@ class FragmentIndex:
     ) -> FloatArray:
         """F for rows `nodes` given their counters and free GPU total, after `cpu_request`
         milli-CPU is taken from each (`less` is the caller's own copy: it is written over)."""
-        return self._fragment(nodes, cnt >= self.spec_gpus[None, :], less, gpu_total, cpu_request)
+        return self._fragment(nodes, cnt >= self.specs.gpus[None, :], less, gpu_total, cpu_request)
 
     def _fragment(
         self,
@@ -265,16 +204,16 @@ class FragmentIndex:
         cpu_left = self.state.cpu_free[nodes] - cpu_request
         if self.simple:
             fits &= self.node_ok[nodes]
-        elif not self.all_want_gpus:  # models are judged per GPU, in cnt
-            fits &= self.spec_gpus[None, :] > 0
+        elif not self.specs.all_want_gpus:  # models are judged per GPU, in cnt
+            fits &= self.specs.gpus[None, :] > 0
         # (K, M) passes skipped where they cannot change the answer: the live specs ask no CPU
-        if self.simple or (cpu_left.size and self.max_spec_cpu > cpu_left.min()):
-            fits &= cpu_left[:, None] >= self.spec_cpu[None, :]
+        if self.simple or (cpu_left.size and self.specs.max_cpu > cpu_left.min()):
+            fits &= cpu_left[:, None] >= self.specs.cpu[None, :]
         # per spec: `less` where it fits, else the whole free total (written over `less`, which
         # every caller makes for this call: one pass instead of a third (K, M) array)
         per_spec = less.astype(np.float64, copy=False)
         np.copyto(per_spec, gpu_total[:, None].astype(np.float64), where=~fits)
-        result: FloatArray = per_spec @ self.prob
+        result: FloatArray = per_spec @ self.specs.prob
         return result
 
     def after_share(
@@ -286,8 +225,9 @@ class FragmentIndex:
         old = state.gpu_free[nodes, gpus]
         new = old - milli
         if self.simple:  # the GPU is present and fits: old and new are 0..1000
-            cnt = self.cnt[nodes] - self.hold_table[old + 1] + self.hold_table[new + 1]
-            less = self.less[nodes] - self.less_table[old + 1] + self.less_table[new + 1]
+            hold, free_less = self.specs.hold_table, self.specs.less_table
+            cnt = self.cnt[nodes] - hold[old + 1] + hold[new + 1]
+            less = self.less[nodes] - free_less[old + 1] + free_less[new + 1]
         else:
             # with less free milli and memory, a GPU holds a subset of what it held (`was`):
             # `now` is `was` less what no longer fits; `lost` what the GPU stops holding
@@ -317,24 +257,26 @@ class FragmentIndex:
         return self.fragment(nodes, cnt, less, total, cpu_request)
 
     def _milli_fits(self, free: IntArray) -> BoolArray:
-        """(K, M): `free[k]` milli free are enough for spec m (by compute alone)."""
-        rows = np.clip(free + 1, 0, MILLI_PER_GPU + 1)
-        fits: BoolArray = np.take(self.milli_held, rows, axis=0)
+        """(K, M): `free[k]` milli free are enough for spec m (by compute alone); a GPU never
+        has more than a whole GPU free, and less than none (an absent slot, -1) holds nothing.
+        (np.maximum: np.clip's own overhead is more than a small call's whole work)"""
+        rows = np.maximum(free + 1, 0)
+        fits: BoolArray = np.take(self.specs.milli_held, rows, axis=0)
         return fits
 
     def _memory_fits(self, kind: IntArray, memory: IntArray) -> BoolArray:
         """(K, M): `memory[k]` bytes free are enough for spec m on a GPU of kind `kind[k]`:
         how many of the kind's needs (sorted) it covers, then that row of `memory_held`."""
-        width = self.kind_need.shape[1] + 1
-        if self.kind_need.shape[0] == 1:
-            rows = np.searchsorted(self.kind_need_sorted[0], memory, side="right")
+        width = self.needs.need.shape[1] + 1
+        if self.needs.need.shape[0] == 1:
+            rows = np.searchsorted(self.needs.need_sorted[0], memory, side="right")
         else:
             rows = np.empty(kind.size, np.int64)
             for each in np.unique(kind):
                 mine = kind == each
-                covered = np.searchsorted(self.kind_need_sorted[each], memory[mine], side="right")
+                covered = np.searchsorted(self.needs.need_sorted[each], memory[mine], side="right")
                 rows[mine] = covered + each * width
-        fits: BoolArray = np.take(self.memory_held, rows, axis=0)
+        fits: BoolArray = np.take(self.needs.memory_held, rows, axis=0)
         return fits
 
     def after_whole(self, nodes: IntArray, gpus: int, cpu_request: int) -> FloatArray:
@@ -344,7 +286,7 @@ class FragmentIndex:
         A free GPU (1000 milli) counts in cnt for every spec (u_m <= 1000) and becomes 0, which
         adds nothing to `less`; so only cnt and the total move.
         """
-        cnt = self.cnt[nodes] - gpus * self.whole_held[None, :]
+        cnt = self.cnt[nodes] - gpus * self.specs.whole_held[None, :]
         total = self.state.gpu_free_total[nodes] - gpus * MILLI_PER_GPU
         return self.fragment(nodes, cnt, self.less[nodes], total, cpu_request)
 

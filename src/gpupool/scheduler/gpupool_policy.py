@@ -41,8 +41,8 @@ import numpy as np
 
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
-from gpupool.scheduler.fragment import kept_per_shape
 from gpupool.scheduler.policy import Scores
+from gpupool.scheduler.spec_tables import kept_per_shape
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
 from gpupool.scheduler.workload import TargetWorkload, WideSize
 
