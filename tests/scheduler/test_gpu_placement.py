@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -180,3 +182,19 @@ def test_a_placement_always_fits_and_a_refusal_is_explained(
     after = take(node, request, result.gpus)  # raises if any GPU is over-committed
     assert all(gpu.compute_free >= 0 and gpu.memory_free >= 0 for gpu in after)
     assert never_fits(request, node) is None
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_a_decision_leaves_nothing_for_the_cyclic_collector(policy: str) -> None:
+    """The daemon places each job on a state made for that decision: once it is decided, the
+    state and its fragment index are freed at once, not left in a reference cycle whose
+    collection would land inside some later decision."""
+    node = (*mixed_node()[:3], GpuView(5, "A100-40GB", 40 * GiB, 30 * GiB, 600))
+    gc.collect()
+    gc.disable()
+    try:
+        for request in (GpuRequest(1, 300), GpuRequest(2, 200, 4 * GiB), GpuRequest(1, 1000)):
+            assert place(request, node, policy).fits
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -172,4 +172,8 @@ def place(
     if not gpus or not state.feasible(demand)[0]:
         return GpuPlacement(None, shortfalls(request, gpus))
     chosen = chooser.choose(state, demand, np.zeros(1, np.int64))
+    # the state's observers (a fragment index) refer back to it: without this the decision's
+    # arrays would wait for the cyclic collector, whose passes made the daemon's slowest
+    # decisions (docs/benchmarks/placement-latency.md)
+    state.drop_observers()
     return GpuPlacement(tuple(sorted(gpus[slot].index for slot in chosen.gpus)))
