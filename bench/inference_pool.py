@@ -4,7 +4,9 @@ zero, and no request lost while replicas come and go (docs/benchmarks/inference.
 1. Pooling: 8 services of the example model server (a 1/4-GPU share each: 8Gi, 25 %), 4 online
    (`high`, Poisson traffic at mixed rates) and 4 offline (`low`, batch scoring back to back), on
    a node of 2 GPUs, against one GPU per service. Each online service's p99 pooled is compared
-   with its p99 alone (the same service, traffic and share on a node of its own).
+   with its p99 alone (the same service, traffic and share on a node of its own); with
+   `--dedicated`, also with its p99 when the 8 services and their traffic run at once with a whole
+   GPU each (a node of 8 GPUs: the deployment pooling saves).
 2. The router's overhead: /ping (no GPU work) at 500 requests/s through the router and straight
    to the replica; the most requests/s through the router from 32 clients back to back.
 3. Wake from zero: a replica's own start (scaled 0 -> 1 by hand), then the latency of the first
@@ -13,7 +15,7 @@ zero, and no request lost while replicas come and go (docs/benchmarks/inference.
 4. No request lost: traffic through scale-out, a rolling update, a replica killed with -9, and
    scale-in; every request is answered (the crashed replica's in-flight ones with 502).
 
-Usage: python bench/inference_pool.py [--seconds S] [--wakes N]
+Usage: python bench/inference_pool.py [--seconds S] [--wakes N] [--only PART...] [--dedicated]
 """
 
 from __future__ import annotations
@@ -85,23 +87,34 @@ def _rate(process: subprocess.Popen[str]) -> float:
     )
 
 
-def pooling(seconds: float) -> dict[str, Any]:
+#: one GPU per service, as a deployment without pooling has it: the whole of an A100-40GB
+WHOLE_GPU = {"compute": 100, "memory": "39Gi"}
+
+
+def _all_services(
+    spec: str, seconds: float, share: dict[str, Any]
+) -> tuple[dict[str, loadgen.Result], dict[str, float], dict[str, list[int]]]:
+    """The 8 services on a node of `spec`, each replica with `share`, under their traffic at
+    once: each online service's latencies, each offline one's requests/s, where each went."""
     with (
         tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
-        Pool(Path(tmp), "2xA100-40GB") as pool,
+        Pool(Path(tmp), spec) as pool,
     ):
         for name in ONLINE:
-            pool.create(name, priority="high", concurrency=8)
+            pool.create(name, priority="high", concurrency=8, **share)
         for name in OFFLINE:
-            pool.create(name, priority="low", concurrency=2)
+            pool.create(name, priority="low", concurrency=2, **share)
         for name in [*ONLINE, *OFFLINE]:
             pool.wait_ready(name)
         batch = _offline_load(pool, seconds)
         online = _online_load(pool, list(ONLINE), seconds)
         offline = {name: _rate(process) for name, process in zip(OFFLINE, batch, strict=True)}
         services = pool.call("GET", "/v1/services")["services"]
-        gpus = sorted({g for s in services for g in s["gpus"]})
-        placed = {s["name"]: s["gpus"] for s in services}
+        return online, offline, {s["name"]: s["gpus"] for s in services}
+
+
+def pooling(seconds: float, dedicated: bool = False) -> dict[str, Any]:
+    online, offline, placed = _all_services("2xA100-40GB", seconds, {})
     alone = {}
     for name in ONLINE:
         with (
@@ -111,8 +124,8 @@ def pooling(seconds: float) -> dict[str, Any]:
             pool.create(name, priority="high", concurrency=8)
             pool.wait_ready(name)
             alone[name] = _online_load(pool, [name], seconds)[name]
-    return {
-        "gpus_pooled": len(gpus),
+    result: dict[str, Any] = {
+        "gpus_pooled": len({g for gpus in placed.values() for g in gpus}),
         "gpus_dedicated": len(ONLINE) + len(OFFLINE),
         "placement": placed,
         "online": {
@@ -128,6 +141,13 @@ def pooling(seconds: float) -> dict[str, Any]:
         },
         "offline_rps": {name: round(rate, 1) for name, rate in offline.items()},
     }
+    if dedicated:  # the same services and traffic at once, one whole GPU each
+        apart, apart_offline, _ = _all_services("8xA100-40GB", seconds, WHOLE_GPU)
+        for name, row in result["online"].items():
+            row["dedicated_p50_ms"] = apart[name].summary()["p50_ms"]
+            row["dedicated_p99_ms"] = apart[name].summary()["p99_ms"]
+        result["offline_rps_dedicated"] = {n: round(r, 1) for n, r in apart_offline.items()}
+    return result
 
 
 def router_overhead(seconds: float, rounds: int = 3) -> dict[str, Any]:
@@ -281,10 +301,15 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", choices=("pooling", "router", "wake", "churn"), help="These parts."
     )
+    parser.add_argument(
+        "--dedicated",
+        action="store_true",
+        help="Pooling: also run the services and their traffic at once with a whole GPU each.",
+    )
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores)", flush=True)
     parts = {
-        "pooling": lambda: pooling(args.seconds),
+        "pooling": lambda: pooling(args.seconds, args.dedicated),
         "router": lambda: router_overhead(min(args.seconds, 8.0)),
         "wake": lambda: wake(args.wakes),
         "churn": lambda: churn(max(args.seconds, 15.0)),
@@ -325,6 +350,15 @@ def _pooling(pooled: dict[str, Any]) -> None:
             f" {row['pooled_p50_ms']:>8.1f}/{row['pooled_p99_ms']:<9.1f} {ratio:>5.2f}"
         )
     print("offline (low) req/s pooled: " + json.dumps(pooled["offline_rps"]))
+    if "offline_rps_dedicated" in pooled:
+        print(f"{'online':<8} {'dedicated p50/p99 ms':>21} {'pooled x':>9}  (a whole GPU each)")
+        for name, row in pooled["online"].items():
+            ratio = row["pooled_p99_ms"] / row["dedicated_p99_ms"]
+            print(
+                f"{name:<8} {row['dedicated_p50_ms']:>11.1f}/{row['dedicated_p99_ms']:<9.1f}"
+                f" {ratio:>9.2f}"
+            )
+        print("offline (low) req/s dedicated: " + json.dumps(pooled["offline_rps_dedicated"]))
 
 
 def _router(router: dict[str, Any]) -> None:
