@@ -116,7 +116,7 @@ def submit_flood(root: Path, submits: int, clients: int, light: bool) -> list[st
         jobs = client.call("GET", "/v1/jobs", params={"all": True})["jobs"]
         for job in jobs:
             if job["state"] in ("queued", "running"):
-                client.call("POST", f"/v1/jobs/{job['id']}/cancel")
+                client.call("POST", f"/v1/jobs/{job['id']}/cancel", json={})
         client.call("POST", "/v1/drain", json={"on": False})
     names = [job["name"] for job in jobs if job["name"].startswith(kind)]
     expected = {f"{kind}{n}-{i}" for n in range(clients) for i in range(per_client)}

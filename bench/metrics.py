@@ -90,7 +90,7 @@ def main() -> None:
             raw.close()
             with Client(url(root)) as client:
                 for job in client.call("GET", "/v1/jobs")["jobs"]:
-                    client.call("POST", f"/v1/jobs/{job['id']}/cancel")
+                    client.call("POST", f"/v1/jobs/{job['id']}/cancel", json={})
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)

@@ -12,6 +12,7 @@ from gpupool.agent.jobs import JobSpec, State
 from gpupool.agent.store import Store
 from gpupool.agent.store_schema import MIGRATIONS, SCHEMA_VERSION
 from gpupool.core.errors import ConfigError, DaemonError, NotFound
+from gpupool.core.resources import Priority
 
 
 def test_a_job_and_its_events_round_trip(tmp_path: Path) -> None:
@@ -113,3 +114,20 @@ def test_a_stored_spec_is_parsed_once_and_each_job_keeps_its_own(tmp_path: Path)
     assert read[first.id] is again[first.id] and store.job(first.id).spec is read[first.id]
     assert read[first.id] == first.spec and read[second.id] == second.spec
     assert read[second.id].env == {"A": "2"} and read[second.id].compute == 500
+
+
+def test_jobs_among_reads_the_named_jobs_in_the_states_asked_in_queue_order(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "state.db")
+    low = JobSpec(("true",), priority=Priority.LOW)
+    jobs = [store.add(low if i % 3 == 0 else JobSpec(("true",)), 1000, "alice") for i in range(700)]
+    store.start(jobs[1], (0,), (0,), "GPU 0")  # running: not among the queued
+    named = {job.id for job in jobs[::2]} | {jobs[1].id, 10_000}  # past one IN (...), one unknown
+    found = store.jobs_among(named, [State.QUEUED])
+    expected = sorted(
+        (job for job in jobs[::2]), key=lambda job: (job.spec.priority is Priority.LOW, job.id)
+    )
+    assert [job.id for job in found] == [job.id for job in expected]
+    assert [job.id for job in store.jobs_among({jobs[1].id}, [State.RUNNING])] == [jobs[1].id]
+    assert store.jobs_among(set(), [State.QUEUED]) == []

@@ -121,7 +121,9 @@ class QueueLoop:
     def _elastic_tick(self) -> None:
         running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
         capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
-        waiting = [j for j in self.store.jobs([State.QUEUED]) if j.id in self._waiting]
+        # the queued jobs that wait for room, read by id: reading every queued job here cost
+        # each pass (a submit wakes one) time in the number of queued jobs
+        waiting = self.store.jobs_among(self._waiting, [State.QUEUED]) if self._waiting else []
         self.elastic.tick(running, capacity, waiting)
 
     def _each_job(self, job: Job, doing: str, step: Callable[[], object]) -> None:
