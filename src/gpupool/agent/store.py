@@ -41,6 +41,22 @@ def _spec(text: str) -> JobSpec | str:
         return f"its stored spec cannot be read ({type(err).__name__}: {err})"
 
 
+def _rows_by_id(
+    db: sqlite3.Connection, ids: Sequence[int], states: Sequence[State] = ()
+) -> list[sqlite3.Row]:
+    """The rows (and rank) of the jobs `ids`, only those in `states` if any are given, read
+    _IDS_PER_QUERY ids at a time."""
+    where = f"state IN ({','.join('?' * len(states))}) AND " if states else ""
+    rows: list[sqlite3.Row] = []
+    for at in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[at : at + _IDS_PER_QUERY]
+        rows += db.execute(
+            f"SELECT {_COLUMNS}, rank FROM jobs WHERE {where}id IN ({','.join('?' * len(chunk))})",
+            (*(state.value for state in states), *chunk),
+        ).fetchall()
+    return rows
+
+
 def _job(row: sqlite3.Row) -> Job:
     spec = _spec(row["spec"])
     return Job(
@@ -92,17 +108,8 @@ class Store(EventLog, MigInstances):
     def jobs_among(self, ids: Collection[int], states: Sequence[State]) -> list[Job]:
         """The jobs of `ids` that are in `states`, in queue order: a few jobs' rows, where
         `jobs(states)` would read (and parse) every job in those states."""
-        marks = ",".join("?" * len(states))
-        wanted = sorted(ids)
-        rows = []
         with self._using("read") as db:
-            for at in range(0, len(wanted), _IDS_PER_QUERY):
-                chunk = wanted[at : at + _IDS_PER_QUERY]
-                rows += db.execute(
-                    f"SELECT {_COLUMNS}, rank FROM jobs WHERE state IN ({marks}) "
-                    f"AND id IN ({','.join('?' * len(chunk))})",
-                    (*(s.value for s in states), *chunk),
-                ).fetchall()
+            rows = _rows_by_id(db, sorted(ids), states)
         rows.sort(key=lambda row: (row["rank"], row["id"]))
         return [_job(row) for row in rows]
 
@@ -117,13 +124,7 @@ class Store(EventLog, MigInstances):
                 "SELECT id, state NOT IN (?, ?) FROM jobs ORDER BY id", _OPEN_STATES
             ).fetchall()
             wanted = [job_id for job_id, finished in ids if not finished or job_id not in known]
-            rows = []
-            for at in range(0, len(wanted), _IDS_PER_QUERY):
-                chunk = wanted[at : at + _IDS_PER_QUERY]
-                marks = ",".join("?" * len(chunk))
-                rows += db.execute(
-                    f"SELECT {_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk
-                ).fetchall()
+            rows = _rows_by_id(db, wanted)
         return ids, {job.id: job for job in map(_job, rows)}
 
     def job_ids(self) -> set[int]:
