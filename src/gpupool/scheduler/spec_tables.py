@@ -25,6 +25,9 @@ MAX_CACHED_SHAPES = 512
 
 Kept = TypeVar("Kept")
 
+#: free milli from -1 (no GPU in the slot) to a whole GPU, one row each: the tables' index
+_FREE_ROWS: IntArray = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
+
 
 def kept_per_shape(
     cache: dict[tuple[object, ...], Kept], shape: tuple[object, ...], make: Callable[[], Kept]
@@ -74,28 +77,21 @@ class SpecTables:
     @functools.cached_property
     def milli_held(self) -> BoolArray:
         """Row f + 1: the specs a GPU with f milli free holds by compute (row 0: f < 0)."""
-        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
-        held: BoolArray = free >= self.milli[None, :]
+        held: BoolArray = self.milli[None, :] <= _FREE_ROWS
         return held
 
     @functools.cached_property
     def hold_table(self) -> IntArray:
         """The trace's case: what one GPU with f milli free adds to cnt, per spec, at row f + 1
         (row 0: no GPU), so that a node's counters are lookups and sums."""
-        table: IntArray = (self.milli_held & self._present).astype(np.int64)
+        table: IntArray = (self.milli_held & (_FREE_ROWS >= 0)).astype(np.int64)
         return table
 
     @functools.cached_property
     def less_table(self) -> FloatArray:
         """As hold_table, what that GPU adds to less."""
-        free = np.arange(-1, MILLI_PER_GPU + 1)[:, None]
-        table: FloatArray = np.where(self._present & ~self.milli_held, free, 0.0)
+        table: FloatArray = np.where((_FREE_ROWS >= 0) & ~self.milli_held, _FREE_ROWS, 0.0)
         return table
-
-    @property
-    def _present(self) -> BoolArray:
-        present: BoolArray = np.arange(-1, MILLI_PER_GPU + 1)[:, None] >= 0
-        return present
 
     def model_ok(self, model_names: tuple[str, ...]) -> BoolArray:
         """[model id, m]: spec m needs a GPU and accepts that model; the last row (id -1) is no
