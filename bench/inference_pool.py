@@ -342,23 +342,24 @@ def _pooling(pooled: dict[str, Any]) -> None:
     for gpu in sorted({g for on in pooled["placement"].values() for g in on}):
         names = [name for name, on in pooled["placement"].items() if gpu in on]
         print(f"GPU {gpu}: {', '.join(names)}")
-    print(f"{'online':<8} {'req/s':>6} {'alone p50/p99 ms':>18} {'pooled p50/p99 ms':>18} {'x':>5}")
+    dedicated = "offline_rps_dedicated" in pooled
+    columns = [("alone", "x"), ("dedicated", "x ded.")] if dedicated else [("alone", "x")]
+    header = "".join(f" {base + ' p50/p99 ms':>21} {label:>6}" for base, label in columns)
+    print(f"{'online':<8} {'req/s':>6} {'pooled p50/p99 ms':>18}{header}")
     for name, row in pooled["online"].items():
-        ratio = row["pooled_p99_ms"] / row["alone_p99_ms"]
+        cells = "".join(
+            f" {row[f'{base}_p50_ms']:>10.1f}/{row[f'{base}_p99_ms']:<9.1f}"
+            f" {row['pooled_p99_ms'] / row[f'{base}_p99_ms']:>6.2f}"
+            for base, _ in columns
+        )
         print(
-            f"{name:<8} {row['rate']:>6g} {row['alone_p50_ms']:>8.1f}/{row['alone_p99_ms']:<9.1f}"
-            f" {row['pooled_p50_ms']:>8.1f}/{row['pooled_p99_ms']:<9.1f} {ratio:>5.2f}"
+            f"{name:<8} {row['rate']:>6g} {row['pooled_p50_ms']:>8.1f}/{row['pooled_p99_ms']:<9.1f}"
+            f"{cells}"
         )
     print("offline (low) req/s pooled: " + json.dumps(pooled["offline_rps"]))
-    if "offline_rps_dedicated" in pooled:
-        print(f"{'online':<8} {'dedicated p50/p99 ms':>21} {'pooled x':>9}  (a whole GPU each)")
-        for name, row in pooled["online"].items():
-            ratio = row["pooled_p99_ms"] / row["dedicated_p99_ms"]
-            print(
-                f"{name:<8} {row['dedicated_p50_ms']:>11.1f}/{row['dedicated_p99_ms']:<9.1f}"
-                f" {ratio:>9.2f}"
-            )
-        print("offline (low) req/s dedicated: " + json.dumps(pooled["offline_rps_dedicated"]))
+    if dedicated:
+        whole = json.dumps(pooled["offline_rps_dedicated"])
+        print(f"offline (low) req/s, a whole GPU each: {whole}")
 
 
 def _router(router: dict[str, Any]) -> None:
