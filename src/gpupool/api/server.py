@@ -1,7 +1,7 @@
 """Serve the app with uvicorn on the Unix socket (peer uid by SO_PEERCRED) and optionally TCP.
 
 uvicorn does not hand the connection to the app, so the peer's credentials are read where the
-connection is made: a subclass of uvicorn's h11 protocol asks the socket for SO_PEERCRED in
+connection is made: a subclass of uvicorn's httptools protocol asks the socket for SO_PEERCRED in
 `connection_made` and wraps the app so that each request's scope carries the uid (or marks the
 connection as TCP, where the bearer token decides).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpupool.api.guard import OVER_TCP, PEER_UID
 from gpupool.core.errors import ConfigError, InvalidRequest
@@ -51,8 +51,8 @@ def peer_uid(sock: socket.socket) -> int:
     return int(uid)
 
 
-class PeerCredProtocol(H11Protocol):
-    """uvicorn's h11 protocol, with the caller's identity added to every request's scope."""
+class PeerCredProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the caller's identity added to every request's scope."""
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -231,7 +231,14 @@ def serve(
     _raise_open_file_limit()
     settle()
     config = uvicorn.Config(
-        app, http=PeerCredProtocol, lifespan="off", log_level="warning", access_log=False
+        app,
+        http=PeerCredProtocol,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        # no proxy stands in front: a client's X-Forwarded-For must not change who it appears to
+        # be (and it is one middleware less on every request)
+        proxy_headers=False,
     )
     server = _Server(config, tls, watched or {})
     server.run(sockets=sockets)
