@@ -120,6 +120,39 @@ def test_a_locked_store_answers_503_with_retry_after_at_once(daemon: Daemon) -> 
     assert daemon.wait(later)["state"] == "succeeded"
 
 
+def test_submits_waiting_on_a_locked_store_leave_the_api_answering(daemon: Daemon) -> None:
+    # the submits wait for the store's lock off the event loop: everyone else is still served
+    def connected() -> httpx.Client:
+        transport = httpx.HTTPTransport(uds=str(daemon.state_dir / "gpupool.sock"))
+        return httpx.Client(transport=transport, base_url="http://gpupool", timeout=30)
+
+    holder = hold_write_lock(daemon.state_dir / "state.db", 4)
+    answers: list[int] = []
+
+    def submit() -> None:
+        with connected() as client:
+            answers.append(client.post("/v1/jobs", json={"argv": ["true"]}).status_code)
+
+    submitters = [threading.Thread(target=submit) for _ in range(4)]
+    try:
+        for thread in submitters:
+            thread.start()
+        time.sleep(0.2)  # the submits are in, waiting on the lock (0.5 s each, one at a time)
+        slowest = 0.0
+        with connected() as client:
+            while any(thread.is_alive() for thread in submitters):
+                began = time.monotonic()
+                assert client.get("/v1/health").status_code == 200
+                slowest = max(slowest, time.monotonic() - began)
+                time.sleep(0.02)
+        assert slowest < 0.3
+        assert answers == [503] * 4
+    finally:
+        holder.join()
+        for thread in submitters:
+            thread.join()
+
+
 def test_the_store_raises_store_busy_within_its_timeouts(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     holder = hold_write_lock(tmp_path / "state.db", 3)
