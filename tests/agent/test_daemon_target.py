@@ -4,8 +4,15 @@ the store across a kill -9, and used by the default `gpupool` policy to keep who
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from tests.agent.daemon_support import Daemon, cli
 
+from gpupool.agent.jobs import JobSpec
+from gpupool.agent.store import Store
+from gpupool.agent.target import SETTING, LiveTarget
+from gpupool.core.errors import DaemonError
 from gpupool.scheduler.workload import PRIOR
 
 
@@ -38,3 +45,16 @@ def test_gpupool_puts_a_small_share_beside_another_not_on_an_idle_gpu(daemon: Da
     assert gpus[0] == gpus[1]
     for job in (first, second):
         daemon.call("POST", f"/v1/jobs/{job}/cancel", json={})
+
+
+def test_a_submit_the_store_refuses_leaves_the_window_as_it_was(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    target = LiveTarget(store)
+    before = target.describe()
+    spec = JobSpec(("true",), gpus=2)
+    with pytest.raises(DaemonError), target.submitting(spec.request()) as window:
+        store.add(spec, None, "alice", settings=window)  # type: ignore[arg-type]
+    assert target.describe() == before and store.setting(SETTING) is None
+    with target.submitting(spec.request()) as window:
+        store.add(spec, 1000, "alice", settings=window)
+    assert LiveTarget(store).describe() == target.describe() != before

@@ -131,3 +131,14 @@ def test_jobs_among_reads_the_named_jobs_in_the_states_asked_in_queue_order(
     assert [job.id for job in found] == [job.id for job in expected]
     assert [job.id for job in store.jobs_among({jobs[1].id}, [State.RUNNING])] == [jobs[1].id]
     assert store.jobs_among(set(), [State.QUEUED]) == []
+
+
+def test_a_job_is_stored_with_its_settings_or_neither(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    job = store.add(JobSpec(("true",)), 1000, "alice", settings={"window": "[1]"})
+    assert store.setting("window") == "[1]" and store.job(job.id).user == "alice"
+    with pytest.raises(DaemonError):  # a job that cannot be stored: no setting either
+        store.add(JobSpec(("true",)), None, "alice", settings={"window": "[2]"})  # type: ignore[arg-type]
+    assert store.setting("window") == "[1]"
+    assert [j.id for j in store.jobs()] == [job.id]
+

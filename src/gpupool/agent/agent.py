@@ -204,8 +204,8 @@ class Agent(QueueLoop):
             self._wake.set()
             return job
         self.check_fits(spec)
-        job = self.store.add(spec, uid, user)
-        self.target.submitted(spec.request())
+        with self.target.submitting(spec.request()) as window:
+            job = self.store.add(spec, uid, user, settings=window)
         self._wake.set()
         return job
 

@@ -11,7 +11,7 @@ import functools
 import json
 import sqlite3
 import time
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import replace
 
 from gpupool.agent.jobs import PRIORITY_RANK, UNREADABLE_SPEC, Job, JobSpec, State
@@ -55,6 +55,10 @@ def _rows_by_id(
             (*(state.value for state in states), *chunk),
         ).fetchall()
     return rows
+
+
+def _put_setting(db: sqlite3.Connection, key: str, value: str) -> None:
+    db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
 
 
 def _job(row: sqlite3.Row) -> Job:
@@ -141,11 +145,16 @@ class Store(EventLog, MigInstances):
 
     def set_setting(self, key: str, value: str) -> None:
         with self.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+            _put_setting(db, key, value)
 
-    def add(self, spec: JobSpec, uid: int, user: str) -> Job:
+    def add(
+        self, spec: JobSpec, uid: int, user: str, settings: Mapping[str, str] | None = None
+    ) -> Job:
+        """A queued job; `settings` are written in the same transaction."""
         now = time.time()
         with self.transaction() as db:
+            for key, value in (settings or {}).items():
+                _put_setting(db, key, value)
             cursor = db.execute(
                 "INSERT INTO jobs (spec, uid, user, state, rank, submitted_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",

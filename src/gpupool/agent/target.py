@@ -3,12 +3,14 @@
 The fragmentation-aware policies (`gpupool`, `fgd`) score a placement against the shapes the
 node expects next. The daemon learns them from what is submitted to it
 (scheduler/recent.py: a decaying window over a built-in prior) and saves the window in its
-SQLite store after each submission, so a restarted daemon places as the old one would.
+SQLite store with each submission, so a restarted daemon places as the old one would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from gpupool.agent.logs import log
 from gpupool.agent.store import Store
@@ -35,12 +37,16 @@ class LiveTarget:
             except InvalidRequest as err:  # a store written by hand: start again from the prior
                 log.warning("target workload not restored, starting from the prior: %s", err)
 
-    def submitted(self, request: GpuRequest) -> None:
-        """One more share of this shape was submitted: weigh it in, and save the window."""
+    @contextlib.contextmanager
+    def submitting(self, request: GpuRequest) -> Iterator[dict[str, str]]:
+        """One more share of this shape is being submitted: yields the store settings that keep
+        the window with it, for the submit to write with the job (one transaction). The shape
+        counts once the block ends without an error: a submit the store refused does not."""
         with self._lock:
-            self._recent.add(request)
-            text = self._recent.to_json()
-        self._store.set_setting(SETTING, text)
+            after = RecentShapes(dict(self._recent.weights))
+            after.add(request)
+            yield {SETTING: after.to_json()}
+            self._recent = after
 
     def target(self) -> TargetWorkload:
         with self._lock:

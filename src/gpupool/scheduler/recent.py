@@ -10,6 +10,7 @@ restarted daemon resumes the window where it was.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict
@@ -39,6 +40,13 @@ MAX_SHAPES = 64
 MAX_SAVED_GPUS = 32
 #: weights below this are forgotten
 FORGET_BELOW = 1e-3
+
+
+@functools.lru_cache(maxsize=4 * MAX_SHAPES)
+def _saved(spec: PodSpec) -> dict[str, object]:
+    """A shape's fields as saved (cached: a daemon saves its window after every submit, and
+    `asdict` was the most of that)."""
+    return {**asdict(spec), "gpu_models": list(spec.gpu_models)}
 
 
 class RecentShapes:
@@ -97,12 +105,7 @@ class RecentShapes:
         ]
 
     def to_json(self) -> str:
-        return json.dumps(
-            [
-                {**asdict(spec), "gpu_models": list(spec.gpu_models), "weight": w}
-                for spec, w in self.weights.items()
-            ]
-        )
+        return json.dumps([{**_saved(spec), "weight": w} for spec, w in self.weights.items()])
 
     @classmethod
     def from_json(cls, text: str) -> RecentShapes:
