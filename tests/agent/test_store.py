@@ -142,3 +142,11 @@ def test_a_job_is_stored_with_its_settings_or_neither(tmp_path: Path) -> None:
     assert store.setting("window") == "[1]"
     assert [j.id for j in store.jobs()] == [job.id]
 
+
+def test_has_jobs_says_whether_any_job_is_in_the_states_asked(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    assert not store.has_jobs([State.QUEUED, State.RUNNING])
+    job = store.add(JobSpec(("true",)), 1000, "alice")
+    assert store.has_jobs([State.QUEUED]) and not store.has_jobs([State.RUNNING])
+    store.start(job, (0,), (0,), "GPU 0")
+    assert store.has_jobs([State.QUEUED, State.RUNNING]) and not store.has_jobs([State.QUEUED])

@@ -42,6 +42,10 @@ from gpupool.scheduler.gpus import GpuView
 
 #: how often the queue loop prunes finished jobs and trims the node events
 PRUNE_EVERY_S = 60.0
+#: the least time from the start of one pass of the queue loop to the next
+PASS_GAP_S = 0.005
+#: the queue loop's pace while no job waits or runs (tick_s otherwise)
+IDLE_TICK_S = 1.0
 
 
 class QueueLoop:
@@ -81,6 +85,7 @@ class QueueLoop:
         failures = Failures("the queue loop", self.config.tick_s)
         while not self._stop.is_set():
             wait = self.config.tick_s
+            began = time.monotonic()
             try:
                 self._keep_arbiter()
                 self.reconcile()
@@ -89,9 +94,14 @@ class QueueLoop:
                     self.schedule()
                 self._prune_now_and_then()
                 failures.succeeded()
+                if not self.store.has_jobs([State.QUEUED, State.RUNNING]):
+                    # nothing waits or runs: only a command, which wakes the loop, changes that
+                    wait = IDLE_TICK_S
             except Exception as err:  # a full disk, a locked store, a bug: the node goes on
                 wait = failures.failed(err)
             self._wake.wait(wait)
+            # a flood of submits, each of which wakes the loop, is taken a batch per pass
+            self._stop.wait(PASS_GAP_S - (time.monotonic() - began))
             self._wake.clear()
 
     def reconcile(self) -> None:

@@ -109,6 +109,15 @@ class Store(EventLog, MigInstances):
             rows = db.execute(query + " ORDER BY rank, id", args).fetchall()
         return [_job(row) for row in rows]
 
+    def has_jobs(self, states: Sequence[State]) -> bool:
+        """Whether any job is in `states` (one row of the state index read)."""
+        marks = ",".join("?" * len(states))
+        with self._using("read") as db:
+            found = db.execute(
+                f"SELECT 1 FROM jobs WHERE state IN ({marks}) LIMIT 1", [s.value for s in states]
+            ).fetchone()
+        return found is not None
+
     def jobs_among(self, ids: Collection[int], states: Sequence[State]) -> list[Job]:
         """The jobs of `ids` that are in `states`, in queue order: a few jobs' rows, where
         `jobs(states)` would read (and parse) every job in those states."""
