@@ -50,7 +50,8 @@ def test_backfill_never_takes_room_the_head_waits_for(one_gpu: Daemon) -> None:
     assert placed == ["GPUs 0 (backfill)"]
     head_job = one_gpu.wait(head)
     assert head_job["started_at"] >= one_gpu.job(running)["finished_at"]
-    assert one_gpu.job(greedy)["started_at"] >= head_job["started_at"]
+    # the pass that records the head's end starts the greedy job: wait for it, not just the end
+    assert one_gpu.wait(greedy)["started_at"] >= head_job["started_at"]
 
 
 def test_cancel_terms_then_kills_and_a_queued_job_never_starts(one_gpu: Daemon) -> None:
