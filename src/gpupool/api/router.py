@@ -1,6 +1,6 @@
 """The router (`gpupool serve --router HOST:PORT`): /NAME/... to a ready replica of NAME.
 
-A reverse proxy on asyncio streams, in its own thread and event loop inside the daemon
+A reverse proxy on asyncio streams, in its own thread and event loop (uvloop) inside the daemon
 (docs/inference.md says why this over aiohttp or uvicorn with httpx: it was measured). Each
 request goes, its `/NAME` prefix stripped, to the replica of NAME with the fewest requests in
 flight that is below the service's concurrency; the answer is copied back as it arrives (a
@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 from collections import deque
+
+import uvloop
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
 from gpupool.api.router_http import (
@@ -65,7 +67,7 @@ class Router:
     def __init__(self, traffic: Traffic, sock: socket.socket) -> None:
         self.traffic = traffic
         self.sock = sock
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()
         self._pools: dict[int, list[Connection]] = {}
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
         self._thread = threading.Thread(target=self._run, name="gpupool-router", daemon=True)
