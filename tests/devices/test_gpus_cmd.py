@@ -114,7 +114,8 @@ def test_nvml_path_without_simulate(clean_env: dict[str, str]) -> None:
     assert line.startswith("gpupool: error: NVIDIA driver not found: ")
     assert line.endswith(
         "Install the NVIDIA driver, or use --simulate SPEC (e.g. --simulate 8xH100-80GB) "
-        "to run on simulated GPUs."
+        "to run on simulated GPUs (--node-dir DIR or $GPUPOOL_SIM_NODE for an existing "
+        "simulated node, such as a daemon's)."
     )
     assert result.stdout == ""
 

@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 DRIVER_HINT = (
     "Install the NVIDIA driver, or use --simulate SPEC (e.g. --simulate 8xH100-80GB) "
-    "to run on simulated GPUs."
+    "to run on simulated GPUs (--node-dir DIR or $GPUPOOL_SIM_NODE for an existing simulated "
+    "node, such as a daemon's)."
 )
 
 
