@@ -69,14 +69,16 @@ class LightClient:
         self.sock.close()
 
 
-def submit_flood(root: Path, pid: int, submits: int, clients: int, light: bool) -> list[str]:
+def submit_flood(
+    root: Path, pid: int, submits: int, clients: int, light: bool, flood: int = 0
+) -> list[str]:
     """`submits` from `clients` connected clients at once (connections made before the clock
     runs: the flood times submits, not 50 connections accepted at one instant), and the CPU
     time the daemon (`pid`) spent on each (steadier than the latency on a shared machine)."""
     latencies: list[float] = []
     lock = threading.Lock()
     per_client = submits // clients
-    kind = "light" if light else "httpx"
+    kind = f"light{flood}-" if light else f"httpx{flood}-"  # each flood's jobs named apart
     ready = threading.Barrier(clients + 1)
 
     def submit_all(n: int, call: Callable[[dict[str, object]], None]) -> None:
@@ -203,8 +205,10 @@ def main() -> None:
         daemon = start_daemon(root, args.spec)
         try:
             rows = []
-            for _ in range(args.floods):
-                rows += submit_flood(root, daemon.pid, args.submits, args.clients, light=True)
+            for k in range(args.floods):
+                rows += submit_flood(
+                    root, daemon.pid, args.submits, args.clients, light=True, flood=k
+                )
             rows += submit_flood(root, daemon.pid, args.submits, args.clients, light=False)
             rows += submit_to_running(root, args.starts)
             rows += idle(daemon.pid)

@@ -52,9 +52,9 @@ def test_a_submit_the_store_refuses_leaves_the_window_as_it_was(tmp_path: Path) 
     target = LiveTarget(store)
     before = target.describe()
     spec = JobSpec(("true",), gpus=2)
-    with pytest.raises(DaemonError), target.submitting(spec.request()) as window:
+    with pytest.raises(DaemonError), target.submitting([spec.request()]) as window:
         store.add(spec, None, "alice", settings=window)  # type: ignore[arg-type]
     assert target.describe() == before and store.setting(SETTING) is None
-    with target.submitting(spec.request()) as window:
+    with target.submitting([spec.request()]) as window:
         store.add(spec, 1000, "alice", settings=window)
     assert LiveTarget(store).describe() == target.describe() != before

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from functools import partial
 
 from gpupool.agent import mps, node
@@ -34,7 +35,7 @@ from gpupool.agent.store import Store
 from gpupool.agent.target import LiveTarget
 from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
-from gpupool.core.errors import InvalidRequest, Unschedulable
+from gpupool.core.errors import GpupoolError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -197,17 +198,43 @@ class Agent(QueueLoop):
 
     def submit(self, spec: JobSpec, uid: int, user: str) -> Job:
         """Store a job, or refuse one that can never fit this node (nothing stored)."""
-        spec.check_bounds()  # again: a caller may have changed `env`, a dict, since it was made
-        if spec.mode is Mode.MIG:
-            job = self.store.add(self.mig.check_submit(spec, self._snapshot()), uid, user)
-            self._mig_scheduler.changed()
-            self._wake.set()
-            return job
-        self.check_fits(spec)
-        with self.target.submitting(spec.request()) as window:
-            job = self.store.add(spec, uid, user, settings=window)
+        stored = self.submit_many([(spec, uid, user)])[0]
+        if isinstance(stored, GpupoolError):
+            raise stored
+        return stored
+
+    def submit_many(self, submits: Sequence[tuple[JobSpec, int, str]]) -> list[Job | GpupoolError]:
+        """`submit` for each (spec, uid, user), in order: the job stored, or why it was refused.
+        Each is checked apart from the others; the shares that pass are stored in one
+        transaction (a flood of submits costs a commit per batch), and a store that fails
+        fails them all."""
+        outcome: dict[int, Job | GpupoolError] = {}
+        shares: list[int] = []
+        for i, (spec, uid, user) in enumerate(submits):
+            try:
+                # again: a caller may have changed `env`, a dict, since it was made
+                spec.check_bounds()
+                if spec.mode is Mode.MIG:  # its instance is checked and recorded on its own
+                    outcome[i] = self.store.add(
+                        self.mig.check_submit(spec, self._snapshot()), uid, user
+                    )
+                    self._mig_scheduler.changed()
+                else:
+                    self.check_fits(spec)
+                    shares.append(i)
+            except GpupoolError as err:
+                outcome[i] = err
+        if shares:
+            batch = [submits[i] for i in shares]
+            stored: Sequence[Job | GpupoolError]
+            try:
+                with self.target.submitting([spec.request() for spec, _, _ in batch]) as window:
+                    stored = self.store.add_many(batch, settings=window)
+            except GpupoolError as err:
+                stored = [err] * len(batch)
+            outcome.update(zip(shares, stored, strict=True))
         self._wake.set()
-        return job
+        return [outcome[i] for i in range(len(submits))]
 
     def check_fits(self, spec: JobSpec) -> None:
         """Unschedulable for a share (not MIG) that can never fit this node."""

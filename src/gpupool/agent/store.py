@@ -160,25 +160,34 @@ class Store(EventLog, MigInstances):
         self, spec: JobSpec, uid: int, user: str, settings: Mapping[str, str] | None = None
     ) -> Job:
         """A queued job; `settings` are written in the same transaction."""
+        return self.add_many([(spec, uid, user)], settings)[0]
+
+    def add_many(
+        self, submits: Sequence[tuple[JobSpec, int, str]], settings: Mapping[str, str] | None = None
+    ) -> list[Job]:
+        """Queued jobs of (spec, uid, user), in order, and `settings`: one transaction."""
         now = time.time()
+        added = []
         with self.transaction() as db:
             for key, value in (settings or {}).items():
                 _put_setting(db, key, value)
-            cursor = db.execute(
-                "INSERT INTO jobs (spec, uid, user, state, rank, submitted_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    json.dumps(spec.to_json()),
-                    uid,
-                    user,
-                    State.QUEUED.value,
-                    PRIORITY_RANK[spec.priority],
-                    now,
-                ),
-            )
-            job_id = int(cursor.lastrowid or 0)
-            add_event(db, job_id, "submitted", f"by {user} (uid {uid})", now)
-        return Job(job_id, spec, uid, user, State.QUEUED, now)
+            for spec, uid, user in submits:
+                cursor = db.execute(
+                    "INSERT INTO jobs (spec, uid, user, state, rank, submitted_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        json.dumps(spec.to_json()),
+                        uid,
+                        user,
+                        State.QUEUED.value,
+                        PRIORITY_RANK[spec.priority],
+                        now,
+                    ),
+                )
+                job_id = int(cursor.lastrowid or 0)
+                add_event(db, job_id, "submitted", f"by {user} (uid {uid})", now)
+                added.append(Job(job_id, spec, uid, user, State.QUEUED, now))
+        return added
 
     def start(self, job: Job, gpus: Sequence[int], memory: Sequence[int], detail: str) -> Job:
         """queued -> running on `gpus` (the launch follows; recovery finishes a cut one)."""

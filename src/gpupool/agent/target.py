@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from gpupool.agent.logs import log
 from gpupool.agent.store import Store
@@ -38,13 +38,14 @@ class LiveTarget:
                 log.warning("target workload not restored, starting from the prior: %s", err)
 
     @contextlib.contextmanager
-    def submitting(self, request: GpuRequest) -> Iterator[dict[str, str]]:
-        """One more share of this shape is being submitted: yields the store settings that keep
-        the window with it, for the submit to write with the job (one transaction). The shape
-        counts once the block ends without an error: a submit the store refused does not."""
+    def submitting(self, requests: Sequence[GpuRequest]) -> Iterator[dict[str, str]]:
+        """Shares of these shapes are being submitted: yields the store settings that keep the
+        window with them, for the submit to write with the jobs (one transaction). The shapes
+        count once the block ends without an error: a submit the store refused does not."""
         with self._lock:
             after = RecentShapes(dict(self._recent.weights))
-            after.add(request)
+            for request in requests:
+                after.add(request)
             yield {SETTING: after.to_json()}
             self._recent = after
 

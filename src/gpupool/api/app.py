@@ -11,12 +11,9 @@ The routes read through `agent.view` (agent/view.py) and act through the agent's
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -34,6 +31,7 @@ from gpupool.api import admin_routes, elastic_routes, service_routes, watchdog_r
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
+from gpupool.api.submit_batch import SubmitBatcher
 from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unauthorized
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
@@ -168,18 +166,12 @@ def create_app(
         body = view.jobs_json(all, partial(access.may_see, uid))
         return Response(body, media_type="application/json")
 
-    # the store's lock and SQLite's writes must never hold the event loop, which serves every
-    # other client: submits are stored by a thread of their own, one at a time (the store's
-    # lock would serialise them anyway), a lighter hop than the shared thread pool's
-    submits = ThreadPoolExecutor(1, thread_name_prefix="gpupool-submit")
-
-    def store_submit(spec: JobSpec, uid: int) -> bytes:
-        return json.dumps({"job": agent.submit(spec, uid, user_name(uid)).to_json()}).encode()
+    # stored off the event loop, a batch of waiting submits per transaction (submit_batch.py)
+    submits = SubmitBatcher(agent)
 
     @app.post("/v1/jobs", status_code=201)
     async def submit(body: SubmitBody, uid: int = Depends(caller)) -> Response:
-        spec = _spec(body)
-        stored = await asyncio.get_running_loop().run_in_executor(submits, store_submit, spec, uid)
+        stored = await submits.submit(_spec(body), uid)
         return Response(stored, status_code=201, media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}")
