@@ -12,6 +12,7 @@ from tests.agent.daemon_support import Daemon, cli
 from gpupool.agent.jobs import JobSpec
 from gpupool.agent.store import Store
 from gpupool.agent.target import SETTING, LiveTarget
+from gpupool.cli.gpus_view import placement_lines
 from gpupool.core.errors import DaemonError
 from gpupool.scheduler.workload import PRIOR
 
@@ -58,3 +59,23 @@ def test_a_submit_the_store_refuses_leaves_the_window_as_it_was(tmp_path: Path) 
     with target.submitting([spec.request()]) as window:
         store.add(spec, 1000, "alice", settings=window)
     assert LiveTarget(store).describe() == target.describe() != before
+
+
+def test_gpus_tells_shapes_alike_in_compute_apart_by_their_memory() -> None:
+    def shape(**memory: object) -> dict[str, object]:
+        return {"gpus": 1, "gpu_milli": 500, "gpu_models": [], "probability": 0.25, **memory}
+
+    shapes = [
+        shape(memory=16 << 30),
+        shape(memory_share=0.4),
+        shape(proportional=True),
+        shape(gpu_models=["A100-40GB"]),
+    ]
+    assert placement_lines({"policy": "gpupool", "target_workload": shapes}) == [
+        "Placement (node daemon): policy gpupool",
+        "target workload (recent shapes):",
+        "  1 GPU x 50%, 16GiB: 25.0%",
+        "  1 GPU x 50%, 40% of memory: 25.0%",
+        "  1 GPU x 50%, memory in proportion: 25.0%",
+        "  1 GPU x 50% of A100-40GB: 25.0%",
+    ]

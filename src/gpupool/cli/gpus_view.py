@@ -162,10 +162,21 @@ def placement_lines(node: dict[str, Any] | None) -> list[str] | None:
     for shape in shapes:
         models = f" of {', '.join(shape['gpu_models'])}" if shape.get("gpu_models") else ""
         lines.append(
-            f"  {shape['gpus']} GPU x {shape['gpu_milli'] / 10:g}%{models}: "
-            f"{shape['probability'] * 100:.1f}%"
+            f"  {shape['gpus']} GPU x {shape['gpu_milli'] / 10:g}%{_shape_memory(shape)}"
+            f"{models}: {shape['probability'] * 100:.1f}%"
         )
     return lines
+
+
+def _shape_memory(shape: Mapping[str, Any]) -> str:
+    """The GPU memory a shape asks, as its submit did: shapes alike in compute differ in it."""
+    if shape.get("memory"):
+        return f", {format_bytes(int(shape['memory']))}"
+    if shape.get("memory_share"):
+        return f", {float(shape['memory_share']) * 100:g}% of memory"
+    if shape.get("proportional"):
+        return ", memory in proportion"
+    return ""
 
 
 def render(
