@@ -150,8 +150,8 @@ def _report(services: list[dict[str, Any]], results: dict[str, loadgen.Result]) 
             continue
         row = result.summary()
         print(
-            f"  {name:<10} {priority:<8} {row['rate']:>6} {row['p50_ms']:>8} {row['p99_ms']:>8}  "
-            f"{row['statuses']}"
+            f"  {name:<10} {priority:<8} {row['rate']:>6.1f} {row['p50_ms']:>8.1f} "
+            f"{row['p99_ms']:>8.1f}  {row['statuses']}"
         )
 
 
