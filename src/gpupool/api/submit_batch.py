@@ -20,8 +20,9 @@ from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import JobSpec
 
-#: the most submits stored in one transaction
-MAX_BATCH = 256
+#: the most submits stored in one transaction: above the clients a busy node sees at once, and
+#: at most about 16 MiB of specs (jobs.py bounds each command and environment to 128 KiB)
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
