@@ -96,8 +96,8 @@ def test_a_store_that_fails_fails_every_share_of_the_batch_and_stores_none(
 
 
 class _Agent:
-    """Stands in for the agent: its first batch waits for `release`; a spec named "bad" is
-    refused, one named "bug" makes the whole call raise."""
+    """Stands in for the agent: a batch waits for `release`; a spec named "bad" is refused, one
+    named "bug" makes the whole call raise."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -105,8 +105,7 @@ class _Agent:
         self.next_id = 1
 
     def submit_many(self, submits: Sequence[tuple[JobSpec, int, str]]) -> list[Job | GpupoolError]:
-        if not self.batches:
-            self.release.wait(10)
+        self.release.wait(10)
         self.batches.append([spec.name for spec, _, _ in submits])
         if any(spec.name == "bug" for spec, _, _ in submits):
             raise RuntimeError("a bug")
@@ -152,3 +151,25 @@ def test_a_batch_that_raises_answers_every_submit_of_it_with_the_error() -> None
 
     (answer,) = asyncio.run(asyncio.wait_for(submits(), 10))
     assert isinstance(answer, RuntimeError)
+
+
+def test_an_answer_for_a_closed_loop_leaves_the_thread_serving_the_others() -> None:
+    fake = _Agent()
+    fake.release.set()
+    batcher = SubmitBatcher(cast(Agent, fake))
+    gone = asyncio.new_event_loop()
+    gone.run_until_complete(batcher.submit(share("first"), 0))  # the thread runs now
+    gone.close()
+    fake.release.clear()  # hold the next batch until the closed loop's submit is queued in it
+
+    async def orphan() -> None:  # queued for a loop that will have closed by its answer
+        await batcher.submit(share("orphan"), 0)
+
+    stranded = asyncio.new_event_loop()
+    task = stranded.create_task(orphan())
+    stranded.run_until_complete(asyncio.sleep(0.1))
+    stranded.close()
+    del task
+    fake.release.set()
+    answer = asyncio.run(asyncio.wait_for(batcher.submit(share("after"), 0), 10))
+    assert json.loads(answer)["job"]["name"] == "after"

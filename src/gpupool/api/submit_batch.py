@@ -11,6 +11,7 @@ loop in one call: a hop and a commit per batch instead of per submit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
@@ -75,7 +76,8 @@ class SubmitBatcher:
                 answers = [(waiting, err) for waiting in batch]
             for loop in {waiting.loop for waiting in batch}:
                 mine = [(w, a) for w, a in answers if w.loop is loop]
-                loop.call_soon_threadsafe(_hand_back, mine)
+                with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits
+                    loop.call_soon_threadsafe(_hand_back, mine)
 
 
 def _hand_back(answers: list[tuple[_Waiting, bytes | BaseException]]) -> None:
