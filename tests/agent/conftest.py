@@ -1,4 +1,4 @@
-"""Daemon fixtures: a fresh daemon per test on a simulated 2x A100-40GB node."""
+"""Daemon fixtures: a fresh daemon per test on a simulated 2x A100-40GB node, or an agent alone."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from tests.agent.daemon_support import Daemon
 
+from gpupool.agent.agent import Agent, AgentConfig
+from gpupool.devices.factory import open_backend
 from gpupool.devices.sim import mps_twin
 
 
@@ -54,3 +56,13 @@ def reporting(tmp_path: Path) -> Iterator[Daemon]:
 def killing(tmp_path: Path) -> Iterator[Daemon]:
     """A daemon on one A30 whose watchdog kills the processes it finds."""
     yield from serving(tmp_path, "1xA30", "--watchdog", "kill")
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    """An agent on a simulated 2x A100-40GB node, not started (no threads, no socket)."""
+    (tmp_path / "state").mkdir()
+    with open_backend("2xA100-40GB", tmp_path / "node") as backend:
+        made = Agent(AgentConfig(tmp_path / "state"), backend)
+        yield made
+        made.stop()

@@ -8,7 +8,6 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,6 @@ from gpupool.agent import launcher, logs
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.devices.factory import open_backend
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    """An agent on a simulated node, not started."""
-    (tmp_path / "state").mkdir()
-    with open_backend("2xA100-40GB", tmp_path / "node") as backend:
-        made = Agent(AgentConfig(tmp_path / "state"), backend)
-        yield made
-        made.stop()
 
 
 def submit(agent: Agent, name: str) -> int:

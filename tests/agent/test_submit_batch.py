@@ -6,29 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
 import pytest
 from tests.agent.test_robust_store import hold_write_lock
 
-from gpupool.agent.agent import Agent, AgentConfig
+from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.api.submit_batch import SubmitBatcher
 from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unschedulable
-from gpupool.devices.factory import open_backend
 from gpupool.scheduler.recent import DECAY, RecentShapes
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    """An agent on a simulated 2-GPU node, not started."""
-    (tmp_path / "state").mkdir()
-    with open_backend("2xA100-40GB", tmp_path / "node") as backend:
-        made = Agent(AgentConfig(tmp_path / "state"), backend)
-        yield made
-        made.stop()
 
 
 def share(name: str, gpus: int = 1) -> JobSpec:
