@@ -41,17 +41,22 @@ def _spec(text: str) -> JobSpec | str:
         return f"its stored spec cannot be read ({type(err).__name__}: {err})"
 
 
+def _marks(count: int) -> str:
+    """The placeholders of an IN (...) list of `count` values."""
+    return ",".join("?" * count)
+
+
 def _rows_by_id(
     db: sqlite3.Connection, ids: Sequence[int], states: Sequence[State] = ()
 ) -> list[sqlite3.Row]:
     """The rows (and rank) of the jobs `ids`, only those in `states` if any are given, read
     _IDS_PER_QUERY ids at a time."""
-    where = f"state IN ({','.join('?' * len(states))}) AND " if states else ""
+    where = f"state IN ({_marks(len(states))}) AND " if states else ""
     rows: list[sqlite3.Row] = []
     for at in range(0, len(ids), _IDS_PER_QUERY):
         chunk = ids[at : at + _IDS_PER_QUERY]
         rows += db.execute(
-            f"SELECT {_COLUMNS}, rank FROM jobs WHERE {where}id IN ({','.join('?' * len(chunk))})",
+            f"SELECT {_COLUMNS}, rank FROM jobs WHERE {where}id IN ({_marks(len(chunk))})",
             (*(state.value for state in states), *chunk),
         ).fetchall()
     return rows
@@ -103,7 +108,7 @@ class Store(EventLog, MigInstances):
         query = f"SELECT {_COLUMNS} FROM jobs"
         args: tuple[str, ...] = ()
         if states is not None:
-            query += f" WHERE state IN ({','.join('?' * len(states))})"
+            query += f" WHERE state IN ({_marks(len(states))})"
             args = tuple(s.value for s in states)
         with self._using("read") as db:
             rows = db.execute(query + " ORDER BY rank, id", args).fetchall()
@@ -111,11 +116,9 @@ class Store(EventLog, MigInstances):
 
     def has_jobs(self, states: Sequence[State]) -> bool:
         """Whether any job is in `states` (one row of the state index read)."""
-        marks = ",".join("?" * len(states))
+        query = f"SELECT 1 FROM jobs WHERE state IN ({_marks(len(states))}) LIMIT 1"
         with self._using("read") as db:
-            found = db.execute(
-                f"SELECT 1 FROM jobs WHERE state IN ({marks}) LIMIT 1", [s.value for s in states]
-            ).fetchone()
+            found = db.execute(query, [s.value for s in states]).fetchone()
         return found is not None
 
     def jobs_among(self, ids: Collection[int], states: Sequence[State]) -> list[Job]:
