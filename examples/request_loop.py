@@ -3,9 +3,10 @@
 It talks to the driver through ctypes (libcuda.so.1), so it needs no CUDA toolkit; on a real GPU
 the image has no such kernel, so it runs on a simulated node only (bench/gpu/modes.py times
 PyTorch on a GPU). Usage:
-    request_loop.py SECONDS BLOCKS
-Each request is one kernel of BLOCKS blocks of 128 threads (256 blocks: 1 ms on a whole simulated
-GPU), then a synchronize. Prints one line: RESULT {"requests", "rate", "p50_ms", "p99_ms"}.
+    request_loop.py SECONDS BLOCKS [THREADS]
+Each request is one kernel of BLOCKS blocks of THREADS threads (default 128; 256 blocks of 128:
+1 ms on a whole simulated GPU), then a synchronize. Prints one line:
+RESULT {"requests", "rate", "p50_ms", "p99_ms"}.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 def main(argv: list[str]) -> int:
     seconds, blocks = float(argv[1]), int(argv[2])
+    threads = int(argv[3]) if len(argv) > 3 else 128
     cuda = ctypes.CDLL("libcuda.so.1")
     ctx, module, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuInit(0) == 0
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> int:
     latencies = []
     start = time.perf_counter()
     while (began := time.perf_counter()) - start < seconds:
-        rc = cuda.cuLaunchKernel(function, blocks, 1, 1, 128, 1, 1, 0, None, None, None)
+        rc = cuda.cuLaunchKernel(function, blocks, 1, 1, threads, 1, 1, 0, None, None, None)
         if rc != 0 or cuda.cuCtxSynchronize() != 0:
             print(f"launch failed: CUDA error {rc}", flush=True)
             return 3

@@ -95,7 +95,7 @@ typedef struct {
     uint64_t last_launch_ns; /* 32 CLOCK_MONOTONIC ns of its latest launch */
     /* the driver's own, for an MPS client (zero otherwise, and in state files of before) */
     uint64_t mps_end_ns;   /* 40 CLOCK_MONOTONIC ns at which its queued kernels end */
-    uint32_t mps_percent;  /* 48 its active thread percentage */
+    uint32_t mps_percent;  /* 48 the SMs (percent) its queued kernels occupy */
     uint32_t mps_priority; /* 52 its client priority: 0 normal, 1 below normal */
     uint32_t kind;         /* 56 GPUPOOL_SIM_PROC_*: which of NVML's lists the process is in */
     uint8_t reserved[4];   /* 60 */

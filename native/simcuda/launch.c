@@ -350,7 +350,8 @@ CUresult cuGraphDestroy(CUgraph hGraph) {
 /* Queues one kernel on the stream's GPU; a stream already holding a second of work makes the
  * caller wait first, as a full hardware queue does. */
 static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const unsigned block[3]) {
-    uint64_t threads = (uint64_t)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2];
+    uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
+    uint64_t threads = blocks * block[0] * block[1] * block[2];
     uint64_t backlog_end = __atomic_load_n(&st->last_end_ns, __ATOMIC_ACQUIRE);
     if (backlog_end > sim_now_ns() + SIM_QUEUE_LIMIT_NS)
         sim_sleep_until(backlog_end - SIM_QUEUE_LIMIT_NS);
@@ -363,7 +364,7 @@ static CUresult sim_queue_kernel(sim_stream *st, const unsigned grid[3], const u
     /* an MPS client's kernel runs beside the other clients' kernels on its share of the SMs,
      * instead of taking turns with them (mps.c) */
     if (sim_mps_server_gone()) return CUDA_ERROR_MPS_SERVER_NOT_READY;
-    sim_mps_queue(st->ctx->gpu, &st->last_end_ns, duration);
+    sim_mps_queue(st->ctx->gpu, &st->last_end_ns, duration, blocks);
     return CUDA_SUCCESS;
 }
 

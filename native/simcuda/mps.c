@@ -160,10 +160,14 @@ CUresult sim_mps_connect(void) {
  *
  * What is modelled: a client's kernel may use its percentage of the SMs, and clients of one GPU
  * run at once, sharing the SMs (in percent) through each client's process slot (when its queued
- * kernels end, its percentage, its priority). A kernel runs at its percentage on the SMs that the
- * clients it yields to leave free, slower on fewer, and waits when none are free, as the block
- * scheduler hands a freed SM to waiting blocks: so percentages summing to 100 or less never
- * slow each other, and only oversubscribed SMs are contended. A kernel yields to
+ * kernels end, the SMs they occupy, its priority). A kernel occupies at most the SMs its grid
+ * fills, one block per SM: a grid of fewer blocks than the GPU has SMs takes as long on that
+ * part of the GPU as on all of it (a small inference kernel), so a percentage above what it
+ * fills does not slow it; a grid of at least as many blocks as SMs fills the GPU and takes
+ * 100/P times as long at P percent. A kernel runs on the SMs that the clients it yields to leave
+ * free, slower on fewer than it occupies, and waits when none are free, as the block scheduler
+ * hands a freed SM to waiting blocks: so occupancies summing to 100 or less never slow each
+ * other, and only oversubscribed SMs are contended. A kernel yields to
  *  - clients of its own priority with kernels queued before it (first come, first served), and
  *  - at below normal priority, to every normal client with work queued.
  * A normal client does not yield to below-normal work already running: MPS maps a below-normal
@@ -226,9 +230,16 @@ static void sim_mps_delay_below_normal(int phys, const gpupool_sim_proc *self, u
     }
 }
 
-/* Queues one kernel of this client (`duration_ns` on the whole GPU) after its earlier work, on
- * the SMs the model above gives it. Returns its end time. */
-uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns) {
+/* The percent of the SMs of GPU `phys` that a grid of `blocks` blocks fills, one block per SM. */
+static unsigned sim_mps_grid_percent(int phys, uint64_t blocks) {
+    uint64_t sms = sim_gpu(phys)->sm_count;
+    if (sms == 0 || blocks >= sms) return 100;
+    return (unsigned)((blocks * 100 + sms - 1) / sms);
+}
+
+/* Queues one kernel of this client (`duration_ns` on the whole GPU, `blocks` blocks) after its
+ * earlier work, on the SMs the model above gives it. Returns its end time. */
+uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t blocks) {
     sim_driver_lock();
     gpupool_sim_proc *self = sim_slot_locked(phys);
     uint64_t now = sim_now_ns();
@@ -244,13 +255,18 @@ uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns) {
             p->mps_priority <= g_mps.priority)
             busy[count++] = (sim_mps_busy){p->mps_end_ns, p->mps_percent};
     }
-    uint64_t work = sim_on_device_ns(phys, duration_ns) * 100;
-    uint64_t end = sim_mps_finish(busy, count, start, work, g_mps.percent);
+    /* percent x ns: the SMs the grid fills for as long as it takes on the whole GPU */
+    unsigned fills = sim_mps_grid_percent(phys, blocks);
+    uint64_t work = sim_on_device_ns(phys, duration_ns) * fills;
+    unsigned occupies = fills < g_mps.percent ? fills : g_mps.percent;
+    uint64_t end = sim_mps_finish(busy, count, start, work, occupies);
     if (g_mps.priority == SIM_MPS_PRIORITY_NORMAL && end > start)
         sim_mps_delay_below_normal(phys, self, start, end, work / (end - start));
     if (self != NULL) {
+        /* a narrow kernel queued behind wider ones of the same client does not free their SMs */
+        int pending = self->mps_end_ns > now;
+        if (!pending || occupies > self->mps_percent) self->mps_percent = occupies;
         self->mps_end_ns = end > self->mps_end_ns ? end : self->mps_end_ns;
-        self->mps_percent = g_mps.percent;
         self->mps_priority = g_mps.priority;
     }
     __atomic_store_n(stream_end, end, __ATOMIC_RELEASE);

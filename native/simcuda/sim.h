@@ -156,7 +156,7 @@ void sim_host_release_ctx(sim_ctx *ctx);
 CUresult sim_mps_connect(void);
 int sim_mps_active(void);
 int sim_mps_server_gone(void);
-uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
+uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t blocks);
 int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size);
 
 /* launch.c */

@@ -106,16 +106,20 @@ def kernels(sim_dir: Path, node: Path, twin: Twin, percents: list[int]) -> list[
 
 
 def request_loops(
-    sim_dir: Path, node: Path, twin: Twin, clients: list[tuple[int, int, str | None]]
+    sim_dir: Path,
+    node: Path,
+    twin: Twin,
+    clients: list[tuple[int, int, str | None]],
+    threads: int = 128,
 ) -> list[dict[str, float]]:
     """Request loops at once for 2 s, one per (percentage, blocks per kernel, client priority
-    or None for the control daemon's default); each one's RESULT."""
+    or None for the control daemon's default), blocks of `threads`; each one's RESULT."""
     loops = []
     for percent, blocks, priority in clients:
         env = sim_env(sim_dir, node, **twin.env, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(percent))
         if priority is not None:
             env["CUDA_MPS_CLIENT_PRIORITY"] = priority
-        command = [sys.executable, str(REQUEST_LOOP), "2", str(blocks)]
+        command = [sys.executable, str(REQUEST_LOOP), "2", str(blocks), str(threads)]
         loops.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
     results = []
     for loop in loops:
@@ -191,6 +195,25 @@ def test_the_twin_speaks_the_control_protocol_and_refuses_a_second_daemon(twin: 
     assert not (twin.pipe / "control").exists()
     assert not Path(f"/proc/{server}").exists() or "Z" in Path(f"/proc/{server}/stat").read_text()
     assert twin.run(stdin="get_server_list\n").returncode == 1
+
+
+@pytest.mark.serial
+def test_a_kernel_is_slowed_by_a_percentage_only_below_the_sms_its_grid_fills(
+    sim_dir: Path, node: Path, twin: Twin
+) -> None:
+    # 33 blocks of 1024 threads: a quarter of an H100's 132 SMs, about 1 ms on the whole GPU
+    narrow = (33, None)
+    [whole] = request_loops(sim_dir, node, twin, [(100, *narrow)], threads=1024)
+    [quarter] = request_loops(sim_dir, node, twin, [(25, *narrow)], threads=1024)
+    # the same work as 264 blocks of 128 threads fills every SM: 4 times as long on a quarter
+    [wide] = request_loops(sim_dir, node, twin, [(25, 264, None)])
+    assert quarter["p50_ms"] < 1.2 * whole["p50_ms"], (quarter, whole)
+    assert wide["p50_ms"] > 3 * whole["p50_ms"], (wide, whole)
+    # four quarters fill the GPU without slowing each other; a fifth oversubscribes it
+    four = request_loops(sim_dir, node, twin, [(25, *narrow)] * 4, threads=1024)
+    assert all(loop["p50_ms"] < 1.3 * quarter["p50_ms"] for loop in four), (four, quarter)
+    five = request_loops(sim_dir, node, twin, [(25, *narrow)] * 5, threads=1024)
+    assert sum(loop["rate"] for loop in five) < 4.5 * quarter["rate"], (five, quarter)
 
 
 @pytest.mark.serial
