@@ -2,11 +2,13 @@
 zero, and no request lost while replicas come and go (docs/benchmarks/inference.md).
 
 1. Pooling: 8 services of the example model server (a 1/4-GPU share each: 8Gi, 25 %), 4 online
-   (`high`, Poisson traffic at mixed rates) and 4 offline (`low`, batch scoring back to back), on
-   a node of 2 GPUs, against one GPU per service. Each online service's p99 pooled is compared
-   with its p99 alone (the same service, traffic and share on a node of its own); with
-   `--dedicated`, also with its p99 when the 8 services and their traffic run at once with a whole
-   GPU each (a node of 8 GPUs: the deployment pooling saves).
+   (`high`, Poisson traffic at mixed rates, kernels that fill a few SMs) and 4 offline (`low`,
+   batch scoring back to back, kernels that fill the GPU), on a node of 2 GPUs, in one sharing
+   mode (`--mode`: mps, the default, or shim), against one GPU per service. Each online
+   service's p99 pooled is compared with its p99 alone (the same service, traffic, share and
+   mode on a node of its own); with `--dedicated`, also with its p99 when the 8 services and
+   their traffic run at once with a whole GPU each (a node of 8 GPUs: the deployment pooling
+   saves).
 2. The router's overhead: /ping (no GPU work) at 500 requests/s through the router and straight
    to the replica; the most requests/s through the router from 32 clients back to back.
 3. Wake from zero: a replica's own start (scaled 0 -> 1 by hand), then the latency of the first
@@ -16,6 +18,7 @@ zero, and no request lost while replicas come and go (docs/benchmarks/inference.
    scale-in; every request is answered (the crashed replica's in-flight ones with 502).
 
 Usage: python bench/inference_pool.py [--seconds S] [--wakes N] [--only PART...] [--dedicated]
+                                      [--mode mps|shim]
 """
 
 from __future__ import annotations
@@ -41,9 +44,13 @@ import loadgen  # noqa: E402
 from inference_support import Pool  # noqa: E402
 
 LOADGEN = str(HERE.parent / "examples" / "loadgen.py")
-#: online services: name -> requests/s (Poisson); each request is 4 kernels of 1 ms
+#: online services: name -> requests/s (Poisson)
 ONLINE = {"chat": 12.0, "search": 8.0, "embed": 20.0, "rank": 4.0}
-#: offline services: back-to-back batch scoring, 2 clients each, 16 kernels a request
+#: an online request: 8 kernels of 16 blocks of 1024 threads, each 0.5 ms on 16 of an A100's 108
+#: SMs (a batch-1 model's kernels fill few SMs): 4 ms of GPU time, as 4 kernels filling the GPU
+ONLINE_SERVER = ("--blocks", "16", "--threads", "1024", "--kernels", "8")
+#: offline services: back-to-back batch scoring, 2 clients each, 16 kernels of 1 ms a request,
+#: each filling the GPU (the model server's default grid)
 OFFLINE = ("score-a", "score-b", "score-c", "score-d")
 
 
@@ -94,6 +101,7 @@ WHOLE_GPU = {"compute": 100, "memory": "39Gi"}
 def _all_services(
     spec: str, seconds: float, share: dict[str, Any]
 ) -> tuple[dict[str, loadgen.Result], dict[str, float], dict[str, list[int]]]:
+    # `share` holds the sharing mode too: every service on a GPU in the same one
     """The 8 services on a node of `spec`, each replica with `share`, under their traffic at
     once: each online service's latencies, each offline one's requests/s, where each went."""
     with (
@@ -101,7 +109,7 @@ def _all_services(
         Pool(Path(tmp), spec) as pool,
     ):
         for name in ONLINE:
-            pool.create(name, priority="high", concurrency=8, **share)
+            pool.create(name, *ONLINE_SERVER, priority="high", concurrency=8, **share)
         for name in OFFLINE:
             pool.create(name, priority="low", concurrency=2, **share)
         for name in [*ONLINE, *OFFLINE]:
@@ -113,18 +121,19 @@ def _all_services(
         return online, offline, {s["name"]: s["gpus"] for s in services}
 
 
-def pooling(seconds: float, dedicated: bool = False) -> dict[str, Any]:
-    online, offline, placed = _all_services("2xA100-40GB", seconds, {})
+def pooling(seconds: float, mode: str, dedicated: bool = False) -> dict[str, Any]:
+    online, offline, placed = _all_services("2xA100-40GB", seconds, {"mode": mode})
     alone = {}
     for name in ONLINE:
         with (
             tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
             Pool(Path(tmp), "1xA100-40GB") as pool,
         ):
-            pool.create(name, priority="high", concurrency=8)
+            pool.create(name, *ONLINE_SERVER, priority="high", concurrency=8, mode=mode)
             pool.wait_ready(name)
             alone[name] = _online_load(pool, [name], seconds)[name]
     result: dict[str, Any] = {
+        "mode": mode,
         "gpus_pooled": len({g for gpus in placed.values() for g in gpus}),
         "gpus_dedicated": len(ONLINE) + len(OFFLINE),
         "placement": placed,
@@ -142,7 +151,7 @@ def pooling(seconds: float, dedicated: bool = False) -> dict[str, Any]:
         "offline_rps": {name: round(rate, 1) for name, rate in offline.items()},
     }
     if dedicated:  # the same services and traffic at once, one whole GPU each
-        apart, apart_offline, _ = _all_services("8xA100-40GB", seconds, WHOLE_GPU)
+        apart, apart_offline, _ = _all_services("8xA100-40GB", seconds, WHOLE_GPU | {"mode": mode})
         for name, row in result["online"].items():
             row["dedicated_p50_ms"] = apart[name].summary()["p50_ms"]
             row["dedicated_p99_ms"] = apart[name].summary()["p99_ms"]
@@ -306,10 +315,13 @@ def main() -> None:
         action="store_true",
         help="Pooling: also run the services and their traffic at once with a whole GPU each.",
     )
+    parser.add_argument(
+        "--mode", choices=("mps", "shim"), default="mps", help="Pooling: the services' mode."
+    )
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores)", flush=True)
     parts = {
-        "pooling": lambda: pooling(args.seconds, args.dedicated),
+        "pooling": lambda: pooling(args.seconds, args.mode, args.dedicated),
         "router": lambda: router_overhead(min(args.seconds, 8.0)),
         "wake": lambda: wake(args.wakes),
         "churn": lambda: churn(max(args.seconds, 15.0)),
@@ -337,7 +349,7 @@ def _pooling(pooled: dict[str, Any]) -> None:
     share = pooled["gpus_pooled"] / pooled["gpus_dedicated"]
     print(
         f"\nGPUs: {pooled['gpus_pooled']} pooled against {pooled['gpus_dedicated']} "
-        f"(one per service): {share:.0%}"
+        f"(one per service): {share:.0%}; mode {pooled['mode']}"
     )
     for gpu in sorted({g for on in pooled["placement"].values() for g in on}):
         names = [name for name, on in pooled["placement"].items() if gpu in on]

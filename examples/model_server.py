@@ -6,13 +6,19 @@ driver API (ctypes, libcuda.so.1: the simulated driver on a simulated node), so 
 share a GPU slow each other as they would on a real one. It serves HTTP/1.1 on $PORT:
 
     GET /health               200 once loaded
-    POST|GET /infer           KERNELS kernels of BLOCKS blocks, then {"port", "pid", "ms"}
+    POST|GET /infer           KERNELS kernels of BLOCKS blocks of THREADS, then {"port", "pid",
+                              "ms"}
                               (?kernels=N&delay=S: other counts, and S seconds held first)
     GET /stream?tokens=N      server-sent events, one event per "token" (one kernel each),
                               each one sent as its own chunk the moment it is made
     GET /ping                 no GPU work (the router's overhead is measured against it)
 
-Usage: model_server.py [--memory-mib N] [--load-s S] [--blocks B] [--kernels K]
+Usage: model_server.py [--memory-mib N] [--load-s S] [--blocks B] [--threads T] [--kernels K]
+
+A kernel's time on a whole simulated GPU follows its threads (256 blocks of 128: 1 ms); its
+blocks say how many SMs it can fill, which matters under MPS: a grid of fewer blocks than the
+GPU has SMs (a batch-1 inference kernel: e.g. --blocks 16 --threads 1024, 0.5 ms on 16 SMs) is
+not slowed by an active thread percentage above the part it fills.
 """
 
 from __future__ import annotations
@@ -46,13 +52,13 @@ class Gpu:
         assert self.cuda.cuModuleGetFunction(ctypes.byref(self.function), module, b"infer") == 0
         self._local = threading.local()
 
-    def run(self, kernels: int, blocks: int) -> None:
+    def run(self, kernels: int, blocks: int, threads: int) -> None:
         if not getattr(self._local, "current", False):
             self.cuda.cuCtxSetCurrent(self.ctx)  # a context is current per thread
             self._local.current = True
         for _ in range(kernels):
             rc = self.cuda.cuLaunchKernel(
-                self.function, blocks, 1, 1, 128, 1, 1, 0, None, None, None
+                self.function, blocks, 1, 1, threads, 1, 1, 0, None, None, None
             )
             if rc != 0 or self.cuda.cuCtxSynchronize() != 0:
                 raise RuntimeError(f"kernel launch failed: CUDA error {rc}")
@@ -102,7 +108,8 @@ class Handler(BaseHTTPRequestHandler):
     def _infer(self, query: dict[str, str]) -> None:
         began = time.perf_counter()
         time.sleep(float(query.get("delay", "0")))
-        self.server.gpu.run(int(query.get("kernels", self.server.kernels)), self.server.blocks)
+        kernels = int(query.get("kernels", self.server.kernels))
+        self.server.gpu.run(kernels, self.server.blocks, self.server.threads)
         ms = (time.perf_counter() - began) * 1000
         self._json(200, {"port": self.server.port, "pid": os.getpid(), "ms": round(ms, 3)})
 
@@ -112,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         for n in range(tokens):
-            self.server.gpu.run(1, self.server.blocks)
+            self.server.gpu.run(1, self.server.blocks, self.server.threads)
             event = f"data: token {n} {time.time():.6f}\n\n".encode()
             self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
             self.wfile.flush()
@@ -128,7 +135,8 @@ class Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.port = port
         self.loaded = threading.Event()
-        self.blocks, self.kernels, self.token_s = args.blocks, args.kernels, args.token_s
+        self.blocks, self.threads = args.blocks, args.threads
+        self.kernels, self.token_s = args.kernels, args.token_s
         self.gpu: Gpu
 
 
@@ -137,6 +145,7 @@ def main() -> None:
     parser.add_argument("--memory-mib", type=int, default=512, help="Weights held on the GPU.")
     parser.add_argument("--load-s", type=float, default=0.0, help="Extra seconds to load.")
     parser.add_argument("--blocks", type=int, default=256, help="Blocks per kernel (256: 1 ms).")
+    parser.add_argument("--threads", type=int, default=128, help="Threads per block.")
     parser.add_argument("--kernels", type=int, default=4, help="Kernels per /infer request.")
     parser.add_argument("--token-s", type=float, default=0.0, help="Pause between tokens.")
     args = parser.parse_args()

@@ -4,7 +4,9 @@ service's p50/p99 alone on the GPU and pooled with the others (docs/benchmarks/i
 
 Four services of a quarter GPU each (4Gi, 25 %): two BERT (/infer, 128 tokens) and two GPT-2
 (/infer; and one 64-token stream through /generate, its first token's latency). Each takes
-Poisson traffic at RATE requests/s through the router. It never changes the GPU's modes,
+Poisson traffic at RATE requests/s through the router. Measured in each of `--modes` (default
+both): `shim`, the GPU time-sliced between the replicas, and `mps`, their kernels side by side
+on a quarter of the SMs each. It never changes the GPU's modes,
 clocks or limits. `--simulate` runs the same steps on a simulated node with the simulated model
 server (examples/model_server.py), so the script is never run blind on a GPU:
 
@@ -70,15 +72,10 @@ def first_token(pool: Pool, name: str, simulate: bool) -> float:
     return asyncio.run(run())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--simulate", action="store_true", help="A simulated node (dry run).")
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--rate", type=float, default=10.0, help="Requests/s per service.")
-    parser.add_argument("--out", type=Path, help="Write the results as Markdown here.")
-    args = parser.parse_args()
-    spec = "1xA100-40GB" if args.simulate else None
+def run_mode(mode: str, spec: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Each service alone on the GPU, then the four pooled on it, every replica in `mode`."""
     body = {"memory": "4Gi", "compute": 25, "concurrency": 4, "ready_timeout_s": 600.0}
+    body["mode"] = mode
     alone: dict[str, Any] = {}
     for name, model in SERVICES.items():
         with (
@@ -99,24 +96,49 @@ def main() -> None:
         pooled = measure(pool, list(SERVICES), args.rate, args.seconds)
         token = first_token(pool, "gpt2-a", args.simulate)
         gpus = sorted({g for s in pool.call("GET", "/v1/services")["services"] for g in s["gpus"]})
+    return {"alone": alone, "pooled": pooled, "first_token_s": token, "gpus": gpus}
+
+
+def report(mode: str, result: dict[str, Any]) -> list[str]:
     lines = [
-        f"GPUs used pooled: {gpus} (one per service: {len(SERVICES)})",
-        f"GPT-2 stream, first token pooled: {token * 1000:.1f} ms",
+        f"## Mode {mode}",
         "",
-        "| service | alone p50 ms | alone p99 ms | pooled p50 ms | pooled p99 ms | answers |",
-        "|---|---|---|---|---|---|",
+        f"GPUs used pooled: {result['gpus']} (one per service: {len(SERVICES)})",
+        f"GPT-2 stream, first token pooled: {result['first_token_s'] * 1000:.1f} ms",
+        "",
+        "| service | alone p50 / p99 ms | pooled p50 / p99 ms | p99 x | answers |",
+        "|---|---|---|---|---|",
     ]
     for name in SERVICES:
-        a, p = alone[name], pooled[name]
+        a, p = result["alone"][name], result["pooled"][name]
+        ratio = p["p99_ms"] / a["p99_ms"] if a["p99_ms"] else float("nan")
         lines.append(
-            f"| {name} | {a['p50_ms']} | {a['p99_ms']} | {p['p50_ms']} | {p['p99_ms']} | "
-            f"{p['statuses']} |"
+            f"| {name} | {a['p50_ms']} / {a['p99_ms']} | {p['p50_ms']} / {p['p99_ms']} | "
+            f"{ratio:.2f} | {p['statuses']} |"
         )
-    text = "\n".join(lines)
+    return [*lines, ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--simulate", action="store_true", help="A simulated node (dry run).")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--rate", type=float, default=10.0, help="Requests/s per service.")
+    parser.add_argument(
+        "--modes", default="shim,mps", help="The sharing modes to measure, comma-separated."
+    )
+    parser.add_argument("--out", type=Path, help="Write the results as Markdown here.")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= {"shim", "mps"}:
+        parser.error(f"--modes: shim and mps are the modes a service runs in, not {args.modes}")
+    spec = "1xA100-40GB" if args.simulate else None
+    results = {mode: run_mode(mode, spec, args) for mode in modes}
+    text = "\n".join(line for mode, result in results.items() for line in report(mode, result))
     print(text)
-    print("RESULT " + json.dumps({"alone": alone, "pooled": pooled, "first_token_s": token}))
+    print("RESULT " + json.dumps(results))
     if args.out:
-        args.out.write_text(f"# Inference pooling on a GPU\n\n{text}\n")
+        args.out.write_text(f"# Inference pooling on a GPU\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from tests.gpu_dry_run import dry_run
 
 def test_the_inference_gpu_check_runs_on_a_simulated_node(tmp_path: Path) -> None:
     text = dry_run("inference_pool.py", tmp_path, "--simulate", "--seconds", "1", short_tmp=True)
-    assert "GPUs used pooled: [0] (one per service: 4)" in text
+    # both modes, each with the four services on one GPU
+    assert text.count("GPUs used pooled: [0] (one per service: 4)") == 2
+    assert "## Mode shim" in text and "## Mode mps" in text
     rows = [line for line in text.splitlines() if line.startswith(("| bert-", "| gpt2-"))]
-    assert len(rows) == 4 and all("'200'" in row and "'5" not in row for row in rows), rows
+    assert len(rows) == 8 and all("'200'" in row and "'5" not in row for row in rows), rows
