@@ -4,6 +4,9 @@ the store across a kill -9, and used by the default `gpupool` policy to keep who
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,29 @@ def test_submissions_shape_the_target_which_survives_kill_9(daemon: Daemon) -> N
     daemon.kill()
     daemon.start()
     assert daemon.call("GET", "/v1/node")["target_workload"] == learnt
+
+
+def test_gpus_without_a_driver_shows_the_daemons_simulated_node(daemon: Daemon) -> None:
+    assert daemon.call("GET", "/v1/node")["node_dir"] == str(daemon.node_dir)
+    env = {k: v for k, v in os.environ.items() if k != "GPUPOOL_SIM_NODE"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpupool", "gpus"],
+        capture_output=True,
+        text=True,
+        env=dict(env, GPUPOOL_URL=daemon.url),
+        timeout=60,
+    )
+    if shown.stdout.startswith("NVIDIA driver "):
+        pytest.skip("this machine has an NVIDIA driver: `gpupool gpus` shows its GPUs")
+    assert shown.returncode == 0, shown.stderr
+    # (the header wraps a long path: compared without the whitespace)
+    assert "".join(shown.stdout.split()).startswith(f"simulatednode{daemon.node_dir}(simulated")
+    # no daemon there: the one line that says how to name a simulated node
+    nowhere = dict(env, GPUPOOL_URL=f"unix://{daemon.root / 'none.sock'}")
+    alone = subprocess.run(
+        [sys.executable, "-m", "gpupool", "gpus"], capture_output=True, text=True, env=nowhere
+    )
+    assert alone.returncode == 4 and "--node-dir DIR" in alone.stderr, alone.stderr
 
 
 def test_gpupool_puts_a_small_share_beside_another_not_on_an_idle_gpu(daemon: Daemon) -> None:

@@ -32,9 +32,11 @@ def gpupool(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 @pytest.fixture
 def clean_env(tmp_path: Path) -> dict[str, str]:
-    """No simulated node named by the environment; per-test default node directories."""
+    """No simulated node named by the environment, no daemon to ask for one; per-test default
+    node directories."""
     env = {k: v for k, v in os.environ.items() if k != "GPUPOOL_SIM_NODE"}
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    env["GPUPOOL_URL"] = f"unix://{tmp_path / 'no-daemon.sock'}"
     return env
 
 

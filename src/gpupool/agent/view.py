@@ -50,6 +50,7 @@ class NodeView:
         *,
         context_reserve: int,
         simulated: bool,
+        node_dir: Path | None = None,
         target_workload: Callable[[], list[dict[str, object]]] = list,
         elastic: Callable[[int], dict[str, Any] | None] = lambda _job_id: None,
     ) -> None:
@@ -65,6 +66,8 @@ class NodeView:
         self.elastic = elastic
         self.context_reserve = context_reserve
         self.simulated = simulated
+        #: the simulated node's directory (None on real GPUs): `gpupool gpus` opens it from here
+        self.node_dir = node_dir
         self._target_workload = target_workload
         #: each finished job's listing entry, encoded: (its owner, as its owner and the admins
         #: see it, as others see it: no command)
@@ -253,6 +256,7 @@ class NodeView:
             "target_workload": self._target_workload(),
             "draining": self.draining,
             "simulated": self.simulated,
+            "node_dir": None if self.node_dir is None else str(self.node_dir),
             "context_reserve": reserve,
             "gpus": gpus,
         }

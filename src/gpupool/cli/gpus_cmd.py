@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpupool.cli import options, plain
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import DriverNotFound, InvalidRequest
 from gpupool.devices.factory import open_backend
 
 if TYPE_CHECKING:
@@ -43,14 +43,29 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, url: str | None) 
         return
 
 
+def _open(args: argparse.Namespace) -> GpuBackend:
+    """The GPUs the options name (a simulated node, else NVML's). Without a driver, the simulated
+    node of the daemon at --url when it runs on one: `gpupool serve --simulate SPEC`, then
+    `gpupool gpus`, shows the daemon's GPUs."""
+    node_dir = Path(args.node_dir) if args.node_dir is not None else None
+    try:
+        return open_backend(args.simulate, node_dir)
+    except DriverNotFound:
+        from gpupool.cli import gpus_view
+
+        daemons = (gpus_view.daemon_node(args.url) or {}).get("node_dir")
+        if not daemons:
+            raise
+        return open_backend(None, Path(daemons))
+
+
 def _gpus(args: argparse.Namespace) -> int:
     if args.seconds is not None and not args.watch:
         raise InvalidRequest(f"SECONDS {args.seconds:g} needs --watch (gpupool gpus --watch 5)")
     interval = DEFAULT_WATCH_SECONDS if args.seconds is None else args.seconds
     if not (math.isfinite(interval) and interval > 0):
         raise InvalidRequest(f"invalid watch interval {interval:g}: must be above 0 seconds")
-    node_dir = Path(args.node_dir) if args.node_dir is not None else None
-    with open_backend(args.simulate, node_dir) as backend:
+    with _open(args) as backend:
         backend.prime()
         # the view's imports (the daemon's client, the arbiter's reader) run in the window
         from gpupool.cli import gpus_view
@@ -69,7 +84,8 @@ def parser(name: str) -> argparse.ArgumentParser:
     command = plain.parser(
         name,
         "Show the GPUs, MIG instances, processes and compute shares' use (NVML, or simulated)."
-        "\n\nWhen a node daemon answers at --url, each process is marked with its job.",
+        "\n\nWhen a node daemon answers at --url, each process is marked with its job; without"
+        " an NVIDIA driver, a daemon running on a simulated node has its GPUs shown.",
         _gpus,
     )
     options.add(command, options.SIMULATE)
