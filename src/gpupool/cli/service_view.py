@@ -16,6 +16,12 @@ def _share(service: dict[str, Any]) -> str:
     return f"{memory}/{service['compute']}%/{service['priority']}"
 
 
+def _share_and_mode(service: dict[str, Any]) -> str:
+    """The share, and the mode when it is not the default (`8Gi/25%/high/mps`)."""
+    mode = service["mode"]
+    return _share(service) + ("" if mode == "shim" else f"/{mode}")
+
+
 def _ready(replicas: dict[str, Any]) -> str:
     """`0`, or `0 (1 suspended)` while a replica is parked in host memory."""
     suspended = replicas.get("suspended", 0)
@@ -37,7 +43,7 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
                 str(service["queued"]),
                 str(service["requests_total"]),
                 str(service["errors_total"]),
-                _share(service),
+                _share_and_mode(service),
                 ",".join(str(g) for g in service["gpus"]) or "-",
                 (service["problem"] or "")[:60],
             ]

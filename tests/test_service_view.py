@@ -1,0 +1,32 @@
+"""`gpupool service ls` rows: the SHARE column names the mode when it is not the default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpupool.cli.service_view import HEADER, rows
+
+
+def service(name: str, mode: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "user": "alice",
+        "replicas": {"ready": 1, "desired": 1, "min": 1, "max": 2},
+        "in_flight": 0,
+        "queued": 0,
+        "requests_total": 3,
+        "errors_total": 0,
+        "memory": "8Gi",
+        "compute": 25,
+        "priority": "high",
+        "mode": mode,
+        "gpus": [0],
+        "problem": "",
+    }
+
+
+def test_the_share_column_names_mps_and_leaves_the_default_mode_out() -> None:
+    column = HEADER.index("SHARE")
+    shim, mps = rows([service("chat", "shim"), service("embed", "mps")])
+    assert shim[column] == "8Gi/25%/high"
+    assert mps[column] == "8Gi/25%/high/mps"
