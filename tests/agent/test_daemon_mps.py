@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import CUDA_JOB, EXAMPLES, Daemon, cli
-from tests.agent.test_daemon_recovery import _as_user, open_daemon
+from tests.agent.daemon_support import CUDA_JOB, EXAMPLES, Daemon, cli, until
+from tests.agent.test_daemon_recovery import _as_user, open_daemon, open_daemon_on
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 
@@ -300,3 +300,31 @@ def test_another_users_mps_job_waits_for_the_gpus_server_then_gets_its_own(
     assert ran["state"] == "succeeded", ran["events"]
     assert ran["mps_server"] not in (None, root_server)
     assert daemon.call("GET", f"/v1/jobs/{theirs}/logs")["data"] == "65534\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_another_users_mps_job_takes_a_gpu_without_a_server_rather_than_wait() -> None:
+    with open_daemon_on("2xA100-40GB") as daemon:
+        socket_path = daemon.state_dir / "gpupool.sock"
+        os.chmod(socket_path, 0o666)
+        # a small share: a packing policy would put the next one beside it
+        mine = daemon.submit([sys.executable, CUDA_JOB, "30"], mode="mps", compute=30)
+        running_pid(daemon, mine)
+        [gpu] = daemon.job(mine)["gpus"]
+        body = {"argv": ["sleep", "30"], "mode": "mps", "compute": 30, "workdir": "/tmp"}
+        [[_, answer]] = _as_user(65534, socket_path, [("POST", "/v1/jobs", body)])
+        theirs = answer["job"]["id"]
+        # the other GPU at once, with a server of its own, not queued behind root's server
+        assert until(lambda: daemon.job(theirs)["state"] == "running", timeout=15)
+        assert daemon.job(theirs)["gpus"] == [1 - gpu]
+        assert daemon.job(theirs)["mps_server"] != daemon.job(mine)["mps_server"]
+        # a third user's, with both GPUs' servers taken, waits and says for whom
+        [[_, answer]] = _as_user(65533, socket_path, [("POST", "/v1/jobs", body)])
+        third = answer["job"]["id"]
+        servers = {gpu: 0, 1 - gpu: 65534}
+        expected = [
+            f"GPU {g}'s MPS server serves uid {servers[g]} until their MPS jobs there end"
+            for g in (0, 1)
+        ]
+        assert until(lambda: daemon.job(third)["waiting"] == expected, timeout=10)
+        assert daemon.job(third)["state"] == "queued"

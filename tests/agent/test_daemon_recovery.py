@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,22 +174,32 @@ def _as_user(
     return list(json.loads(data))
 
 
-@pytest.fixture
-def open_daemon() -> Iterator[Daemon]:
-    """A daemon whose socket other users can reach: pytest's own temp dirs are private, so this
-    one is made in /tmp itself and removed at the end; with no socket group the daemon keeps its
-    state dir 0700, opened here as an admin would (the tests open the socket itself)."""
+@contextmanager
+def open_daemon_on(spec: str) -> Iterator[Daemon]:
+    """A daemon on a simulated node of `spec` whose socket other users can reach: pytest's own
+    temp dirs are private, so this one is made in /tmp itself and removed at the end; with no
+    socket group the daemon keeps its state dir 0700, opened here as an admin would (the tests
+    open the socket itself)."""
     root = Path(tempfile.mkdtemp(prefix="gpupool-uid-", dir="/tmp"))
     root.chmod(0o755)
     # the state dir as a socket group lays it out (0750 root:GROUP), the group nobody's (65534)
     (root / "state").mkdir(mode=0o750)
     os.chown(root / "state", 0, 65534)
-    running = Daemon(root, "1xA100-40GB").start()
+    running = Daemon(root, spec).start()
     running.state_dir.chmod(0o755)
-    yield running
-    running.stop()
-    _kill_jobs(running)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield running
+    finally:
+        running.stop()
+        _kill_jobs(running)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def open_daemon() -> Iterator[Daemon]:
+    """An open daemon (`open_daemon_on`) on one simulated A100."""
+    with open_daemon_on("1xA100-40GB") as running:
+        yield running
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")

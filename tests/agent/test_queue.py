@@ -148,3 +148,18 @@ def test_the_spread_gives_way_where_it_would_delay_a_blocked_job() -> None:
     # spread, the replica would take GPU 1 and delay the head: it packs on GPU 0 instead
     assert [(s.job.id, s.gpus) for s in result.starts] == [(5, (0,))]
     assert 4 in result.waiting
+
+
+def test_an_mps_job_skips_another_users_server_and_says_whose_it_waits_for() -> None:
+    gpus = (GpuView.idle(0, "A100", 40 * GiB), GpuView.idle(1, "A100", 40 * GiB))
+    spec = JobSpec(("true",), compute=300, memory="1GiB", mode=Mode.MPS)
+    roots = Job(1, spec, 0, "root", State.RUNNING, 0, (0,), (GiB,), started_at=0)
+    bobs, carols = (Job(n, spec, 1000 + n, f"u{n}", State.QUEUED, n, (), ()) for n in (2, 3))
+    roots_next = Job(4, spec, 0, "root", State.QUEUED, 4, (), ())
+    result = plan([bobs, carols, roots_next], [roots], free_now(gpus, [roots]), gpus, "binpack")
+    # binpack would put bob beside root on GPU 0; root's next one joins its own server there
+    assert [(s.job.id, s.gpus) for s in result.starts] == [(2, (1,)), (4, (0,))]
+    assert result.waiting[3] == (
+        "GPU 0's MPS server serves uid 0 until their MPS jobs there end",
+        "GPU 1's MPS server serves uid 1002 until their MPS jobs there end",
+    )

@@ -233,16 +233,7 @@ class QueueLoop:
         if self.config.preempt == "suspend" and decided.waiting:
             blocked = [job for job in queued if job.id in decided.waiting]
             self.elastic.preempt(blocked, occupying, partial(self._fits_without, capacity))
-        mps_users = {job.gpus[0]: job.uid for job in running if job.spec.mode is Mode.MPS}
         for start in decided.starts:
-            if start.job.spec.mode is Mode.MPS:
-                owner = mps_users.setdefault(start.gpus[0], start.job.uid)
-                if owner != start.job.uid:  # MPS serves one user per GPU at a time
-                    self._waiting[start.job.id] = (
-                        f"GPU {start.gpus[0]}'s MPS server serves uid {owner} until their MPS "
-                        "jobs there end",
-                    )
-                    continue
             self.observed.started(start.job.submitted_at)
             self._each_job(start.job, "launch", partial(self._start, start))
 

@@ -18,6 +18,10 @@ running job of the group, or one started earlier in the pass, holds: the engine'
 (scheduler/gpu_placement.py), a preference that never keeps a job from starting: where the
 spread placement would delay a blocked job, the job is placed as without it. Jobs of a spread
 group place with REPLICA_POLICY whatever the node's policy: services pack onto few GPUs.
+
+An MPS job never places on a GPU whose MPS server serves another user (one user's server per GPU
+at a time, docs/modes.md): it takes another GPU that fits, or waits, saying whose server it
+waits for.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.agent.jobs import Job, JobSpec, queue_order
 from gpupool.agent.node import as_seen_by, guaranteed_compute, held, opportunistic, share_on
+from gpupool.core.resources import Mode
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.gpu_placement import gpu_shortfalls, place
 from gpupool.scheduler.gpus import GpuRequest, GpuView, take
@@ -144,6 +149,18 @@ def _spread(jobs: Sequence[Job]) -> dict[str, set[int]]:
     return groups
 
 
+def _mps_servers(jobs: Sequence[Job]) -> dict[int, int]:
+    """The uid each GPU's MPS server serves: the owner of its running MPS jobs."""
+    return {job.gpus[0]: job.uid for job in jobs if job.spec.mode is Mode.MPS and job.gpus}
+
+
+def _others_servers(job: Job, servers: dict[int, int]) -> dict[int, int]:
+    """The GPUs `job` cannot use for the MPS server another user has there (none unless MPS)."""
+    if job.spec.mode is not Mode.MPS:
+        return {}
+    return {gpu: uid for gpu, uid in servers.items() if uid != job.uid}
+
+
 #: the policy a spread group's jobs (a service's replicas) place with: binpack fills the most used
 #: GPU that fits, so services pack onto as few GPUs as their shares allow, whatever policy the
 #: node's batch jobs place with
@@ -168,13 +185,24 @@ def plan(
     starts: list[Start] = []
     waiting: dict[int, tuple[str, ...]] = {}
     groups = _spread(running)
+    servers = _mps_servers(running)
     for job in queued:
         request = job.spec.request()
         avoid = groups.get(job.spec.spread_group, set()) if job.spec.spread_group else set()
+        others = _others_servers(job, servers)
+        seen = tuple(gpu for gpu in as_seen_by(job.spec, views) if gpu.index not in others)
+        served = tuple(
+            f"GPU {gpu}'s MPS server serves uid {uid} until their MPS jobs there end"
+            for gpu, uid in sorted(others.items())
+        )
+        if not seen:  # every GPU's server is another user's
+            waiting[job.id] = served
+            blocked.append(job)
+            continue
         # the spread is a preference: where it would delay a blocked job, packed may not
         for avoiding in (avoid, set()) if avoid else (avoid,):
             how = REPLICA_POLICY if job.spec.spread_group else policy
-            result = place(request, as_seen_by(job.spec, views), how, target, avoiding)
+            result = place(request, seen, how, target, avoiding)
             if result.gpus is None:
                 break
             delayed = [_delays(blocked, by_index[g], job.spec, taken, reserve) for g in result.gpus]
@@ -182,7 +210,7 @@ def plan(
             if victim is None:
                 break
         if result.gpus is None:
-            waiting[job.id] = tuple(str(lack) for lack in result.why_not)
+            waiting[job.id] = served + tuple(str(lack) for lack in result.why_not)
             blocked.append(job)
             continue
         if victim is not None:
@@ -198,5 +226,7 @@ def plan(
         views = _after(views, job.spec, result.gpus, reserve)
         if job.spec.spread_group:
             groups.setdefault(job.spec.spread_group, set()).update(result.gpus)
+        if job.spec.mode is Mode.MPS:
+            servers.setdefault(result.gpus[0], job.uid)
         starts.append(Start(job, result.gpus, memory, backfill=bool(blocked)))
     return Plan(tuple(starts), waiting)
