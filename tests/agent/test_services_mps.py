@@ -1,15 +1,19 @@
-"""Two online services on one GPU, one of them kept busy: in mode mps the other's requests take
-as long as alone (their kernels run beside the busy one's on SMs of their own), in mode shim
-they wait for their turns. A real daemon on a simulated node, real replicas, real HTTP through
-the router; each request's time is the one the model server measured around its kernels."""
+"""Services in mode mps. Two online services on one GPU, one of them kept busy: in mode mps the
+other's requests take as long as alone (their kernels run beside the busy one's on SMs of their
+own), in mode shim they wait for their turns; and a killed MPS server's replicas are replaced.
+A real daemon on a simulated node, real replicas, real HTTP through the router; each request's
+time is the one the model server measured around its kernels."""
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 import time
 
 import httpx
 import pytest
+from tests.agent.daemon_support import until
 from tests.agent.services_support import Load, Routed, routed_on
 
 routed = routed_on("1xA100-40GB")
@@ -49,3 +53,28 @@ def test_a_busy_online_service_slows_its_neighbour_only_when_they_take_turns(
         assert beside < 1.2 * alone, (beside, alone)
     else:  # time-sliced: the quiet service's kernels wait for the busy one's turns
         assert beside > 1.3 * alone, (beside, alone)
+
+
+def test_a_killed_mps_server_takes_its_replicas_and_the_service_starts_new_ones(
+    routed: Routed,
+) -> None:
+    routed.create("chat", *NARROW, priority="high", compute=40, mode="mps")
+    before = routed.ready("chat")["replica_list"][0]["job_id"]
+    server = routed.daemon.job(before)["mps_server"]
+    assert server, routed.daemon.job(before)
+    os.kill(server, signal.SIGKILL)
+    # the daemon fails every client of the dead server; the service manager replaces its replica
+    assert until(lambda: routed.daemon.job(before)["state"] == "failed", timeout=20)
+    after = until(
+        lambda: (
+            (s := routed.service("chat"))["replicas"]["ready"] == 1
+            and s["replica_list"][0]["job_id"] != before
+            and s
+        ),
+        timeout=30,
+    )
+    assert after, routed.service("chat")
+    replaced = routed.daemon.job(after["replica_list"][0]["job_id"])
+    assert replaced["mps_server"] not in (None, server)
+    answer = httpx.get(f"{routed.base}/chat/infer", timeout=30)
+    assert answer.status_code == 200, answer.text
