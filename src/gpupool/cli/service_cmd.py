@@ -160,7 +160,13 @@ def _done(args: argparse.Namespace, service: dict[str, Any], line: str) -> None:
 def _share_options(parser: argparse.ArgumentParser) -> None:
     options.add(parser, options.MEMORY)
     options.add(parser, options.COMPUTE)
-    parser.add_argument("--mode", metavar="shim|mps", help="How a replica shares its GPU.")
+    parser.add_argument(
+        "--mode",
+        metavar="shim|mps",
+        help="How a replica shares its GPU. shim (default): in turns, parked in host memory at "
+        "zero; mps: its kernels beside other services' (online services sharing a GPU keep "
+        "their latency), not parked.",
+    )
     options.add(parser, options.PRIORITY)
     parser.add_argument(
         "--concurrency",
