@@ -1,9 +1,10 @@
-"""`gpupool service ls` rows: the SHARE column names the mode when it is not the default."""
+"""`gpupool service ls` and the dashboard's Services panel name the mode when it is not shim."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpupool.api.dashboard_services import services_html
 from gpupool.cli.service_view import HEADER, rows
 
 
@@ -30,3 +31,10 @@ def test_the_share_column_names_mps_and_leaves_the_default_mode_out() -> None:
     shim, mps = rows([service("chat", "shim"), service("embed", "mps")])
     assert shim[column] == "8Gi/25%/high"
     assert mps[column] == "8Gi/25%/high/mps"
+
+
+def test_the_dashboards_services_panel_names_mps_too() -> None:
+    shown = services_html({"services": [service("chat", "shim"), service("embed", "mps")]})
+    chat, embed = shown.split('data-service="chat"')[1].split('data-service="embed"')
+    assert "8Gi 25% high</td>" in chat
+    assert "8Gi 25% high mps</td>" in embed

@@ -13,6 +13,11 @@ def services_data(view: NodeView) -> list[dict[str, Any]]:
     return [service.summary() for service in view.services.services()] if view.services else []
 
 
+def _mode(service: dict[str, Any]) -> str:
+    """The sharing mode where it is not the default, as `service ls` shows it."""
+    return "" if service["mode"] == "shim" else f" {escape(service['mode'])}"
+
+
 def services_html(data: dict[str, Any]) -> str:
     services = data.get("services") or []
     if not services:
@@ -30,7 +35,7 @@ def services_html(data: dict[str, Any]) -> str:
             f"<td>{service['in_flight']}</td><td>{service['queued']}</td>"
             f"<td>{service['requests_total']}</td><td>{service['errors_total']}</td>"
             f"<td>{escape(service['memory'] or '')} {service['compute']}% "
-            f"{escape(service['priority'])}</td><td>{gpus}</td>"
+            f"{escape(service['priority'])}{_mode(service)}</td><td>{gpus}</td>"
             f"<td>{escape(service['problem'] or '')}</td></tr>"
         )
     head = "".join(
