@@ -163,3 +163,10 @@ def test_an_mps_job_skips_another_users_server_and_says_whose_it_waits_for() -> 
         "GPU 0's MPS server serves uid 0 until their MPS jobs there end",
         "GPU 1's MPS server serves uid 1002 until their MPS jobs there end",
     )
+
+
+def test_a_node_whose_gpus_are_all_set_aside_leaves_the_job_waiting_with_a_reason() -> None:
+    # the queue loop hands plan no GPU when every one is in MIG mode
+    result = plan([job(1, 300)], [], (), (), "binpack")
+    assert result.starts == ()
+    assert result.waiting[1] == ("1 GPU needed, 0 can take the share now",)

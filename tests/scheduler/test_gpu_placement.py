@@ -201,3 +201,11 @@ def test_a_decision_leaves_nothing_for_the_cyclic_collector(policy: str) -> None
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_no_gpu_to_place_on_is_a_why_not_not_a_crash(policy: str) -> None:
+    # every GPU set aside (all in MIG mode, or each another user's MPS server)
+    placed = place(GpuRequest(gpus=1, compute=300, memory=GiB), (), policy)
+    assert placed.gpus is None
+    assert [str(lack) for lack in placed.why_not] == ["1 GPU needed, 0 can take the share now"]

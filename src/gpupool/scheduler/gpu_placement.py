@@ -166,10 +166,12 @@ def place(
         spread = place(request, others, policy, target)
         if spread.fits:
             return spread
+    if not gpus:  # every GPU of the node set aside (MIG mode, another user's MPS server)
+        return GpuPlacement(None, shortfalls(request, gpus))
     chooser = make_policy(policy, seed=0, target_workload=target or PRIOR)
     demand = demand_of(request)
     state = node_state(gpus)
-    if not gpus or not state.feasible(demand)[0]:
+    if not state.feasible(demand)[0]:
         return GpuPlacement(None, shortfalls(request, gpus))
     chosen = chooser.choose(state, demand, np.zeros(1, np.int64))
     # the state's observers (a fragment index) refer back to it: without this the decision's
