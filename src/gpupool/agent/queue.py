@@ -191,14 +191,6 @@ def plan(
         avoid = groups.get(job.spec.spread_group, set()) if job.spec.spread_group else set()
         others = _others_servers(job, servers)
         seen = tuple(gpu for gpu in as_seen_by(job.spec, views) if gpu.index not in others)
-        served = tuple(
-            f"GPU {gpu}'s MPS server serves uid {uid} until their MPS jobs there end"
-            for gpu, uid in sorted(others.items())
-        )
-        if not seen:  # every GPU's server is another user's
-            waiting[job.id] = served
-            blocked.append(job)
-            continue
         # the spread is a preference: where it would delay a blocked job, packed may not
         for avoiding in (avoid, set()) if avoid else (avoid,):
             how = REPLICA_POLICY if job.spec.spread_group else policy
@@ -210,7 +202,13 @@ def plan(
             if victim is None:
                 break
         if result.gpus is None:
-            waiting[job.id] = served + tuple(str(lack) for lack in result.why_not)
+            served = tuple(
+                f"GPU {gpu}'s MPS server serves uid {uid} until their MPS jobs there end"
+                for gpu, uid in sorted(others.items())
+            )
+            lacks = tuple(str(lack) for lack in result.why_not)
+            # where every GPU's server is another user's, those servers are the whole reason
+            waiting[job.id] = served if served and not seen else served + lacks
             blocked.append(job)
             continue
         if victim is not None:
