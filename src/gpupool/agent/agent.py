@@ -118,7 +118,6 @@ class Agent(QueueLoop):
             self.jobdir,
             lambda job_id: self._waiting.get(job_id, ()),
             context_reserve=self.context_reserve,
-            simulated=backend.simulated,
             node_dir=sim.directory if (sim := backend.simulated_node()) is not None else None,
             target_workload=self.target.describe,
             elastic=self.elastic.shown,

@@ -49,8 +49,7 @@ class NodeView:
         waiting: Callable[[int], tuple[str, ...]],
         *,
         context_reserve: int,
-        simulated: bool,
-        node_dir: Path | None = None,
+        node_dir: Path | None,
         target_workload: Callable[[], list[dict[str, object]]] = list,
         elastic: Callable[[int], dict[str, Any] | None] = lambda _job_id: None,
     ) -> None:
@@ -65,7 +64,6 @@ class NodeView:
         #: a job's elastic memory (suspended, host bytes, burst), as of the queue loop's tick
         self.elastic = elastic
         self.context_reserve = context_reserve
-        self.simulated = simulated
         #: the simulated node's directory (None on real GPUs): `gpupool gpus` opens it from here
         self.node_dir = node_dir
         self._target_workload = target_workload
@@ -74,6 +72,11 @@ class NodeView:
         self._listed: dict[int, tuple[int, bytes, bytes]] = {}
         #: the node's services (set by the agent): their listings and traffic
         self.services: ServiceManager | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """A simulated node: announced in /v1/node and the dashboard, never hidden."""
+        return self.node_dir is not None
 
     # -- settings -----------------------------------------------------------------------------
 
