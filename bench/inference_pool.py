@@ -101,9 +101,9 @@ WHOLE_GPU = {"compute": 100, "memory": "39Gi"}
 def _all_services(
     spec: str, seconds: float, share: dict[str, Any]
 ) -> tuple[dict[str, loadgen.Result], dict[str, float], dict[str, list[int]]]:
-    # `share` holds the sharing mode too: every service on a GPU in the same one
-    """The 8 services on a node of `spec`, each replica with `share`, under their traffic at
-    once: each online service's latencies, each offline one's requests/s, where each went."""
+    """The 8 services on a node of `spec`, each replica with `share` (its mode too: every
+    service in one mode), under their traffic at once: each online service's latencies, each
+    offline one's requests/s, where each went."""
     with (
         tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
         Pool(Path(tmp), spec) as pool,
