@@ -74,8 +74,13 @@ def first_token(pool: Pool, name: str, simulate: bool) -> float:
 
 def run_mode(mode: str, spec: str | None, args: argparse.Namespace) -> dict[str, Any]:
     """Each service alone on the GPU, then the four pooled on it, every replica in `mode`."""
-    body = {"memory": "4Gi", "compute": 25, "concurrency": 4, "ready_timeout_s": 600.0}
-    body["mode"] = mode
+    body = {
+        "memory": "4Gi",
+        "compute": 25,
+        "mode": mode,
+        "concurrency": 4,
+        "ready_timeout_s": 600.0,
+    }
     alone: dict[str, Any] = {}
     for name, model in SERVICES.items():
         with (
