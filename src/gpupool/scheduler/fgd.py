@@ -65,9 +65,15 @@ def distinct_fitting(free: IntArray, milli: int) -> tuple[IntArray, IntArray]:
     return rows.astype(np.int64), cols.astype(np.int64)
 
 
-def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> FragmentOptions:
+def fragment_options(
+    index: FragmentIndex, asked: Asked, nodes: IntArray, charge: FloatArray | None = None
+) -> FragmentOptions:
     """F after placing `request` on each node of `nodes` (the best GPU per node for a one-GPU
     demand: lowest F after, lowest index on ties; the fullest GPUs for more).
+
+    `charge`, for a one-GPU share only, is added to F after on a GPU by its free milli (row
+    free + 1, as `packing.SharePrices.lost`): the GPU is then the one where the sum is lowest,
+    and the sum is the answer's "after".
 
     Pods repeat a few shapes, and a placement changes one node, so the answer per (shape, node)
     is cached and only nodes changed since the shape was last asked about are recomputed.
@@ -75,10 +81,12 @@ def fragment_options(index: FragmentIndex, asked: Asked, nodes: IntArray) -> Fra
     request = demand_of(asked)
     # in a simple state a node's GPUs are all one model: the answer on a feasible node does not
     # depend on which models the demand allows, so demands that differ only there share it
-    cache = index.after_cache(request.shape[:-1] if index.simple else request.shape)
+    shape = request.shape[:-1] if index.simple else request.shape
+    charged = charge is not None and request.gpus == 1
+    cache = index.after_cache((*shape, "charged") if charged else shape)
     stale = nodes[cache.seen[nodes] != index.version[nodes]]
     if stale.size:
-        after, gpus = _after(index, request, stale)
+        after, gpus = _after(index, request, stale, charge if charged else None)
         cache.after[stale] = after
         cache.gpus[stale] = gpus
         cache.seen[stale] = index.version[stale]
@@ -101,7 +109,9 @@ def fullest(state: ClusterState, request: Demand, nodes: IntArray) -> BoolArray:
     return result
 
 
-def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+def _after(
+    index: FragmentIndex, request: Demand, nodes: IntArray, charge: FloatArray | None = None
+) -> tuple[FloatArray, IntArray]:
     state = index.state
     no_gpu = np.full(nodes.size, -1, np.int64)
     plain = index.simple and not request.asks_memory
@@ -128,13 +138,15 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
         after = index.after_taking(nodes, chosen, request.compute, memory, request.cpu)
         return after, no_gpu
     if plain and nodes.size <= FEW_NODES:
-        return _share_after_few(index, request, nodes)
+        return _share_after_few(index, request, nodes, charge)
     if plain:  # the nodes are feasible: in a simple state, every GPU is of an allowed model
         rows, cols = distinct_fitting(state.gpu_free[nodes], request.compute)
     else:
         rows, cols = (x.astype(np.int64) for x in np.nonzero(state.gpu_fits(request, nodes)))
     memory = request.memory_on(state.gpu_mem_total[nodes[rows], cols])
     cand_after = index.after_share(nodes[rows], cols, request.compute, memory, request.cpu)
+    if charge is not None:
+        cand_after += charge[state.gpu_free[nodes[rows], cols] + 1]
     # per row (nonzero is row-major, so each row's candidates are contiguous, by column)
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     best_after = np.minimum.reduceat(cand_after, starts)
@@ -145,7 +157,7 @@ def _after(index: FragmentIndex, request: Demand, nodes: IntArray) -> tuple[Floa
 
 
 def _share_after_few(
-    index: FragmentIndex, request: Demand, nodes: IntArray
+    index: FragmentIndex, request: Demand, nodes: IntArray, charge: FloatArray | None
 ) -> tuple[FloatArray, IntArray]:
     """The plain one-GPU share case of `_after` for a few nodes (usually the one a placement
     changed): the same candidates (distinct_fitting's) and the same fragment call, the
@@ -164,11 +176,13 @@ def _share_after_few(
     slots = np.array(cols, np.int64)
     where = nodes[rows]
     memory = request.memory_on(index.state.gpu_mem_total[where, slots])
-    cand_after = index.after_share(where, slots, milli, memory, request.cpu).tolist()
+    cand_after = index.after_share(where, slots, milli, memory, request.cpu)
+    if charge is not None:
+        cand_after += charge[index.state.gpu_free[where, slots] + 1]
     # per node the lowest F after, the lowest slot on ties (rows come in order, slots ascending)
     best_after = [0.0] * nodes.size
     best_gpu = [-1] * nodes.size
-    for row, col, after in zip(rows, cols, cand_after, strict=True):
+    for row, col, after in zip(rows, cols, cand_after.tolist(), strict=True):
         if best_gpu[row] < 0 or after < best_after[row]:
             best_after[row] = after
             best_gpu[row] = col

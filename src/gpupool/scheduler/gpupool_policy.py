@@ -39,8 +39,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand
-from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores
+from gpupool.scheduler.fgd import FragmentOptions, TargetedPolicy, fgd_scores, fragment_options
+from gpupool.scheduler.fragment import fragment_index
+from gpupool.scheduler.packing import share_prices
 from gpupool.scheduler.policy import Scores
 from gpupool.scheduler.spec_tables import kept_per_shape
 from gpupool.scheduler.state import BoolArray, ClusterState, FloatArray, IntArray
@@ -60,6 +63,10 @@ RESERVE_PENALTY = 1e7
 #: weight of the stranded-GPU term against FGD's fragment decrease (both in GPU milli);
 #: 0.25..2 all measured within 0.05 points on `default`, 0.5 best
 STRANDING_WEIGHT = 0.5
+#: GPU milli that a share's placement costs per milli of a GPU's packing value it throws away
+#: (packing.SharePrices.lost): measured on `default`, seeds 42-44, 0.3 and 1 leave part of the
+#: gain, 10 and 30 decide alike (a loss then outweighs any fragment change)
+PACKING_WEIGHT = 10.0
 #: decimals a score is rounded to, so that float noise does not split nodes that tie
 DECIMALS = 6
 ROUNDING = 10.0**DECIMALS
@@ -116,6 +123,17 @@ class GpupoolPolicy(TargetedPolicy):
             )
             for sizes in (self.sizes, self.widest_size)
         }
+
+    def options(self, state: ClusterState, request: Demand, nodes: IntArray) -> FragmentOptions:
+        """FGD's answers, a one-GPU share's GPU chosen with the packing value it loses charged
+        (PACKING_WEIGHT milli per milli of a GPU's value); FGD's own where specs are bound to
+        models (as the score)."""
+        charge = None
+        if request.gpus == 1 and request.is_fractional and not self.model_bound:
+            prices = share_prices(self.target)
+            if prices is not None:
+                charge = prices.lost(request.compute, PACKING_WEIGHT * MILLI_PER_GPU)
+        return fragment_options(fragment_index(state, self.target), request, nodes, charge)
 
     def scores_of(self, state: ClusterState, demand: Demand, options: FragmentOptions) -> Scores:
         if self.model_bound:
