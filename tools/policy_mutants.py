@@ -20,6 +20,7 @@ T = [
     "tests/scheduler/test_state.py",
     "tests/scheduler/test_spread.py",
     "tests/scheduler/test_gpupool_net.py",
+    "tests/scheduler/test_packing.py",
 ]
 MUTANTS = [
     (
@@ -33,6 +34,18 @@ MUTANTS = [
         "src/gpupool/scheduler/gpupool_policy.py",
         "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share * expected",
         "and 0 < wide.counts[k] <= KEPT_PER_EXPECTED_POD * size.share",
+    ),
+    (
+        "gpupool-packing",
+        "src/gpupool/scheduler/gpupool_policy.py",
+        "charge = prices.lost(request.compute, PACKING_WEIGHT * MILLI_PER_GPU)",
+        "charge = prices.lost(request.compute, 0.0)",
+    ),
+    (
+        "packing-value",
+        "src/gpupool/scheduler/packing.py",
+        "loss = self.value[free] - self.value[free - milli] - self.price(milli)",
+        "loss = self.value[free] - self.price(milli)",
     ),
     (
         "random",

@@ -205,6 +205,35 @@ def test_binpack_and_spread_pick_opposite_nodes_and_gpus() -> None:
     assert spread.gpus == (0,)
 
 
+#: the Alibaba trace's share sizes, per thousand pods (default workload, FGD's 95 % target)
+TRACE_SHARES = {810: 139, 470: 96, 650: 31, 320: 39, 230: 16, 460: 15}
+TRACE_SHARES |= {590: 10, 550: 9, 160: 7, 370: 6, 220: 6}
+
+
+def test_gpupool_puts_a_share_where_it_throws_no_packing_value_away() -> None:
+    # priced by the packing LP: a 650 leaves a 320's place (350), a 550 a 230's and a 220's
+    # (450); a 230 in the 350 wastes the 320's third (less its quarter), beside the 550 nothing.
+    # FGD sees less free compute left beside the 650 and goes there.
+    target = TargetWorkload(
+        tuple(PodSpec(cpu=1000, gpu_milli=m, gpus=1, gpu_models=()) for m in TRACE_SHARES),
+        tuple(n / sum(TRACE_SHARES.values()) for n in TRACE_SHARES.values()),
+    )
+    nodes = [NodeSpec(f"n{i}", 32_000, 64 * GiB, 2, "A") for i in range(3)]
+    apart = ClusterState(nodes)
+    apart.allocate(share(650), Placement(0, (0,), 650))
+    apart.allocate(share(550), Placement(1, (1,), 550))
+    together = ClusterState(nodes[:1])  # the same two GPUs on one node
+    together.allocate(share(650), Placement(0, (0,), 650))
+    together.allocate(share(550), Placement(0, (1,), 550))
+    for seed in range(4):
+        gpupool = make_policy("gpupool", seed=seed, target_workload=target)
+        fgd = make_policy("fgd", seed=seed, target_workload=target)
+        assert place(apart, share(230), gpupool) == Placement(1, (1,), 230)
+        assert place(apart, share(230), fgd) == Placement(0, (0,), 230)
+        assert place(together, share(230), gpupool) == Placement(0, (1,), 230)
+        assert place(together, share(230), fgd) == Placement(0, (0,), 230)
+
+
 def test_gpupool_scores_as_fgd_when_the_target_has_model_bound_specs() -> None:
     bound = TargetWorkload(
         (*small_target().specs, PodSpec(cpu=1000, gpu_milli=1000, gpus=1, gpu_models=("B",))),

@@ -100,21 +100,23 @@ class SharePrices:
         return kept_per_shape(self._lost, (milli, weight), make)
 
 
-def best_patterns(steps: list[int], prices: FloatArray, capacity: int) -> tuple[FloatArray, list[int]]:
+def best_patterns(
+    steps: list[int], prices: FloatArray, capacity: int
+) -> tuple[FloatArray, list[int]]:
     """The unbounded knapsack over `capacity` steps: best[c], the most a multiset of the sizes
     (`steps`, each any number of times) fitting in c earns at `prices`, and the pattern that
-    earns best[capacity] (a count per size)."""
-    best = np.zeros(capacity + 1, np.float64)
-    took = np.full(capacity + 1, -1, np.int64)
-    size = np.array(steps, np.int64)
+    earns best[capacity] (a count per size). Plain Python: a few sizes over about a hundred
+    steps cost less so than in numpy calls."""
+    price = prices.tolist()
+    sizes = list(enumerate(steps))
+    best = [0.0] * (capacity + 1)
+    took = [-1] * (capacity + 1)
     for c in range(1, capacity + 1):
-        best[c], took[c] = best[c - 1], -1  # what fits c - 1 fits c
-        fits = np.flatnonzero(size <= c)
-        if fits.size:
-            earned = best[c - size[fits]] + prices[fits]
-            k = int(np.argmax(earned))
-            if earned[k] > best[c]:
-                best[c], took[c] = earned[k], int(fits[k])
+        value, taken = best[c - 1], -1  # what fits c - 1 fits c
+        for k, size in sizes:
+            if size <= c and best[c - size] + price[k] > value:
+                value, taken = best[c - size] + price[k], k
+        best[c], took[c] = value, taken
     pattern = [0] * len(steps)
     c = capacity
     while c > 0:
@@ -123,7 +125,7 @@ def best_patterns(steps: list[int], prices: FloatArray, capacity: int) -> tuple[
         else:
             pattern[took[c]] += 1
             c -= steps[took[c]]
-    return best, pattern
+    return np.array(best, np.float64), pattern
 
 
 def dual_prices(steps: list[int], demand: list[float], capacity: int) -> FloatArray:
