@@ -39,6 +39,7 @@ from gpupool.scheduler.gpu_placement import Shortfall, never_fits, shortfalls
 from gpupool.scheduler.gpus import GpuRequest, GpuView
 from gpupool.scheduler.names import DEFAULT_POLICY, check_policy
 from gpupool.scheduler.opportunistic import opportunistic
+from gpupool.scheduler.packing import share_prices
 from gpupool.scheduler.recent import RecentShapes
 from gpupool.scheduler.state import GpuSlots
 from gpupool.scheduler.workload import TargetWorkload
@@ -245,6 +246,7 @@ class Fleet:
         self._policies.clear()
         # made now, in bind, rather than by the next prioritize, whose answer is awaited
         target = self.recent.target()
+        share_prices(target)
         for name in used:
             self.policy(name)
             for state in self.states():
