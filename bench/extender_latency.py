@@ -14,6 +14,10 @@ lean as kube-scheduler's.
 
 `--asks N` takes N pod shapes in turn (default 1, the replicas of one workload, whose answers
 the extender updates where a bind changed a node; more than 8 makes every answer anew).
+`--mix trace` draws each pod's shape instead from the GPU pods of the Alibaba trace's `default`
+workload, as often as they occur there (24 shapes: whole GPUs 1, 2, 4 or 8, and one-GPU shares
+from 50 to 810 milli; GPU memory in proportion): a cluster's stream, where a rare shape comes
+first now and then among the common ones.
 `--low` annotates the pods `gpupool.io/priority: low` (opportunistic: answered over the
 GPUs as such a pod sees them, every GPU's compute free; bound holding memory and no compute).
 `--floor` times the same client against a server that answers canned bytes of the same size:
@@ -47,9 +51,18 @@ from gpupool.k8s.inventory import GpuInfo, encode
 from gpupool.k8s.kubeapi import InMemoryKube
 
 GPUS_PER_NODE = 8
+#: the GPU pods of the Alibaba trace's `default` workload: (GPUs, milli per GPU) -> pods
+TRACE_SHAPES = {
+    (1, 1000): 3911, (1, 810): 1078, (1, 470): 750, (1, 320): 328, (1, 650): 253,
+    (1, 230): 140, (1, 460): 128, (1, 590): 75, (1, 160): 74, (1, 550): 72, (1, 220): 62,
+    (1, 370): 47, (8, 1000): 44, (1, 110): 24, (1, 480): 19, (2, 1000): 16, (4, 1000): 15,
+    (1, 50): 7, (1, 330): 7, (1, 350): 6, (1, 270): 4, (1, 440): 2, (1, 140): 1, (1, 290): 1,
+}  # fmt: skip
 
 
-def build(nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False) -> Extender:
+def build(
+    nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False, mix: str = "asks"
+) -> Extender:
     """An extender knowing `nodes` nodes of 8 GPUs, a third of each GPU's compute used at random."""
     rng = random.Random(seed)
     # kubelets that start each pod at once: a node takes the next pod of a size right away
@@ -60,7 +73,7 @@ def build(nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False) ->
         ]
         api.add_node(f"node-{n:05d}", {names.ANN_NODE_GPUS: encode(inventory)})
     for i in range(pods):
-        api.add_pod(pod(i, asks, low))
+        api.add_pod(pod(i, asks, low, mix))
     extender = Extender(api)
     extender.resync()
     for n in range(nodes):
@@ -72,13 +85,13 @@ def build(nodes: int, seed: int, pods: int, asks: int = 1, low: bool = False) ->
     return extender
 
 
-def serve(port: int, nodes: int, seed: int, pods: int, asks: int, low: bool) -> None:
+def serve(port: int, nodes: int, seed: int, pods: int, asks: int, low: bool, mix: str) -> None:
     import uvicorn
 
     from gpupool.k8s.extender_http import create_app
 
     uvicorn.run(
-        create_app(build(nodes, seed, pods, asks, low)),
+        create_app(build(nodes, seed, pods, asks, low, mix)),
         host="127.0.0.1",
         port=port,
         log_level="warning",
@@ -120,11 +133,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pod(i: int, asks: int = 1, low: bool = False) -> dict[str, Any]:
-    """Pod i: 1 GPU, 10Gi and 30 %, or (asks > 1) one of `asks` different memory sizes; `low`
-    priority or the default (high)."""
-    memory = "10Gi" if asks == 1 else f"{10 * 1024 + i % asks}Mi"
-    limits = {names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: memory, names.RESOURCE_COMPUTE: "30"}
+def trace_shape(i: int) -> tuple[int, int]:
+    """Pod i's (GPUs, milli per GPU) in `--mix trace`: drawn by the pod's number, so the server
+    (which lists the pods) and the client draw the same."""
+    shapes = list(TRACE_SHAPES)
+    weights = list(TRACE_SHAPES.values())
+    return random.Random(i).choices(shapes, weights)[0]
+
+
+def pod(i: int, asks: int = 1, low: bool = False, mix: str = "asks") -> dict[str, Any]:
+    """Pod i: 1 GPU, 10Gi and 30 %, or (asks > 1) one of `asks` different memory sizes, or a
+    shape of the trace's (`mix` "trace"); `low` priority or the default (high)."""
+    if mix == "trace":
+        gpus, milli = trace_shape(i)
+        limits = {
+            names.RESOURCE_GPU: str(gpus),
+            names.RESOURCE_MEMORY: f"{80 * 1024 * milli // 1000}Mi",
+            names.RESOURCE_COMPUTE: str(milli // 10),
+        }
+    else:
+        memory = "10Gi" if asks == 1 else f"{10 * 1024 + i % asks}Mi"
+        limits = {
+            names.RESOURCE_GPU: "1",
+            names.RESOURCE_MEMORY: memory,
+            names.RESOURCE_COMPUTE: "30",
+        }
     annotations = {names.ANN_PRIORITY: "low"} if low else {}
     return {
         "metadata": {
@@ -151,12 +184,18 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
 
 
 def measure(
-    port: int, node_names: list[str], pods: int, warmup: int, asks: int, low: bool
+    port: int,
+    node_names: list[str],
+    pods: int,
+    warmup: int,
+    asks: int,
+    low: bool,
+    mix: str = "asks",
 ) -> list[float]:
     timings = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(warmup + pods):
-        args = {"pod": pod(i, asks, low), "nodenames": node_names}
+        args = {"pod": pod(i, asks, low, mix), "nodenames": node_names}
         body = json.dumps(args).encode()
         start = time.perf_counter()
         fit = json.loads(post(conn, "/filter", body))["nodenames"]
@@ -194,6 +233,12 @@ def main() -> None:
         "than the extender keeps answers for (8) makes every pod's answer anew",
     )
     parser.add_argument(
+        "--mix",
+        choices=("asks", "trace"),
+        default="asks",
+        help="pod shapes: --asks of them in turn, or drawn as often as in the Alibaba trace",
+    )
+    parser.add_argument(
         "--low", action="store_true", help="low-priority (opportunistic) pods, not high ones"
     )
     parser.add_argument(
@@ -211,7 +256,15 @@ def main() -> None:
     else:
         server = spawn.Process(
             target=serve,
-            args=(port, args.nodes, args.seed, args.warmup + args.pods, args.asks, args.low),
+            args=(
+                port,
+                args.nodes,
+                args.seed,
+                args.warmup + args.pods,
+                args.asks,
+                args.low,
+                args.mix,
+            ),
             daemon=True,
         )
     server.start()
@@ -226,7 +279,7 @@ def main() -> None:
                 raise SystemExit("the extender did not start") from None
             time.sleep(0.2)
     load = os.getloadavg()[0]
-    timings = measure(port, node_names, args.pods, args.warmup, args.asks, args.low)
+    timings = measure(port, node_names, args.pods, args.warmup, args.asks, args.low, args.mix)
     load_after = os.getloadavg()[0]
     server.terminate()
     q = statistics.quantiles(timings, n=100)
@@ -242,7 +295,8 @@ def main() -> None:
     print(
         f"| {'canned (floor)' if args.floor else 'extender'}{' (low pods)' if args.low else ''} "
         f"| {args.nodes:,} "
-        f"| {len(node_names):,} | {args.asks} | {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
+        f"| {len(node_names):,} | {'trace' if args.mix == 'trace' else args.asks} "
+        f"| {len(timings)} | {q[49]:.2f} | {q[98]:.2f} "
         f"| {max(timings):.2f} |"
     )
 
