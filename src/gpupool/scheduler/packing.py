@@ -184,9 +184,7 @@ def simplex_max(rows: FloatArray, weights: FloatArray) -> FloatArray:
     return prices
 
 
-_PRICES: weakref.WeakKeyDictionary[TargetWorkload, SharePrices | None] = (
-    weakref.WeakKeyDictionary()
-)
+_PRICES: weakref.WeakKeyDictionary[TargetWorkload, SharePrices | None] = weakref.WeakKeyDictionary()
 
 
 def share_prices(target: TargetWorkload) -> SharePrices | None:
