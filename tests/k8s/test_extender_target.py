@@ -8,11 +8,11 @@ from k8s_support import ExtenderServer, bind, gpu_pod
 from gpupool.core.units import GiB
 from gpupool.k8s import names
 from gpupool.k8s.extender import Extender
-from gpupool.k8s.fleet import TARGET_EVERY
+from gpupool.k8s.fleet import TARGET_EVERY, TARGET_MOVED, moved
 from gpupool.k8s.inventory import GpuInfo, encode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.scheduler.gpupool_policy import GpupoolPolicy
-from gpupool.scheduler.workload import PRIOR, TargetWorkload
+from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, Widest
 
 
 def target_of(extender: Extender) -> TargetWorkload:
@@ -44,3 +44,18 @@ def test_bound_pods_become_the_target_the_policy_scores_against() -> None:
         after = http.get("/debug/placement").json()["target_workload"]
     assert after[0]["gpus"] == 2 and after[0]["probability"] > 0.5
     assert target_of(extender).specs[0].gpus == 2
+
+
+def test_a_target_moves_when_a_probability_does_not_when_only_the_order_does() -> None:
+    a, b, c = PRIOR.specs
+    wide = PodSpec(0, 1000, 8, ())
+    old = TargetWorkload((a, b, c), (0.40, 0.39, 0.21))
+    # b overtakes a, and a rare shape comes in: the same mix as far as placement goes
+    d = PodSpec(0, 300, 1, ())
+    assert not moved(old, TargetWorkload((b, a, c, d), (0.41, 0.38, 0.19, 0.02)))
+    # a shape's probability moved by more than TARGET_MOVED: a new target
+    assert moved(old, TargetWorkload((a, b, c), (0.40 + TARGET_MOVED + 0.01, 0.33, 0.21)))
+    assert moved(old, TargetWorkload((a, b, d), (0.40, 0.39, 0.21)))  # c gone, d came
+    # the widest shape changed, however rare (the reserve for the widest pods keys on it)
+    wider = TargetWorkload((a, b, c, wide), (0.40, 0.38, 0.21, 0.01), widest=Widest(8, 0))
+    assert moved(old, wider)

@@ -73,6 +73,22 @@ def gpu_request(ask: GpuAsk) -> GpuRequest:
     return GpuRequest(ask.gpus, ask.compute, ask.memory, models)
 
 
+def moved(old: TargetWorkload, new: TargetWorkload) -> bool:
+    """Some shape's probability moved by more than TARGET_MOVED from `old` to `new` (a shape
+    absent from one has probability 0 there), or the widest shape's GPU count changed (what
+    `gpupool` keeps idle nodes for). The shapes' order, by weight, is no move: in a steady mix
+    of many shapes the rare ones change places all the time, and taking each such target up
+    would make the fragment index anew, and every shape's answers cold, for nothing."""
+    if old.widest.gpus != new.widest.gpus:
+        return True
+    before = dict(zip(old.specs, old.probabilities, strict=True))
+    after = dict(zip(new.specs, new.probabilities, strict=True))
+    return any(
+        abs(before.get(spec, 0.0) - after.get(spec, 0.0)) > TARGET_MOVED
+        for spec in before.keys() | after.keys()
+    )
+
+
 def priorities(scores: F64) -> I64:
     """Policy scores (any scale, higher better) as the extender API's 0..MAX_EXTENDER_PRIORITY:
     the best candidate MAX, the worst 0, linear between (all MAX when they tie)."""
@@ -255,13 +271,7 @@ class Fleet:
     def _moved(self, target: TargetWorkload) -> bool:
         for policy in self._policies.values():
             used = getattr(policy, "target", None)
-            if not isinstance(used, TargetWorkload):
-                continue
-            if used.specs != target.specs:
-                return True
-            pairs = zip(used.probabilities, target.probabilities, strict=True)
-            moves = (abs(a - b) for a, b in pairs)
-            if max(moves, default=0.0) > TARGET_MOVED:
+            if isinstance(used, TargetWorkload) and moved(used, target):
                 return True
         return False
 
