@@ -199,10 +199,15 @@ def measure(
         body = json.dumps(args).encode()
         start = time.perf_counter()
         fit = json.loads(post(conn, "/filter", body))["nodenames"]
+        if not fit:  # unschedulable now (an 8-GPU pod of the trace's mix): kube-scheduler
+            # asks no priorities and binds nothing; the filter's answer is the pod's time
+            if i >= warmup:
+                timings.append((time.perf_counter() - start) * 1000)
+            continue
         answer = post(conn, "/prioritize", json.dumps({**args, "nodenames": fit}).encode())
         elapsed = time.perf_counter() - start
         scores = json.loads(answer)
-        assert len(scores) == len(fit) > 0
+        assert len(scores) == len(fit)
         best = max(scores, key=lambda s: s["score"])["host"]
         bound = post(conn, "/bind", json.dumps(binding(i, best)).encode())
         assert json.loads(bound) == {}, bound
