@@ -249,8 +249,8 @@ class Fleet:
 
     def bound(self, ask: GpuAsk) -> None:
         """A pod of this ask was bound: weigh its shape into the target workload. Every
-        TARGET_EVERY binds the policies take the new target up, if it moved (another shape, or
-        a probability by more than TARGET_MOVED): the fragment index is then made anew over
+        TARGET_EVERY binds the policies take the new target up, if it moved (`moved`: a
+        probability by more than TARGET_MOVED): the fragment index is then made anew over
         every node, which a steady workload should not pay for."""
         self.recent.add(gpu_request(ask))
         self._binds += 1
