@@ -17,7 +17,8 @@ from gpupool.agent.store import Store
 from gpupool.agent.target import SETTING, LiveTarget
 from gpupool.cli.gpus_view import placement_lines
 from gpupool.core.errors import DaemonError
-from gpupool.scheduler.workload import PRIOR
+from gpupool.scheduler.recent import moved
+from gpupool.scheduler.workload import PRIOR, TargetWorkload
 
 
 def test_submissions_shape_the_target_which_survives_kill_9(daemon: Daemon) -> None:
@@ -105,3 +106,27 @@ def test_gpus_tells_shapes_alike_in_compute_apart_by_their_memory() -> None:
         "  1 GPU x 50%, memory in proportion: 25.0%",
         "  1 GPU x 50% of A100-40GB: 25.0%",
     ]
+
+
+def test_the_daemon_places_by_a_new_target_once_the_window_moved(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    target = LiveTarget(store)
+    placing = target.target()
+    spec = JobSpec(("true",), gpus=1, compute=300)
+
+    def submit() -> None:
+        with target.submitting([spec.request()]) as window:
+            store.add(spec, 1000, "alice", settings=window)
+
+    submit()  # one shape in a window worth 20 submissions: no probability moved by 0.05
+    assert target.target() is placing
+    while target.target() is placing:
+        submit()
+    taken = target.target()
+    assert any(s.gpu_milli == 300 for s in taken.specs)
+    assert not moved(taken, store_window(store))  # what it places by is the window's, close
+
+
+def store_window(store: Store) -> TargetWorkload:
+    """The target of the window the store keeps (what a restarted daemon starts from)."""
+    return LiveTarget(store).target()

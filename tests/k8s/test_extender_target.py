@@ -8,10 +8,11 @@ from k8s_support import ExtenderServer, bind, gpu_pod
 from gpupool.core.units import GiB
 from gpupool.k8s import names
 from gpupool.k8s.extender import Extender
-from gpupool.k8s.fleet import TARGET_EVERY, TARGET_MOVED, moved
+from gpupool.k8s.fleet import TARGET_EVERY
 from gpupool.k8s.inventory import GpuInfo, encode
 from gpupool.k8s.kubeapi import InMemoryKube
 from gpupool.scheduler.gpupool_policy import GpupoolPolicy
+from gpupool.scheduler.recent import TARGET_MOVED, moved
 from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, Widest
 
 

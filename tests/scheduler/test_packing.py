@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from gpupool.scheduler.packing import (
+    MAX_PRICED,
     SharePrices,
     best_patterns,
     share_prices,
@@ -128,3 +129,16 @@ def test_prices_come_from_the_targets_one_gpu_shares_and_are_kept_per_target() -
     assert share_prices(no_shares) is None
     prior = share_prices(PRIOR)
     assert prior is not None and set(prior.prices) == {250, 500}
+
+
+def test_only_the_most_frequent_sizes_are_priced_the_rest_by_what_fits_in_them() -> None:
+    # a window of 20 odd sizes (what any user may submit): the 16 most frequent are priced
+    sizes = [101 + 37 * i for i in range(20)]
+    specs = tuple(PodSpec(0, milli, 1, ()) for milli in sizes)
+    weights = tuple(float(20 - i) for i in range(20))
+    target = TargetWorkload(specs, tuple(w / sum(weights) for w in weights))
+    assert list(share_sizes(target)) == sizes[:MAX_PRICED]
+    prices = share_prices(target)
+    assert prices is not None and set(prices.prices) == set(sizes[:MAX_PRICED])
+    rare = sizes[-1]
+    assert prices.price(rare) == prices.value[rare]

@@ -3,7 +3,9 @@
 The fragmentation-aware policies (`gpupool`, `fgd`) score a placement against the shapes the
 node expects next. The daemon learns them from what is submitted to it
 (scheduler/recent.py: a decaying window over a built-in prior) and saves the window in its
-SQLite store with each submission, so a restarted daemon places as the old one would.
+SQLite store with each submission, so a restarted daemon resumes the same window. It places by
+the window's target as it was when last taken up: a new one is taken up when a shape's
+probability moved by more than scheduler.recent.TARGET_MOVED, as in the extender.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from gpupool.agent.logs import log
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
 from gpupool.scheduler.gpus import GpuRequest
-from gpupool.scheduler.recent import RecentShapes
+from gpupool.scheduler.recent import RecentShapes, moved
 from gpupool.scheduler.workload import TargetWorkload
 
 #: the store setting that holds the window
@@ -31,6 +33,7 @@ class LiveTarget:
         self._lock = threading.Lock()
         saved = store.setting(SETTING)
         self._recent = RecentShapes()
+        self._placing: TargetWorkload | None = None
         if saved is not None:
             try:
                 self._recent = RecentShapes.from_json(saved)
@@ -50,8 +53,14 @@ class LiveTarget:
             self._recent = after
 
     def target(self) -> TargetWorkload:
+        """The target to place by: the window's, taken up when it moved from the one placed by
+        so far (scheduler.recent.moved), not after every submission, since what is kept per
+        target (the share prices, the spec tables) is made again for a new one."""
         with self._lock:
-            return self._recent.target()
+            window = self._recent.target()
+            if self._placing is None or moved(self._placing, window):
+                self._placing = window
+            return self._placing
 
     def describe(self) -> list[dict[str, object]]:
         """The heaviest shapes with their probabilities (GET /v1/node)."""

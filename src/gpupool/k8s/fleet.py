@@ -40,7 +40,7 @@ from gpupool.scheduler.gpus import GpuRequest, GpuView
 from gpupool.scheduler.names import DEFAULT_POLICY, check_policy
 from gpupool.scheduler.opportunistic import opportunistic
 from gpupool.scheduler.packing import share_prices
-from gpupool.scheduler.recent import RecentShapes
+from gpupool.scheduler.recent import RecentShapes, moved
 from gpupool.scheduler.state import GpuSlots
 from gpupool.scheduler.workload import TargetWorkload
 
@@ -57,8 +57,6 @@ UNKNOWN_NODE = "gpupool knows no GPUs on this node"
 #: binds between two updates of the target workload the policy scores against (each update
 #: makes the fragment index anew over every node)
 TARGET_EVERY = 64
-#: a target whose shapes' probabilities all moved less than this is not taken up
-TARGET_MOVED = 0.05
 
 #: the filter's passing list is the candidates less those that fail when fewer fail than this
 _FEW_FAIL = 64
@@ -71,22 +69,6 @@ def gpu_request(ask: GpuAsk) -> GpuRequest:
     if ask.exclusive:
         return GpuRequest.exclusive(ask.gpus, models)
     return GpuRequest(ask.gpus, ask.compute, ask.memory, models)
-
-
-def moved(old: TargetWorkload, new: TargetWorkload) -> bool:
-    """Some shape's probability moved by more than TARGET_MOVED from `old` to `new` (a shape
-    absent from one has probability 0 there), or the widest shape's GPU count changed (what
-    `gpupool` keeps idle nodes for). The shapes' order, by weight, is no move: in a steady mix
-    of many shapes the rare ones change places all the time, and taking each such target up
-    would make the fragment index anew, and every shape's answers cold, for nothing."""
-    if old.widest.gpus != new.widest.gpus:
-        return True
-    before = dict(zip(old.specs, old.probabilities, strict=True))
-    after = dict(zip(new.specs, new.probabilities, strict=True))
-    return any(
-        abs(before.get(spec, 0.0) - after.get(spec, 0.0)) > TARGET_MOVED
-        for spec in before.keys() | after.keys()
-    )
 
 
 def priorities(scores: F64) -> I64:

@@ -40,6 +40,9 @@ MAX_SHAPES = 64
 MAX_SAVED_GPUS = 32
 #: weights below this are forgotten
 FORGET_BELOW = 1e-3
+#: a target whose shapes' probabilities all moved less than this is not taken up in place of
+#: the one a daemon or an extender places by (taking one up makes the caches kept for it cold)
+TARGET_MOVED = 0.05
 
 
 @functools.lru_cache(maxsize=4 * MAX_SHAPES)
@@ -124,6 +127,22 @@ class RecentShapes:
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise InvalidRequest(f"invalid saved target workload: {err}") from err
         return cls(weights) if weights else cls()
+
+
+def moved(old: TargetWorkload, new: TargetWorkload) -> bool:
+    """Some shape's probability moved by more than TARGET_MOVED from `old` to `new` (a shape
+    absent from one has probability 0 there), or the widest shape's GPU count changed (what
+    `gpupool` keeps idle nodes for). The shapes' order, by weight, is no move: in a steady mix
+    of many shapes the rare ones change places all the time, and taking each such target up
+    would make the fragment index anew, and every shape's answers cold, for nothing."""
+    if old.widest.gpus != new.widest.gpus:
+        return True
+    before = dict(zip(old.specs, old.probabilities, strict=True))
+    after = dict(zip(new.specs, new.probabilities, strict=True))
+    return any(
+        abs(before.get(spec, 0.0) - after.get(spec, 0.0)) > TARGET_MOVED
+        for spec in before.keys() | after.keys()
+    )
 
 
 def _check(spec: PodSpec) -> None:
