@@ -95,7 +95,7 @@ def test_gpus_tells_shapes_alike_in_compute_apart_by_their_memory() -> None:
     shapes = [
         shape(memory=16 << 30),
         shape(memory_share=0.4),
-        shape(proportional=True),
+        shape(proportional=True, gpu_value=0.5),
         shape(gpu_models=["A100-40GB"]),
     ]
     assert placement_lines({"policy": "gpupool", "target_workload": shapes}) == [
@@ -103,7 +103,7 @@ def test_gpus_tells_shapes_alike_in_compute_apart_by_their_memory() -> None:
         "target workload (recent shapes):",
         "  1 GPU x 50%, 16GiB: 25.0%",
         "  1 GPU x 50%, 40% of memory: 25.0%",
-        "  1 GPU x 50%, memory in proportion: 25.0%",
+        "  1 GPU x 50%, memory in proportion: 25.0%, worth 0.50 GPU",
         "  1 GPU x 50% of A100-40GB: 25.0%",
     ]
 

@@ -202,3 +202,14 @@ def test_a_gpu_holds_a_spec_exactly_when_its_model_compute_and_memory_allow() ->
             )
             assert held[k, m] == expected, (k, m, free[k], memory[k], needs[k][m])
     assert held.any() and not held.all()
+
+
+def test_the_target_shown_prices_each_share_in_gpus() -> None:
+    recent = RecentShapes()
+    for _ in range(40):
+        recent.add(GpuRequest(1, 650))
+        recent.add(GpuRequest(1, 320))
+    shown = {shape["gpu_milli"]: shape for shape in recent.describe()}
+    # a 650 and a 320 fill a GPU together: the LP prices them so they add up to one
+    assert shown[650]["gpu_value"] + shown[320]["gpu_value"] == pytest.approx(1.0)
+    assert "gpu_value" not in shown[1000]  # a whole GPU is no share

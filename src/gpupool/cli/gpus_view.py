@@ -161,9 +161,11 @@ def placement_lines(node: dict[str, Any] | None) -> list[str] | None:
         lines.append("target workload (recent shapes):")
     for shape in shapes:
         models = f" of {', '.join(shape['gpu_models'])}" if shape.get("gpu_models") else ""
+        # a share's packing price: what placement counts it worth (docs/placement.md)
+        worth = f", worth {shape['gpu_value']:.2f} GPU" if "gpu_value" in shape else ""
         lines.append(
             f"  {shape['gpus']} GPU x {shape['gpu_milli'] / 10:g}%{_shape_memory(shape)}"
-            f"{models}: {shape['probability'] * 100:.1f}%"
+            f"{models}: {shape['probability'] * 100:.1f}%{worth}"
         )
     return lines
 

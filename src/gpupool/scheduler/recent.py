@@ -20,6 +20,7 @@ from gpupool.core.resources import Request
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.gpus import GpuRequest
+from gpupool.scheduler.packing import share_prices
 from gpupool.scheduler.workload import (
     PRIOR,
     PodSpec,
@@ -100,12 +101,22 @@ class RecentShapes:
         return self._target
 
     def describe(self, limit: int = 8) -> list[dict[str, object]]:
-        """The heaviest shapes and their probability, for `describe` and the debug routes."""
+        """The heaviest shapes and their probability, for `describe` and the debug routes; a
+        one-GPU share's also with its packing price ("gpu_value": what it is worth in GPUs
+        where the mix packs best, scheduler/packing.py)."""
         target = self.target()
-        return [
-            {**asdict(spec), "gpu_models": list(spec.gpu_models), "probability": round(p, 4)}
-            for spec, p in list(zip(target.specs, target.probabilities, strict=True))[:limit]
-        ]
+        prices = share_prices(target)
+        shapes = []
+        for spec, p in list(zip(target.specs, target.probabilities, strict=True))[:limit]:
+            shape = {
+                **asdict(spec),
+                "gpu_models": list(spec.gpu_models),
+                "probability": round(p, 4),
+            }
+            if prices is not None and spec.gpus == 1 and 0 < spec.gpu_milli < MILLI_PER_GPU:
+                shape["gpu_value"] = round(prices.price(spec.gpu_milli), 4)
+            shapes.append(shape)
+        return shapes
 
     def to_json(self) -> str:
         return json.dumps([{**_saved(spec), "weight": w} for spec, w in self.weights.items()])
