@@ -82,11 +82,10 @@ def fragment_options(
     # in a simple state a node's GPUs are all one model: the answer on a feasible node does not
     # depend on which models the demand allows, so demands that differ only there share it
     shape = request.shape[:-1] if index.simple else request.shape
-    charged = charge is not None and request.gpus == 1
-    cache = index.after_cache((*shape, "charged") if charged else shape)
+    cache = index.after_cache(shape if charge is None else (*shape, "charged"))
     stale = nodes[cache.seen[nodes] != index.version[nodes]]
     if stale.size:
-        after, gpus = _after(index, request, stale, charge if charged else None)
+        after, gpus = _after(index, request, stale, charge)
         cache.after[stale] = after
         cache.gpus[stale] = gpus
         cache.seen[stale] = index.version[stale]
