@@ -27,6 +27,8 @@ def test_submissions_shape_the_target_which_survives_kill_9(daemon: Daemon) -> N
     assert [s["gpu_milli"] for s in first["target_workload"]] == [
         spec.gpu_milli for spec in PRIOR.specs
     ]
+    # the prior's quarter and half GPU, priced as they pack (four and two to a GPU)
+    assert [s.get("gpu_value") for s in first["target_workload"]] == [0.25, 0.5, None]
     for _ in range(30):
         job = daemon.submit(["true"], gpus=2, compute=100)
         daemon.wait(job)

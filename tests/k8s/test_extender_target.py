@@ -37,6 +37,7 @@ def test_bound_pods_become_the_target_the_policy_scores_against() -> None:
         assert [s["gpu_milli"] for s in before["target_workload"]] == [
             spec.gpu_milli for spec in PRIOR.specs
         ]
+        assert [s.get("gpu_value") for s in before["target_workload"]] == [0.25, 0.5, None]
         http.post("/filter", json={"pod": api.pods[("default", "p0")], "nodenames": ["node-0"]})
         assert target_of(extender).specs == PRIOR.specs
         for i in range(TARGET_EVERY):

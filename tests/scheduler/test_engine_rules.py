@@ -14,6 +14,7 @@ from gpupool.k8s.fleet import priorities
 from gpupool.scheduler import ClusterState, Placement, fragment_index, make_policy, place
 from gpupool.scheduler.gpu_placement import node_state
 from gpupool.scheduler.gpus import GpuRequest, GpuView
+from gpupool.scheduler.packing import share_prices
 from gpupool.scheduler.recent import MAX_SHAPES, PRIOR_WEIGHT, RecentShapes
 from gpupool.scheduler.state import GpuSlots
 from gpupool.scheduler.workload import PRIOR, PodSpec, TargetWorkload, WideSize, Widest, spec_of
@@ -209,7 +210,9 @@ def test_the_target_shown_prices_each_share_in_gpus() -> None:
     for _ in range(40):
         recent.add(GpuRequest(1, 650))
         recent.add(GpuRequest(1, 320))
-    shown = {shape["gpu_milli"]: shape for shape in recent.describe()}
+    prices = share_prices(recent.target())
+    shown = {shape["gpu_milli"]: shape for shape in recent.describe(prices=prices)}
     # a 650 and a 320 fill a GPU together: the LP prices them so they add up to one
     assert shown[650]["gpu_value"] + shown[320]["gpu_value"] == pytest.approx(1.0)
     assert "gpu_value" not in shown[1000]  # a whole GPU is no share
+    assert all("gpu_value" not in shape for shape in recent.describe())  # no prices, none shown

@@ -18,6 +18,7 @@ from gpupool.agent.logs import log
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
 from gpupool.scheduler.gpus import GpuRequest
+from gpupool.scheduler.packing import share_prices
 from gpupool.scheduler.recent import RecentShapes, moved
 from gpupool.scheduler.workload import TargetWorkload
 
@@ -57,12 +58,16 @@ class LiveTarget:
         so far (scheduler.recent.moved), not after every submission, since what is kept per
         target (the share prices, the spec tables) is made again for a new one."""
         with self._lock:
-            window = self._recent.target()
-            if self._placing is None or moved(self._placing, window):
-                self._placing = window
-            return self._placing
+            return self._taken_up()
+
+    def _taken_up(self) -> TargetWorkload:
+        window = self._recent.target()
+        if self._placing is None or moved(self._placing, window):
+            self._placing = window
+        return self._placing
 
     def describe(self) -> list[dict[str, object]]:
-        """The heaviest shapes with their probabilities (GET /v1/node)."""
+        """The heaviest shapes with their probabilities, each share with its price in the
+        target placed by (GET /v1/node)."""
         with self._lock:
-            return self._recent.describe()
+            return self._recent.describe(prices=share_prices(self._taken_up()))

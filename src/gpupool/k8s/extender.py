@@ -25,6 +25,8 @@ from gpupool.k8s.kubeapi import Event, KubeApi, Obj
 from gpupool.k8s.podshare import Allocation, placed, slot_id, waiting
 from gpupool.k8s.podspec import GpuAsk, Pod, gpu_ask, gpu_count, pod_annotations, pod_key
 from gpupool.scheduler.opportunistic import guaranteed_compute
+from gpupool.scheduler.packing import share_prices
+from gpupool.scheduler.workload import TargetWorkload
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +329,12 @@ class Extender:
     def debug(self) -> dict[str, Any]:
         """The policy and the target workload it scores against (GET /debug/placement)."""
         with self._lock:
+            placing = getattr(self.fleet.policy(self.policy), "target", None)
+            prices = share_prices(placing) if isinstance(placing, TargetWorkload) else None
             return {
                 "policy": self.policy,
                 "nodes": len(self.fleet.names),
-                "target_workload": self.fleet.recent.describe(),
+                "target_workload": self.fleet.recent.describe(prices=prices),
             }
 
     def _unwrite(self, namespace: str, name: str, uid: str, written: dict[str, str]) -> None:

@@ -61,7 +61,7 @@ def share_sizes(target: TargetWorkload) -> dict[int, float]:
     share of the target's pods that they are), the MAX_PRICED most frequent sizes."""
     sizes: dict[int, float] = {}
     for spec, p in zip(target.specs, target.probabilities, strict=True):
-        if spec.gpus == 1 and 0 < spec.gpu_milli < MILLI_PER_GPU and p > 0:
+        if spec.is_share and p > 0:
             sizes[spec.gpu_milli] = sizes.get(spec.gpu_milli, 0.0) + p
     kept = sorted(sizes, key=lambda size: (-sizes[size], size))[:MAX_PRICED]
     return {size: sizes[size] for size in kept}

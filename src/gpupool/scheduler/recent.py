@@ -20,7 +20,7 @@ from gpupool.core.resources import Request
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand
 from gpupool.scheduler.gpus import GpuRequest
-from gpupool.scheduler.packing import share_prices
+from gpupool.scheduler.packing import SharePrices
 from gpupool.scheduler.workload import (
     PRIOR,
     PodSpec,
@@ -100,12 +100,13 @@ class RecentShapes:
             )
         return self._target
 
-    def describe(self, limit: int = 8) -> list[dict[str, object]]:
+    def describe(
+        self, limit: int = 8, prices: SharePrices | None = None
+    ) -> list[dict[str, object]]:
         """The heaviest shapes and their probability, for `describe` and the debug routes; a
-        one-GPU share's also with its packing price ("gpu_value": what it is worth in GPUs
-        where the mix packs best, scheduler/packing.py)."""
+        share's also with its price in `prices` ("gpu_value": what it is worth in GPUs where
+        the mix packs best, scheduler/packing.py), those of the target placed by."""
         target = self.target()
-        prices = share_prices(target)
         shapes = []
         for spec, p in list(zip(target.specs, target.probabilities, strict=True))[:limit]:
             shape = {
@@ -113,7 +114,7 @@ class RecentShapes:
                 "gpu_models": list(spec.gpu_models),
                 "probability": round(p, 4),
             }
-            if prices is not None and spec.gpus == 1 and 0 < spec.gpu_milli < MILLI_PER_GPU:
+            if prices is not None and spec.is_share:
                 shape["gpu_value"] = round(prices.price(spec.gpu_milli), 4)
             shapes.append(shape)
         return shapes

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Request
+from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler.demand import Demand, demand_of
 from gpupool.scheduler.gpus import GpuRequest
 
@@ -32,6 +33,11 @@ class PodSpec:
     @property
     def asks_memory(self) -> bool:
         return self.gpus > 0 and (self.proportional or self.memory > 0 or self.memory_share > 0)
+
+    @property
+    def is_share(self) -> bool:
+        """Part of one GPU: what the packing prices value (scheduler/packing.py)."""
+        return self.gpus == 1 and 0 < self.gpu_milli < MILLI_PER_GPU
 
 
 def spec_of(request: Request | GpuRequest | Demand) -> PodSpec:
