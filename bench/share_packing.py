@@ -17,7 +17,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import LinearConstraint, milp
+
+try:
+    from scipy.optimize import LinearConstraint, milp
+except ImportError:  # the test extra brings it; the package itself does not need it
+    sys.exit("bench/share_packing.py needs scipy: pip install -e '.[test]'")
 
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.scheduler import ClusterState, TargetWorkload, demand_of, make_policy, place
