@@ -152,6 +152,12 @@ class Store(EventLog, MigInstances):
         with self._using("read") as db:
             return {int(row[0]) for row in db.execute("SELECT id FROM jobs")}
 
+    def last_job_id(self) -> int:
+        """The highest id the store ever assigned to a job (pruned ones included); 0 if none."""
+        with self._using("read") as db:
+            row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return 0 if row is None else int(row[0])
+
     def setting(self, key: str) -> str | None:
         with self._using("read") as db:
             row = db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
