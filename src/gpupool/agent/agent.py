@@ -238,7 +238,9 @@ class Agent(QueueLoop):
         return [outcome[i] for i in range(len(submits))]
 
     def check_fits(self, spec: JobSpec) -> None:
-        """Unschedulable for a share (not MIG) that can never fit this node."""
+        """Unschedulable for a share (not MIG) that can never fit this node; InvalidRequest for
+        a burst its host memory could never back."""
+        node.check_burst(spec, node.host_memory() + sum(g.memory_total for g in self.inventory))
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
