@@ -292,6 +292,8 @@ def _output_lost() -> bool:
         sys.stdout.flush()
     except BrokenPipeError:
         return True
+    except (OSError, ValueError):  # a full disk, a closed stream: Python's exit says it as before
+        return False
     return type(sys.stdout).__name__ == "PacifyFlushWrapper"
 
 
