@@ -41,6 +41,7 @@ import httpx  # noqa: E402
 from daemon import _rss_mib  # noqa: E402
 from daemon_support import machine_load, percentile  # noqa: E402
 from ps_latency import fill  # noqa: E402
+from security_edges import EDGE_CASES  # noqa: E402
 from security_support import (  # noqa: E402
     LOG_CAP,
     SPEC,
@@ -799,6 +800,7 @@ CASES: list[Callable[[Bench], None]] = [
     case_tcp,
     case_exemptions,
     case_prune,
+    *EDGE_CASES,  # issue 35's, while the shared daemon still runs
     case_sigterm,
 ]
 

@@ -295,7 +295,7 @@ class QueueLoop:
         with self._prune_lock:
             pruned = self.store.prune(time.time() - older_than_s)
             self.view.forget(pruned)
-            remove_unknown(self.jobs_dir, self.store.job_ids)
+            remove_unknown(self.jobs_dir, self.store.job_ids, self.store.last_job_id)
         if pruned:
             log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)
         return len(pruned)

@@ -17,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.services import ServiceSpec
+from gpupool.api.params import LOG_CHUNK, LogOffset
 from gpupool.core.errors import InvalidRequest, NotFound, PermissionDenied
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
-
-LOG_CHUNK = 1 << 20
 
 
 class ServiceBody(BaseModel):
@@ -164,7 +163,7 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
         name: str,
         replica: int | None = None,
         stream: str = "stdout",
-        offset: int = 0,
+        offset: LogOffset = 0,
         uid: int = Depends(caller),
     ) -> dict[str, Any]:
         """A replica's log (the lowest-numbered one unless `replica` says), as a job's."""
