@@ -1,6 +1,7 @@
 """A replica on Python's http.server, as simple services are written: GET answers its path and
-pid, POST reads its Content-Length body (and ignores Transfer-Encoding, as http.server does).
-argv: the protocol version it speaks, HTTP/1.0 (a connection per request) or HTTP/1.1."""
+pid (GET /big: 256 MiB), POST reads its Content-Length body (and ignores Transfer-Encoding, as
+http.server does). argv: the protocol version it speaks, HTTP/1.0 (a connection per request)
+or HTTP/1.1."""
 
 import json
 import os
@@ -23,7 +24,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        self._answer()
+        if self.path != "/big":
+            self._answer()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(256 << 20))
+        self.end_headers()
+        for _ in range(256):
+            self.wfile.write(bytes(1 << 20))
 
     def do_POST(self) -> None:
         self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)))

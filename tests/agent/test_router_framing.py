@@ -16,7 +16,7 @@ from tests.agent.daemon_support import until
 from tests.agent.router_attacks import json_body, raw, status_of, trickle
 from tests.agent.services_support import Routed, routed_on
 
-from gpupool.api.router_limits import MAX_PER_PEER
+from gpupool.api.router_limits import MAX_PER_PEER, SEND_S
 
 routed = routed_on()
 PLAIN = str(Path(__file__).with_name("plain_replica.py"))
@@ -129,3 +129,13 @@ def test_one_peer_cannot_hold_every_connection(routed: Routed) -> None:
         for sock in idle:
             sock.close()
     assert until(lambda: httpx.get(f"{routed.base}/plain/x").status_code == 200, timeout=10)
+
+
+def test_a_client_that_stops_reading_its_answer_frees_the_replica(routed: Routed) -> None:
+    plain(routed, "plain", "HTTP/1.1")
+    with socket.create_connection(("127.0.0.1", routed.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /plain/big HTTP/1.1\r\nHost: x\r\n\r\n")  # and reads nothing
+        assert until(lambda: routed.service("plain")["in_flight"] == 1, timeout=10)
+        freed = until(lambda: routed.service("plain")["in_flight"] == 0, timeout=SEND_S + 15)
+        assert freed, routed.service("plain")

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, parse_head
+from gpupool.api.router_limits import SEND_S
 
 #: the most bytes of a request's body held before it takes a replica (chunked: in all)
 BODY_BUFFER = 256 * 1024
@@ -140,7 +141,7 @@ async def relay_exactly(
         length -= len(piece)
         writer.write(piece)
         if length or drain:
-            await writer.drain()
+            await sent(writer)
 
 
 def answer_length(answer: Head) -> int | None:
@@ -171,12 +172,19 @@ async def relay_answer(
                 break
             await relay_exactly(reader, writer, size, drain=False)
             writer.write(await _crlf(reader))
-            await writer.drain()
+            await sent(writer)
         await _trailers(reader, writer)
-        await writer.drain()
+        await sent(writer)
     elif length is not None:
         await relay_exactly(reader, writer, length)
     else:
         while piece := await reader.read(PIECE):
             writer.write(piece)
-            await writer.drain()
+            await sent(writer)
+
+
+async def sent(writer: asyncio.StreamWriter) -> None:
+    """Wait until what was written is taken in; TimeoutError (an OSError) if the other side
+    takes in nothing for SEND_S: a client that stops reading its answer frees its replica."""
+    async with asyncio.timeout(SEND_S):
+        await writer.drain()

@@ -21,6 +21,8 @@ MAX_PER_PEER = 128
 HEAD_S = 30.0
 #: seconds a request may take to send its body after its head (streamed or not)
 BODY_S = 60.0
+#: seconds a client may take to take in the next piece of its answer (a replica waits meanwhile)
+SEND_S = 30.0
 
 
 class Connections:

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from gpupool.agent.service_traffic import Endpoint
-from gpupool.api.router_body import Body, answer_length, relay_answer, relay_exactly
+from gpupool.api.router_body import Body, answer_length, relay_answer, relay_exactly, sent
 from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, read_head
 from gpupool.api.router_peer import PeerUnknown, accepting_uid
 
@@ -117,7 +117,7 @@ class Upstreams:
         writer.write(answer.encode(extra, drop))
         try:
             await relay_answer(up_reader, writer, length)
-            await writer.drain()
+            await sent(writer)
         except (OSError, asyncio.IncompleteReadError, BadMessage):
             # cut mid-answer: the client sees the connection end, counted as a 502
             up_writer.close()
