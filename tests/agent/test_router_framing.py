@@ -16,7 +16,7 @@ from tests.agent.daemon_support import until
 from tests.agent.router_attacks import json_body, raw, status_of, trickle
 from tests.agent.services_support import Routed, routed_on
 
-from gpupool.api.router_limits import MAX_PER_PEER, SEND_S
+from gpupool.api.router_limits import BODY_S, HEAD_S, MAX_PER_PEER, SEND_S
 
 routed = routed_on()
 PLAIN = str(Path(__file__).with_name("plain_replica.py"))
@@ -139,3 +139,26 @@ def test_a_client_that_stops_reading_its_answer_frees_the_replica(routed: Routed
         assert until(lambda: routed.service("plain")["in_flight"] == 1, timeout=10)
         freed = until(lambda: routed.service("plain")["in_flight"] == 0, timeout=SEND_S + 15)
         assert freed, routed.service("plain")
+
+
+def test_slow_heads_idle_connections_and_slow_bodies_are_cut(routed: Routed) -> None:
+    plain(routed, "plain", "HTTP/1.1")
+    began = time.monotonic()
+    slow_head = socket.create_connection(("127.0.0.1", routed.port))
+    slow_head.sendall(b"GET /plain/x HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    idle = socket.create_connection(("127.0.0.1", routed.port))
+    idle.sendall(b"GET /plain/x HTTP/1.1\r\nHost: x\r\n\r\n")
+    slow_body = trickle(routed.port, b"POST /plain/x HTTP/1.1\r\nContent-Length: 9\r\n\r\n")
+    try:
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")  # then it sends nothing more
+        for sock in (slow_head, idle, slow_body):
+            sock.settimeout(BODY_S + 20)
+        for sock in (slow_head, idle):
+            assert sock.recv(65536) == b""  # closed, with no answer
+            assert time.monotonic() - began < HEAD_S + 10
+        assert status_of(slow_body.recv(65536)) == 408
+        assert time.monotonic() - began < BODY_S + 10
+    finally:
+        for sock in (slow_head, idle, slow_body):
+            sock.close()
+    assert routed.service("plain")["statuses"] == {"200": 1}
