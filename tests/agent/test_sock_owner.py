@@ -1,6 +1,7 @@
-"""Whose listener accepted a connection, as the router asks it of the kernel before it sends a
-request to a replica: sock_diag, and the /proc/net/tcp scan where sock_diag is not offered, give
-the same uid, for IPv4 and dual-stack listeners, and a real second user's uid for theirs."""
+"""Whose a socket is, as the service manager (a replica's listener) and the router (the socket
+that accepted its connection) ask the kernel: sock_diag, and the /proc/net/tcp scan where
+sock_diag is not offered, give the same uid, for IPv4 and dual-stack listeners, and a real
+second user's uid for theirs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import pytest
 from tests.users import user_env, users
 
-from gpupool.api.router_peer import accepting_uid, scanned_uid
+from gpupool.agent.sock_owner import accepting_uid, listener_uid, scanned_listener_uid, scanned_uid
 
 #: listens on 127.0.0.1, prints its port, and holds what it accepts until stdin closes
 LISTENER = """
@@ -51,6 +52,7 @@ def test_another_users_listener_is_named_as_theirs() -> None:
             port = int(listener.stdout.readline())
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 assert accepting_uid(sock) == scanned_uid(sock) == mallory.uid
+            assert listener_uid(port) == scanned_listener_uid(port) == mallory.uid
         finally:
             listener.kill()
             listener.wait()
