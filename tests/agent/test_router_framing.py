@@ -164,3 +164,20 @@ def test_slow_heads_idle_connections_and_slow_bodies_are_cut(routed: Routed) -> 
         for sock in (slow_head, idle, slow_body):
             sock.close()
     assert routed.service("plain")["statuses"] == {"200": 1}
+
+
+def test_a_body_over_the_buffer_is_streamed_whole_after_100_continue(routed: Routed) -> None:
+    plain(routed, "plain", "HTTP/1.1")
+    body = bytes(range(97, 123)) * 40_000  # about 1 MiB, four times the buffer
+    head = f"POST /plain/up HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    with socket.create_connection(("127.0.0.1", routed.port), timeout=30) as sock:
+        sock.sendall(head.encode() + b"Expect: 100-continue\r\n\r\n")
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body + b"GET /plain/next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while piece := sock.recv(1 << 20):  # this answer, then the next request's
+            answer += piece
+    assert answer.count(b"HTTP/1.1 200 OK") == 2, answer[:300]
+    assert b'"path": "/next"' in answer
+    assert json_body(answer)["body"].encode() == body

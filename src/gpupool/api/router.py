@@ -242,10 +242,11 @@ class Router:
         name, query, params = name.partition(b"?")
         path = b"/" + rest if not query else b"/" + query + params
         keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
-        keep = (keep or b"keep-alive" in head.tokens(b"connection")) and not body.left
+        keep = keep or b"keep-alive" in head.tokens(b"connection")
         service = self.traffic.get(name.decode("ascii", "replace"))
         if service is None or service.gone:
             shown = name.decode("ascii", "replace")[:60]
+            keep = keep and not body.left  # the rest of its body unread: the connection ends
             writer.write(_error(404, "NotFound", f"no service {shown!r}", close=not keep))
             return keep
         service.last_request = time.monotonic()
