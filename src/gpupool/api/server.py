@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 
-from gpupool.api.listener import ACCEPT_BACKLOG, Budget, ListenerProtocol
+from gpupool.api.listener import ACCEPT_BATCH, Budget, ListenerProtocol
 from gpupool.core.errors import ConfigError, InvalidRequest
 from gpupool.core.settings import LISTENER, ListenerLimits
 
@@ -38,6 +38,9 @@ WATCH_S = 0.5
 #: the identity of a file: (device, inode)
 Identity = tuple[int, int]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: the kernel's queue of each listener's connections not yet accepted
+UNIX_QUEUE = 128
+TCP_QUEUE = 1024
 
 
 def unix_socket(path: Path, gid: int | None) -> socket.socket:
@@ -64,7 +67,7 @@ def unix_socket(path: Path, gid: int | None) -> socket.socket:
         raise ConfigError(f"cannot listen on {path}: {err.strerror}") from err
     finally:
         os.umask(umask)
-    sock.listen(128)
+    sock.listen(UNIX_QUEUE)
     return sock
 
 
@@ -109,7 +112,7 @@ def tcp_socket(listen: str, option: str = "--listen") -> socket.socket:
     except OSError as err:
         sock.close()
         raise ConfigError(f"cannot listen on {listen}: {err.strerror}") from err
-    sock.listen(1024)
+    sock.listen(TCP_QUEUE)
     return sock
 
 
@@ -179,9 +182,13 @@ class _Server(uvicorn.Server):
         tls = self.tls if sock.family != socket.AF_UNIX else None
         # a TLS handshake comes before the protocol sees the connection: bound its time too
         handshake = self.limits.head_timeout_s if tls is not None else None
-        return await asyncio.get_running_loop().create_server(
-            protocol, sock=sock, ssl=tls, backlog=ACCEPT_BACKLOG, ssl_handshake_timeout=handshake
+        served = await asyncio.get_running_loop().create_server(
+            protocol, sock=sock, ssl=tls, backlog=ACCEPT_BATCH, ssl_handshake_timeout=handshake
         )
+        # asyncio listens again with its batch as the kernel's queue: give the queue back its
+        # length, so that a burst of clients waits in it rather than being turned away
+        sock.listen(UNIX_QUEUE if sock.family == socket.AF_UNIX else TCP_QUEUE)
+        return served
 
     async def on_tick(self, counter: int) -> bool:
         if counter % round(WATCH_S / 0.1) == 0 and self.gone is None:
