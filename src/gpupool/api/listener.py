@@ -42,9 +42,6 @@ Scope = MutableMapping[str, Any]
 Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
 #: how long a refused head's connection is read (and dropped) before it is closed
 LINGER_S = 2.0
-#: connections accepted in one turn of the event loop (asyncio's `backlog`): a flood is accepted
-#: (and closed) in turns this short, between which the other clients' requests are served
-ACCEPT_BATCH = 16
 #: share of the open-file limit each listener may hold: the rest is for the jobs' accounting
 #: regions, the router and the other listener
 NOFILE_SHARE = 4
