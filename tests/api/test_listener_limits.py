@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from tests.agent.conftest import serving
 from tests.agent.daemon_support import Daemon, cli
+from tests.agent.multiuser_support import group_daemon
 from tests.agent.test_daemon_recovery import socket_port
+from tests.users import gpupool_as
 
 TOKEN = "s3cret-token"
 HEAD_TIMEOUT_S = 1.0
@@ -238,3 +240,19 @@ def test_a_wrong_listener_limit_is_one_line(tmp_path: Path, limit: str, said: st
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_on_the_unix_socket_the_count_is_per_uid_another_user_still_gets_in() -> None:
+    limit = ("--listener-limit", "max-connections-per-peer=4")
+    with group_daemon("1xA30", 1, limit) as (daemon, (alice,)):
+        held = [_unix(daemon) for _ in range(4)]
+        try:
+            with _unix(daemon) as refused:
+                assert _closed_within(refused, SLACK_S) is not None
+            done = gpupool_as(alice, "ps", url=daemon.url)
+            assert done.returncode == 0, done.stderr
+            held[0].sendall(_health("gpupool"))
+            assert _answer(held[0])[0] == 200
+        finally:
+            for conn in held:
+                conn.close()
