@@ -230,6 +230,14 @@ def register(app: typer.Typer) -> None:
             help="Also run the services' router: http://HOST:PORT/NAME/... goes to a ready "
             "replica of service NAME (docs/inference.md).",
         ),
+        listener_limits: list[str] = typer.Option(
+            [],
+            "--listener-limit",
+            metavar="NAME=VALUE",
+            help="A bound on the clients' connections to the socket and --listen, e.g. "
+            "max-connections-per-peer=32, idle-timeout=5s (names and defaults: "
+            "docs/limits.md); repeatable.",
+        ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
@@ -246,6 +254,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.agent.watchdog import Action
         from gpupool.api import server
         from gpupool.api.app import create_app
+        from gpupool.api.listener import parse_limits
         from gpupool.devices.factory import open_backend
 
         logs.configure()
@@ -260,6 +269,7 @@ def register(app: typer.Typer) -> None:
         )
         exempt = watchdog_exempt or settings.WATCHDOG_EXEMPT.read(os.environ)
         exemptions = NO_EXEMPTIONS if exempt is None else Exemptions.parse(exempt)
+        limits = parse_limits(listener_limits, settings.LISTENER)
         token = _token(token_file, listen)
         tls_files = _tls(tls_cert, tls_key, listen)
         tls = server.tls_context(*tls_files) if tls_files is not None else None
@@ -316,7 +326,8 @@ def register(app: typer.Typer) -> None:
                 proxy.start()
                 logs.log.info(f"router on http://{router}/NAME/ for the services")
             try:
-                gone = server.serve(app, sockets, tls, {p: i for p, i in watched.items() if i})
+                alive = {p: i for p, i in watched.items() if i}
+                gone = server.serve(app, sockets, tls, alive, limits)
             finally:
                 if proxy is not None:
                     proxy.stop()
