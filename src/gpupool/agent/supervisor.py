@@ -196,8 +196,11 @@ class ExitRecord:
         self._tried_at = time.monotonic()
         try:
             _write_atomic(self.jobdir, "exit.json", self.pending)
-        except OSError:  # ENOSPC, EDQUOT: kept for the next try
-            return False
+        except OSError as err:
+            # a full disk or quota passes: kept for the next try. Anything else (the job's
+            # directory removed, by a prune or an admin) will not: nobody is left to read it
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and os.fstat(self.jobdir).st_nlink:
+                return False
         self.pending = None
         return True
 
