@@ -256,6 +256,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.api.app import create_app
         from gpupool.api.listener import parse_limits
         from gpupool.devices.factory import open_backend
+        from gpupool.isolation.daemon_paths import SOCKET_NAME, default_state_dir
 
         logs.configure()
         if cancel_grace < 0:
@@ -275,7 +276,7 @@ def register(app: typer.Typer) -> None:
         tls = server.tls_context(*tls_files) if tls_files is not None else None
         access = Access.of_this_process(admin_group)
         socket_gid, no_group = _socket_gid(socket_group)
-        root = statedir.prepare(state_dir or statedir.default_state_dir())
+        root = statedir.prepare(state_dir or default_state_dir())
         config = AgentConfig(
             root,
             policy=policy,
@@ -291,7 +292,7 @@ def register(app: typer.Typer) -> None:
         )
         lock = statedir.hold(root)
         statedir.share(root, socket_gid)
-        socket_path = root / statedir.SOCKET_NAME
+        socket_path = root / SOCKET_NAME
         sockets = [server.unix_socket(socket_path, socket_gid)]
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
