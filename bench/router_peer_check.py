@@ -2,7 +2,7 @@
 
 After each connect to a replica the router asks the kernel whose listener accepted the
 connection, and each health check asks whose listener holds the replica's port
-(gpupool.agent.sock_owner: a sock_diag lookup of the connection's other end, a sock_diag dump of
+(gpupool.isolation.sock_owner: a sock_diag lookup of the connection's other end, a sock_diag dump of
 the listeners). The other way is to scan /proc/net/tcp, a line per socket on the host. This
 opens N loopback connections (2N sockets, plus a listener), then times both ways for each
 question. Usage:
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.agent.sock_owner import (
+from gpupool.isolation.sock_owner import (
     accepting_uid,
     listener_uid,
     scanned_listener_uid,

@@ -2,7 +2,7 @@
 
 A replica listens on 127.0.0.1:$PORT. Any local user may bind a free port, so before a replica
 is taken as ready its listening socket must belong to the service's owner (the uid the kernel
-gives the socket, agent/sock_owner.py): another user's process squatting the port would
+gives the socket, isolation/sock_owner.py): another user's process squatting the port would
 otherwise be sent the service's requests. Then its health path must answer 2xx.
 """
 
@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Iterable
 
-from gpupool.agent.sock_owner import listener_uid
+from gpupool.isolation.sock_owner import listener_uid
 
 #: seconds a health check may take
 HEALTH_TIMEOUT_S = 1.0

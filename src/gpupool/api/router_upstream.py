@@ -15,9 +15,9 @@ import socket
 from dataclasses import dataclass
 
 from gpupool.agent.service_traffic import Endpoint
-from gpupool.agent.sock_owner import PeerUnknown, accepting_uid
 from gpupool.api.router_body import Body, answer_length, relay_answer, relay_exactly, sent
 from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, read_head
+from gpupool.isolation.sock_owner import PeerUnknown, accepting_uid
 
 #: idle connections kept per replica
 POOL_SIZE = 64

@@ -13,7 +13,12 @@ import sys
 import pytest
 from tests.users import user_env, users
 
-from gpupool.agent.sock_owner import accepting_uid, listener_uid, scanned_listener_uid, scanned_uid
+from gpupool.isolation.sock_owner import (
+    accepting_uid,
+    listener_uid,
+    scanned_listener_uid,
+    scanned_uid,
+)
 
 #: listens on 127.0.0.1, prints its port, and holds what it accepts until stdin closes
 LISTENER = """
