@@ -133,8 +133,8 @@ class Database:
             name = getattr(err, "sqlite_errorname", "")
             if name == "SQLITE_FULL":
                 raise StoreFull(
-                    f"the disk under the daemon's state is full ({err}): nothing was changed; "
-                    "try again once there is space"
+                    f"the daemon cannot {doing} its state: the disk under it is full ({err}): "
+                    "nothing was changed; try again once there is space"
                 ) from err
             if name in ("SQLITE_BUSY", "SQLITE_LOCKED"):
                 raise StoreBusy(
