@@ -68,7 +68,8 @@ class RouterLink:
     def open(self) -> None:
         """Attach to the running router, or replace it, or start one (see the module)."""
         hello = self._connect()
-        if hello is not None and hello["listen"] == self._listen:
+        wanted = {"listen": self._listen, "version": messages.VERSION}
+        if hello is not None and all(hello.get(k) == v for k, v in wanted.items()):
             log.info(
                 f"router on http://{self._listen}/NAME/: attached to its process {hello['pid']}"
             )
@@ -166,7 +167,7 @@ class RouterLink:
     # -- the loop --------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        failures = Failures("the router's control channel", POLL_S)
+        failures = Failures("the router's control channel", POLL_S)  # its log, its backoff
         while not self._stop.is_set():
             try:
                 if self._sock is None:

@@ -13,7 +13,8 @@ daemon to router
   exit      stop taking connections, answer those in flight, exit (the daemon replaces it).
 
 router to daemon
-  hello     {"pid", "listen", "started"}: first, on each connection.
+  hello     {"pid", "listen", "started", "version"}: first, on each connection. A daemon
+            replaces a router of another VERSION (an upgrade that changed these messages).
   wait      {"name", "queued"}: a request waits for a replica of NAME (the autoscaler wakes on
             it at once: a scale from zero starts now).
   counters  {"services": {NAME: {"in_flight", "queued", "statuses": {CODE: N}, "latency":
@@ -34,6 +35,9 @@ from typing import Any
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
 
+#: these messages' version: a change to them that an older router or daemon would misread
+#: needs a new one
+VERSION = 1
 #: the control socket's name in the state dir
 CONTROL_NAME = "router.sock"
 #: the router process's pid, in the state dir (for the supervising daemon and for tests)

@@ -108,6 +108,7 @@ class Control:
             self.daemon.close()  # a daemon restarted: the new one is the one attached
         self.daemon = writer
         hello = {"pid": os.getpid(), "listen": self.listen, "started": self.started}
+        hello["version"] = messages.VERSION
         writer.write(messages.encode("hello", **hello))
         try:
             while line := await reader.readline():
