@@ -4,16 +4,19 @@ only the daemon's user may drive its control socket (real daemon, router, replic
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, until
 from tests.agent.multiuser_support import group_daemon
 from tests.agent.services_support import MODEL_SERVER, Load, Routed, free_port, routed_on
@@ -141,3 +144,36 @@ def test_an_outsider_cannot_drive_the_control_socket() -> None:
         with socket.socket(socket.AF_UNIX) as sock:  # root's is the daemon's user: answered
             sock.connect(str(control))
             assert sock.recv(4096).startswith(b'{"t":"hello"')
+
+
+def test_a_router_of_another_version_is_told_to_exit_and_replaced(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    port = free_port()
+    older = socket.socket(socket.AF_UNIX)  # a router of an older gpupool, on the same address
+    older.bind(str(state / "router.sock"))
+    older.listen()
+    told: list[bytes] = []
+
+    def serve_once() -> None:
+        connection, _ = older.accept()
+        hello = {"t": "hello", "pid": 1, "listen": f"127.0.0.1:{port}", "started": 0, "version": 0}
+        connection.sendall(json.dumps(hello).encode() + b"\n")
+        connection.settimeout(10)
+        told.append(connection.recv(4096))
+
+    thread = threading.Thread(target=serve_once, daemon=True)
+    thread.start()
+    daemon = Daemon(tmp_path, "2xA100-40GB", ("--router", f"127.0.0.1:{port}")).start()
+    try:
+        thread.join(10)
+        assert told == [b'{"t":"exit"}\n']
+        assert _router_pid(daemon) != 1
+        routed = Routed(daemon, port)
+        routed.create("echo")
+        routed.ready("echo")
+        assert httpx.get(f"{routed.base}/echo/infer", timeout=10).status_code == 200
+    finally:
+        older.close()
+        daemon.stop()
+        _kill_jobs(daemon)
