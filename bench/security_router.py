@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 from security_support import SPEC, Bench, attempt, setup, table  # noqa: E402
+from tests.agent.conftest import _kill_jobs  # noqa: E402
 from tests.agent.daemon_support import Daemon, until  # noqa: E402
 from tests.agent.services_support import free_port  # noqa: E402
 from tests.agent.test_router_framing import PLAIN  # noqa: E402
@@ -84,6 +85,7 @@ def case_router(b: Bench) -> None:
         _taken_over(b, daemon, url)
     finally:
         daemon.stop()
+        _kill_jobs(daemon)  # the router process, which outlives the daemon, and the replicas
 
 
 def _trickled(b: Bench, daemon: Daemon, port: int, url: str) -> None:

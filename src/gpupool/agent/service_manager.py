@@ -28,6 +28,10 @@ from gpupool.agent.services import ServiceSpec
 from gpupool.agent.store import Store
 from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
 
+#: seconds a restarted daemon waits for its adopted replicas' first health checks before it
+#: sends the router its table (settled())
+SETTLE_S = 10.0
+
 
 class ServiceManager(ServiceLoop):
     """Every service of the node; thread-safe (one lock over the services)."""
@@ -59,6 +63,8 @@ class ServiceManager(ServiceLoop):
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._checks = ThreadPoolExecutor(8, thread_name_prefix="gpupool-health")
+        self._adopted: list[Replica] = []
+        self._settle_by = 0.0
         self.traffic.on_wait = lambda _name: self._wake.set()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -82,8 +88,23 @@ class ServiceManager(ServiceLoop):
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
                 if replica.state == "suspended":  # it stays parked until a request comes
                     owner.since = now - owner.spec.idle_s
+        self._adopted = [r for s in self._services.values() for r in s.replicas.values()]
+        self._settle_by = now + SETTLE_S
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)
         self._thread.start()
+
+    def settled(self) -> bool:
+        """Whether every replica adopted at start has been seen again (ready, parked, ended or
+        stopping), or SETTLE_S have passed: until then the router keeps serving with the last
+        daemon's table rather than with one that lacks them."""
+        if time.monotonic() > self._settle_by:
+            return True
+        with self._lock:
+            live = {r.job_id for s in self._services.values() for r in s.replicas.values()}
+            return not any(
+                r.job_id in live and r.stopping is None and r.state in ("queued", "starting")
+                for r in self._adopted
+            )
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import json
 import socket
-import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, MutableMapping
 from typing import Any
@@ -37,6 +36,7 @@ from gpupool.api.guard import OVER_TCP, PEER_UID
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.settings import ListenerLimits
 from gpupool.core.units import parse_bytes, parse_duration
+from gpupool.isolation.sock_owner import peer_uid
 
 Scope = MutableMapping[str, Any]
 Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -50,13 +50,6 @@ NOFILE_SHARE = 4
 class HeadTooLarge(Exception):
     """Raised in a parser callback to stop parsing a head past a limit (httptools turns it into
     an HttpParserCallbackError, which uvicorn answers through `send_400_response`)."""
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
 
 
 class Budget:

@@ -1,7 +1,8 @@
 """The router (`gpupool serve --router HOST:PORT`): /NAME/... to a ready replica of NAME.
 
-A reverse proxy on asyncio streams, in its own thread and event loop (uvloop) inside the daemon
-(docs/inference.md says why this over aiohttp or uvicorn with httpx: it was measured). Each
+A reverse proxy on asyncio streams and uvloop, in a process of its own that outlives the daemon
+(router_proc.py; docs/inference.md says why this over aiohttp or uvicorn with httpx: it was
+measured). Each
 request goes, its `/NAME` prefix stripped, to the replica of NAME with the fewest requests in
 flight that is below the service's concurrency; the answer is copied back as it arrives (a
 token stream's first byte is never held). With no such replica the request waits in a bounded
@@ -20,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import sys
-import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import uvloop
 
@@ -52,8 +52,6 @@ QUEUE_LIMIT = 256
 WAIT_S = 60.0
 #: replicas tried for a request that none could be reached for, before 502
 REFUSED_TRIES = 3
-#: the interpreter's thread switch interval while the router runs
-SWITCH_S = 0.0005
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
 _REASONS = {
@@ -72,7 +70,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Router:
-    """The proxy over one listening socket; `start()` runs it in a thread of its own."""
+    """The proxy over one listening socket; `run()` serves on the calling thread."""
 
     def __init__(self, traffic: Traffic, sock: socket.socket) -> None:
         self.traffic = traffic
@@ -81,45 +79,39 @@ class Router:
         self._upstreams = Upstreams()
         self._connections = Connections()
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
-        self._thread = threading.Thread(target=self._run, name="gpupool-router", daemon=True)
         self._server: asyncio.Server | None = None
-        self._ready = threading.Event()
+        #: set once the router has a table (router_proc.py): before, a request for a service it
+        #: does not know waits for one rather than getting 404
+        self.known = asyncio.Event()
+        #: the endpoints with requests in flight (one may have left the table: it drains)
+        self.busy: set[Endpoint] = set()
         self._active = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        def changed() -> None:
-            self.loop.call_soon_threadsafe(self._wake_all)
-
-        self.traffic.on_change = changed
-        # the router's thread shares the interpreter with the daemon's: a shorter switch
-        # interval lets it take the GIL back sooner from a busy thread (default 5 ms)
-        sys.setswitchinterval(SWITCH_S)
-        self._thread.start()
-        self._ready.wait(10)
-
-    def stop(self) -> None:
-        """Stop taking connections, let the requests in flight finish (STOP_GRACE_S), stop."""
-        self.traffic.on_change = None
-        if self._thread.is_alive():
-            future = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
-            with contextlib.suppress(Exception):
-                future.result(STOP_GRACE_S + 5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
-
-    def _run(self) -> None:
+    def run(self, until: Callable[[], Awaitable[None]]) -> None:
+        """Serve on this thread until `until()` returns (router_proc.py's control channel
+        decides when), then stop: the requests in flight finish first (STOP_GRACE_S)."""
         asyncio.set_event_loop(self.loop)
+        self.traffic.on_change = self._wake_all
         self._server = self.loop.run_until_complete(
             asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
         )
-        self._ready.set()
-        self.loop.run_forever()
+        try:
+            self.loop.run_until_complete(until())
+            self.loop.run_until_complete(self.shutdown())
+        finally:
+            self.traffic.on_change = None
+            self.loop.close()
 
-    async def _shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop taking connections (those open go on)."""
         if self._server is not None:
             self._server.close()
+
+    async def shutdown(self) -> None:
+        """Stop taking connections, let the requests in flight finish (STOP_GRACE_S)."""
+        self.close()
         deadline = time.monotonic() + STOP_GRACE_S
         while self._active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -243,7 +235,7 @@ class Router:
         path = b"/" + rest if not query else b"/" + query + params
         keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
         keep = keep or b"keep-alive" in head.tokens(b"connection")
-        service = self.traffic.get(name.decode("ascii", "replace"))
+        service = await self._service(name.decode("ascii", "replace"))
         if service is None or service.gone:
             shown = name.decode("ascii", "replace")[:60]
             keep = keep and not body.left  # the rest of its body unread: the connection ends
@@ -270,6 +262,12 @@ class Router:
                     writer.write(_error(502, "BadGateway", str(err), close=True))
         return False
 
+    async def _service(self, name: str) -> ServiceTraffic | None:
+        if not self.known.is_set() and self.traffic.get(name) is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.known.wait(), WAIT_S)
+        return self.traffic.get(name)
+
     async def _send(
         self,
         service: ServiceTraffic,
@@ -286,6 +284,7 @@ class Router:
         self._active += 1
         found.in_flight += 1
         service.in_flight += 1
+        self.busy.add(found)
         try:
             status, keep_client = await self._upstreams.forward(
                 request, found, service.owner, client, keep
@@ -304,6 +303,8 @@ class Router:
         finally:
             found.in_flight -= 1
             service.in_flight -= 1
+            if not found.in_flight:
+                self.busy.discard(found)
             self._active -= 1
             if status is not None:
                 service.statuses[status] += 1

@@ -84,12 +84,12 @@ class Upstreams:
                 "127.0.0.1", endpoint.port, limit=MAX_HEAD
             )
         except OSError as err:
-            endpoint.broken = True  # the others take its requests until it is back or replaced
+            endpoint.refused()
             raise UpstreamRefused(f"the replica on port {endpoint.port} refused: {err}") from err
         why = await _not_owners(writer.get_extra_info("socket"), owner)
         if why is not None:
             writer.close()
-            endpoint.broken = True
+            endpoint.refused()
             raise UpstreamRefused(f"port {endpoint.port}: {why}")
         return reader, writer
 

@@ -228,7 +228,8 @@ def register(app: typer.Typer) -> None:
             "--router",
             metavar="HOST:PORT",
             help="Also run the services' router: http://HOST:PORT/NAME/... goes to a ready "
-            "replica of service NAME (docs/inference.md).",
+            "replica of service NAME (docs/inference.md). It is a process of its own that "
+            "outlives the daemon: a restarted daemon attaches to it again.",
         ),
         listener_limits: list[str] = typer.Option(
             [],
@@ -255,6 +256,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.api import server
         from gpupool.api.app import create_app
         from gpupool.api.listener import parse_limits
+        from gpupool.api.router_link import RouterLink
         from gpupool.devices.factory import open_backend
         from gpupool.isolation.daemon_paths import SOCKET_NAME, default_state_dir
 
@@ -297,7 +299,6 @@ def register(app: typer.Typer) -> None:
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
             sockets.append(server.tcp_socket(listen))
-        router_socket = server.tcp_socket(router, "--router") if router is not None else None
         with open_backend(simulate, node_dir) as backend:
             agent = Agent(config, backend)
             if agent.launch_node.sim_node is not None:
@@ -319,19 +320,14 @@ def register(app: typer.Typer) -> None:
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
             app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
-            proxy = None
-            if router_socket is not None:
-                from gpupool.api.router import Router
-
-                proxy = Router(agent.services.traffic, router_socket)
-                proxy.start()
-                logs.log.info(f"router on http://{router}/NAME/ for the services")
+            # the router is a process of its own, which outlives this one (router_link.py)
+            link = RouterLink(agent.services, root, router)
             try:
+                link.open()
                 alive = {p: i for p, i in watched.items() if i}
                 gone = server.serve(app, sockets, tls, alive, limits)
             finally:
-                if proxy is not None:
-                    proxy.stop()
+                link.close()
                 agent.stop()
                 server.remove_socket(socket_path, watched[socket_path])
                 lock.close()

@@ -178,3 +178,10 @@ def _proc_mapped(host: str, port: int) -> str:
 
 def _address(family: int, host: str) -> bytes:
     return socket.inet_pton(family, host).ljust(16, b"\0")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
