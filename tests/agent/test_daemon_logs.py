@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.agent.conftest import serving
-from tests.agent.daemon_support import Daemon
+from tests.agent.daemon_support import Daemon, until
 
 from gpupool.agent.logs import JsonLines
 
@@ -105,3 +107,20 @@ def test_a_bad_log_format_is_one_line_and_exit_2(tmp_path: Path, how: str) -> No
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "gpupool: error: invalid --log-format 'xml': use plain or json\n"
     assert not state.exists()  # nothing was made
+
+
+def _entries(daemon: Daemon) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (daemon.root / "serve.log").read_text().splitlines()]
+
+
+def test_a_service_and_its_replicas_lines_carry_the_service(json_daemon: Daemon) -> None:
+    body = {"name": "web", "argv": ["sleep", "60"], "workdir": "/tmp", "memory": "2Gi"}
+    json_daemon.call("POST", "/v1/services", json={**body, "compute": 20})
+    created = until(lambda: [e for e in _entries(json_daemon) if e.get("service") == "web"])
+    assert created[0]["message"] == f"created by {pwd.getpwuid(os.getuid()).pw_name}"
+    assert created[0]["uid"] == os.getuid() and "job" not in created[0]
+    started = until(lambda: [e for e in _entries(json_daemon) if "started on port" in e["message"]])
+    job = int(re.findall(r"\(job (\d+)\)", started[0]["message"])[0])
+    json_daemon.call("DELETE", "/v1/services/web", json={})
+    ended = until(lambda: [e for e in _entries(json_daemon) if e.get("job") == job])
+    assert ended[0]["service"] == "web" and ended[0]["uid"] == os.getuid()
