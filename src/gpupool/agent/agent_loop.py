@@ -25,7 +25,7 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
 from gpupool.agent.jobdir import JobDir, alive, remove_unknown
 from gpupool.agent.jobs import Job, State
-from gpupool.agent.logs import Failures, log
+from gpupool.agent.logs import Failures, about_job, log
 from gpupool.agent.migschedule import MigScheduler
 from gpupool.agent.mps import MpsControl
 from gpupool.agent.mpsjobs import MpsJobs
@@ -144,7 +144,7 @@ class QueueLoop:
         except StoreBusy:
             raise
         except Exception as err:
-            log.exception("job %d: %s failed", job.id, doing)
+            about_job(job).exception("%s failed", doing)
             with contextlib.suppress(Exception):  # its processes must not outlive its record
                 self._signal(job, signal.SIGKILL)
             self._fail_start(job, f"{doing} failed: {type(err).__name__}: {err}")
@@ -180,6 +180,7 @@ class QueueLoop:
             peak_memory=peak,
             detail=words,
         )
+        about_job(job).info("%s: %s", state.value, words)
         for region in jobdir.path.glob("gpupool-share-*"):
             shutil.rmtree(region, ignore_errors=True)
         if job.spec.mode is Mode.MIG:

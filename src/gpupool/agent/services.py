@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpupool.agent.jobs import JobSpec
+from gpupool.agent.jobs import SERVICE_GROUP, JobSpec
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, parse_memory_share
@@ -109,7 +109,7 @@ class ServiceSpec:
             env={**self.env, "PORT": str(port)},
             workdir=self.workdir,
             # replicas of one service spread over GPUs where they can; services still pack
-            spread_group=f"service/{self.name}",
+            spread_group=f"{SERVICE_GROUP}{self.name}",
             slice_us=LATENCY_SLICE_US if self.priority is Priority.HIGH else 0,
         )
 

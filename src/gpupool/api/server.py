@@ -232,6 +232,8 @@ def serve(
         lifespan="off",
         log_level="warning",
         access_log=False,
+        # uvicorn's own lines go through the daemon's log, in its format (agent/logs.py)
+        log_config=None,
         # no proxy stands in front: a client's X-Forwarded-For must not change who it appears to
         # be (and it is one middleware less on every request)
         proxy_headers=False,

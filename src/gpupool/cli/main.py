@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from gpupool import __version__
+from gpupool.cli.lines import say
 from gpupool.core import settings
 from gpupool.core.errors import GpupoolError
 
@@ -260,26 +261,26 @@ def _main(args: list[str]) -> None:
     try:
         if at_once is not None:
             text, status = at_once
-            print(text)
+            say(text)
             sys.exit(status)
         if entry is not None and entry.argparse:
             sys.exit(_run_argparse(entry.module, args[0], args[1:]))
         build_app()(args=args, prog_name="gpupool")
     except GpupoolError as err:
-        print(f"gpupool: error: {err}", file=sys.stderr)
+        say(f"gpupool: error: {err}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:  # typer answers Ctrl-C itself; argparse commands land here
-        print("gpupool: interrupted", file=sys.stderr)
+        say("gpupool: interrupted", err=True)
         sys.exit(_INTERRUPTED)
     except Exception as err:  # the last line of defence
         if isinstance(err, BrokenPipeError) and _reader_gone():
             sys.exit(_PIPE_CLOSED)
         if settings.DEBUG.read(os.environ):
             raise
-        print(
+        say(
             f"gpupool: internal error: {type(err).__name__}: {err} "
             "(set GPUPOOL_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+            err=True,
         )
         sys.exit(70)
 

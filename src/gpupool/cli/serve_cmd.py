@@ -245,6 +245,15 @@ def register(app: typer.Typer) -> None:
             envvar=settings.MIG_KEEP_INSTANCES.name,
             help="Leave the MIG instances made for jobs in place after them (default: destroy).",
         ),
+        log_format: str = typer.Option(
+            settings.LOG_FORMAT.default,
+            "--log-format",
+            envvar=settings.LOG_FORMAT.name,
+            metavar="plain|json",
+            help="The daemon's log on stderr: lines to read, or one JSON object per line (time, "
+            "level, logger, message and the job, service and uid it is about) to ship to Loki "
+            "or Elasticsearch.",
+        ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
         # heavy imports here: client commands do not pay for FastAPI and uvicorn
@@ -260,7 +269,7 @@ def register(app: typer.Typer) -> None:
         from gpupool.devices.factory import open_backend
         from gpupool.isolation.daemon_paths import SOCKET_NAME, default_state_dir
 
-        logs.configure()
+        logs.configure(log_format)
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
         check_policy(policy)

@@ -179,6 +179,14 @@ MIG_KEEP_INSTANCES = Setting(
     Reader.PYTHON,
 )
 
+LOG_FORMAT = Setting(
+    "GPUPOOL_LOG_FORMAT",
+    "plain",
+    "How `gpupool serve` writes its log on stderr: `plain` (lines to read) or `json` (one JSON "
+    "object per line, for Loki or Elasticsearch; `gpupool serve --log-format`).",
+    Reader.PYTHON,
+)
+
 
 @dataclass(frozen=True)
 class DaemonDefaults:
@@ -245,6 +253,7 @@ ALL: tuple[Setting, ...] = (
     WATCHDOG_EXEMPT,
     MPS_CONTROL,
     MIG_KEEP_INSTANCES,
+    LOG_FORMAT,
 )
 
 #: the settings that make up a share; only a launch may set them
