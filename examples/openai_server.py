@@ -30,6 +30,8 @@ WORDS = ["hello", "from", NAME]
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # a head and a body written apart would wait out the client's delayed ACK (40 ms)
+    disable_nagle_algorithm = True
 
     def log_message(self, *_: Any) -> None:
         pass

@@ -14,6 +14,9 @@ to replicas are kept alive and reused (router_upstream.py).
 A request takes a replica slot only once its head and body are in (router_body.py), so a client
 that trickles them holds a connection of its own, never a replica; how many connections, and for
 how long, is bounded by router_limits.py.
+
+`/v1/...` is the OpenAI API's (router_openai.py): a request there goes, its path unchanged, to
+the service that answers for its body's `model`, with the same choice, queue and streaming.
 """
 
 from __future__ import annotations
