@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -163,3 +164,41 @@ def test_a_model_name_is_one_services_and_names_are_checked(routed: Routed) -> N
         return sorted(m["id"] for m in httpx.get(f"{routed.base}/v1/models").json()["data"])
 
     assert until(lambda: listed() == ["fresh", "llama"]), listed()
+
+
+#: a replica that passes its health check and closes each other request's connection unanswered
+DROPS = """
+import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def do_POST(self):
+        self.close_connection = True
+HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"""
+
+
+def test_a_failed_replica_and_a_deleted_service_answer_in_openais_shape(routed: Routed) -> None:
+    routed.create("drops", argv=[sys.executable, "-c", DROPS], models=["drops-model"])
+    routed.ready("drops")
+    url = f"{routed.base}/v1/chat/completions"
+    failed = httpx.post(url, json={"model": "drops-model", "messages": []}, timeout=30)
+    assert failed.status_code == 502 and error_of(failed)["type"] == "server_error"
+    # a request waiting for a replica that never comes, its service deleted meanwhile
+    never = [sys.executable, "-c", "import time; time.sleep(600)"]
+    routed.create("never", argv=never, models=["never-model"])
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(url, json={"model": "never-model", "messages": []}, timeout=60)
+        )
+    )
+    waiting.start()
+    assert until(lambda: routed.service("never")["queued"] == 1, timeout=20)
+    routed.daemon.call("DELETE", "/v1/services/never", json={})
+    waiting.join(30)
+    assert answers and answers[0].status_code == 404
+    assert "was deleted" in error_of(answers[0])["message"]
