@@ -156,6 +156,7 @@ class Service:
             "mode": spec.mode.value,
             "priority": spec.priority.value,
             "concurrency": spec.concurrency,
+            "models": list(spec.model_names),
             "generation": self.stored.generation,
             "restarts": self.restarts,
             "gpus": sorted({g for r in self.replicas.values() for g in r.gpus}),

@@ -83,6 +83,11 @@ class ServiceTraffic:
     last_request: float = 0.0
     #: the service was deleted: waiting requests get 404, new ones too
     gone: bool = False
+    #: the model names a request to the OpenAI API routes to it by, its owner's name, and
+    #: when it was created (time.time()): what GET /v1/models lists
+    models: tuple[str, ...] = ()
+    user: str = ""
+    created: float = 0.0
 
     @property
     def requests_total(self) -> int:
@@ -106,6 +111,13 @@ class Traffic:
 
     def get(self, name: str) -> ServiceTraffic | None:
         return self._services.get(name)
+
+    def by_model(self, model: str) -> ServiceTraffic | None:
+        """The service that answers for `model` (one at most: the manager refuses a second)."""
+        for service in list(self._services.values()):
+            if model in service.models:
+                return service
+        return None
 
     def all(self) -> list[ServiceTraffic]:
         return list(self._services.values())

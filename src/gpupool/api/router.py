@@ -14,6 +14,9 @@ to replicas are kept alive and reused (router_upstream.py).
 A request takes a replica slot only once its head and body are in (router_body.py), so a client
 that trickles them holds a connection of its own, never a replica; how many connections, and for
 how long, is bounded by router_limits.py.
+
+`/v1/...` is the OpenAI API's (router_openai.py): a request there goes, its path unchanged, to
+the service that answers for its body's `model`, with the same choice, queue and streaming.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import uvloop
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
+from gpupool.api import router_openai as openai
 from gpupool.api.router_body import PIECE, Body, read_request_body, request_length
 from gpupool.api.router_http import (
     MAX_HEAD,
@@ -66,7 +70,11 @@ _REASONS = {
 #: seconds a refused request's connection is read (and what comes dropped) before it closes
 LINGER_S = 1.0
 _RETRY = [(b"Retry-After", b"1")]
+#: the `error` of a /NAME path's error answers, by status (others: BadRequest)
+_ERRORS = {404: "NotFound", 502: "BadGateway", 503: "Unavailable"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: how an error answer is written: a /NAME path's (`_native`) or OpenAI's (router_openai.py)
+Shape = Callable[..., bytes]
 
 
 class Router:
@@ -186,7 +194,7 @@ class Router:
         address = peer[0] if isinstance(peer, tuple) else "local"
         refused = self._connections.admit(address)
         if refused is not None:
-            writer.write(_error(503, "Unavailable", refused, close=True, extra=_RETRY))
+            writer.write(_native(503, refused, close=True, extra=_RETRY))
             writer.close()
             return
         try:
@@ -194,7 +202,7 @@ class Router:
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the client went, or sent no whole head in time: its connection ends
         except BadMessage as err:
-            writer.write(_error(err.status, "BadRequest", str(err), close=True))
+            writer.write(_native(err.status, str(err), close=True))
             await _linger(reader, writer)
         finally:
             self._connections.release(address)
@@ -214,15 +222,25 @@ class Router:
             length = request_length(head)
             if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
                 writer.write(_CONTINUE)
-            deadline = self.loop.time() + BODY_S
             try:
-                async with asyncio.timeout_at(deadline):
-                    body = await read_request_body(reader, length)
-            except TimeoutError:
-                raise BadMessage(f"the body did not come within {BODY_S:g}s", 408) from None
-            body.deadline = deadline
+                body = await self._body(reader, length)
+            except BadMessage as err:  # in the shape of the API the request is for
+                shape = openai.error if openai.is_openai(head.second) else _native
+                writer.write(shape(err.status, str(err), close=True))
+                await _linger(reader, writer)
+                return
             if not await self._request(head, body, (reader, writer), forwarded):
                 return
+
+    async def _body(self, reader: asyncio.StreamReader, length: int | None) -> Body:
+        deadline = self.loop.time() + BODY_S
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await read_request_body(reader, length)
+        except TimeoutError:
+            raise BadMessage(f"the body did not come within {BODY_S:g}s", 408) from None
+        body.deadline = deadline
+        return body
 
     async def _request(self, head: Head, body: Body, client: Connection, forwarded: bytes) -> bool:
         """Route one request, received whole (or its body's start); whether the client
@@ -230,43 +248,88 @@ class Router:
         began = time.perf_counter()
         writer = client[1]
         target = head.second
+        keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
+        keep = keep or b"keep-alive" in head.tokens(b"connection")
+        if openai.is_openai(target):
+            return await self._openai(head, body, client, forwarded, keep)
         name, _, rest = target[1:].partition(b"/") if target.startswith(b"/") else (b"", b"", b"")
         name, query, params = name.partition(b"?")
         path = b"/" + rest if not query else b"/" + query + params
-        keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
-        keep = keep or b"keep-alive" in head.tokens(b"connection")
-        service = await self._service(name.decode("ascii", "replace"))
+        shown = name.decode("ascii", "replace")
+        service = await self._service(lambda: self.traffic.get(shown))
         if service is None or service.gone:
-            shown = name.decode("ascii", "replace")[:60]
             keep = keep and not body.left  # the rest of its body unread: the connection ends
-            writer.write(_error(404, "NotFound", f"no service {shown!r}", close=not keep))
+            writer.write(_native(404, f"no service {shown[:60]!r}", close=not keep))
             return keep
-        service.last_request = time.monotonic()
         request = Request(head, body, name, path, forwarded)
+        return await self._route(service, request, began, client, keep, _native)
+
+    async def _openai(
+        self, head: Head, body: Body, client: Connection, forwarded: bytes, keep: bool
+    ) -> bool:
+        """A request to the OpenAI API (router_openai.py): to the service of its `model`."""
+        began = time.perf_counter()
+        path = openai.path_of(head.second)
+        try:
+            if path == openai.MODELS or path.startswith(openai.MODELS + b"/"):
+                await self._service(lambda: None)  # the table, once the router has one
+                client[1].write(
+                    openai.models_answer(self.traffic, path, not keep or bool(body.left))
+                )
+                return keep and not body.left
+            if path not in openai.ROUTED:
+                raise openai.unknown_path(head)
+            model = openai.model_of(body)
+            service = await self._service(lambda: self.traffic.by_model(model))
+            if service is None or service.gone:
+                raise openai.not_found(model)
+        except openai.Refused as err:
+            keep = keep and not body.left  # the rest of its body unread: the connection ends
+            client[1].write(openai.refused(err, close=not keep))
+            if body.left:
+                await _linger(*client)
+            return keep
+        request = Request(head, body, b"", head.second, forwarded)
+        return await self._route(service, request, began, client, keep, openai.error)
+
+    async def _route(
+        self,
+        service: ServiceTraffic,
+        request: Request,
+        began: float,
+        client: Connection,
+        keep: bool,
+        shape: Shape,
+    ) -> bool:
+        """`request` to a replica of `service`, errors answered in `shape`; whether the client
+        connection stays open."""
+        writer = client[1]
+        service.last_request = time.monotonic()
         for attempt in range(1, REFUSED_TRIES + 1):
             found = await self._endpoint(service)
             if isinstance(found, str):
                 if found == "gone":
-                    message = f"service {service.name} was deleted"
-                    writer.write(_error(404, "NotFound", message, close=True))
+                    writer.write(shape(404, f"service {service.name} was deleted", close=True))
                     return False
                 service.statuses[503] += 1
-                writer.write(_error(503, "Unavailable", found, close=True, extra=_RETRY))
+                writer.write(shape(503, found, close=True, extra=_RETRY))
                 return False
             try:
-                return await self._send(service, found, request, began, client, keep)
+                return await self._send(service, found, request, began, client, keep, shape)
             except UpstreamRefused as err:
                 # nothing reached that replica: the request goes to another one (or waits)
                 if attempt == REFUSED_TRIES:
                     service.statuses[502] += 1
-                    writer.write(_error(502, "BadGateway", str(err), close=True))
+                    writer.write(shape(502, str(err), close=True))
         return False
 
-    async def _service(self, name: str) -> ServiceTraffic | None:
-        if not self.known.is_set() and self.traffic.get(name) is None:
+    async def _service(self, find: Callable[[], ServiceTraffic | None]) -> ServiceTraffic | None:
+        """What `find` finds in the table; until the router has one, a request it finds
+        nothing for waits for it rather than getting 404."""
+        if not self.known.is_set() and find() is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.known.wait(), WAIT_S)
-        return self.traffic.get(name)
+        return find()
 
     async def _send(
         self,
@@ -276,6 +339,7 @@ class Router:
         began: float,
         client: Connection,
         keep: bool,
+        shape: Shape,
     ) -> bool:
         """The request through `found`, counted; whether the client connection may stay open.
         UpstreamRefused (uncounted) when the replica could not be reached at all."""
@@ -294,11 +358,11 @@ class Router:
             status = None
             raise
         except UpstreamFailed as err:
-            writer.write(_error(502, "BadGateway", str(err), close=True))
+            writer.write(shape(502, str(err), close=True))
             return False
         except BadMessage as err:  # the rest of a streamed body did not come in time
             status = err.status
-            writer.write(_error(err.status, "BadRequest", str(err), close=True))
+            writer.write(shape(err.status, str(err), close=True))
             return False
         finally:
             found.in_flight -= 1
@@ -322,13 +386,10 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                 pass
 
 
-def _error(
-    status: int,
-    error: str,
-    message: str,
-    *,
-    close: bool,
-    extra: list[tuple[bytes, bytes]] | None = None,
+def _native(
+    status: int, message: str, *, close: bool, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> bytes:
-    headers = list(extra or []) + ([(b"Connection", b"close")] if close else [])
+    """An error answer of a /NAME path: `{"error", "message"}`, as the daemon's API answers."""
+    headers = list(extra) + ([(b"Connection", b"close")] if close else [])
+    error = _ERRORS.get(status, "BadRequest")
     return json_answer(status, _REASONS.get(status, "Error"), error, message, headers)

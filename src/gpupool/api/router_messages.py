@@ -6,8 +6,10 @@ mode 0600 that it serves only to a peer of its own uid (SO_PEERCRED); the daemon
 kind:
 
 daemon to router
-  table     {"services": [{"name", "owner", "concurrency", "endpoints": [{"job_id", "index",
-            "port", "generation", "draining", "healthy_at"}]}]}: every service and its ready
+  table     {"services": [{"name", "owner", "concurrency", "models", "user", "created",
+            "endpoints": [{"job_id", "index", "port", "generation", "draining",
+            "healthy_at"}]}]}: every service, the model names it answers for at the OpenAI
+            API (router_openai.py), and its ready
             replicas, whole, whenever it changes. The router serves with the last one it got,
             whether a daemon is attached or not.
   exit      stop taking connections, answer those in flight, exit (the daemon replaces it).
@@ -37,7 +39,7 @@ from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
 
 #: these messages' version: a change to them that an older router or daemon would misread
 #: needs a new one
-VERSION = 1
+VERSION = 2
 #: the control socket's name in the state dir
 CONTROL_NAME = "router.sock"
 #: the router process's pid, in the state dir (for the supervising daemon and for tests)
@@ -80,6 +82,9 @@ def table(traffic: Traffic) -> Message:
             "name": s.name,
             "owner": s.owner,
             "concurrency": s.concurrency,
+            "models": list(s.models),
+            "user": s.user,
+            "created": s.created,
             "endpoints": [
                 {
                     "job_id": e.job_id,
@@ -104,6 +109,8 @@ def apply_table(traffic: Traffic, message: Message) -> None:
         listed = {str(s["name"]): s for s in message["services"]}
         for name, fields in listed.items():
             service = traffic.add(name, int(fields["owner"]), int(fields["concurrency"]))
+            service.models = tuple(str(m) for m in fields["models"])
+            service.user, service.created = str(fields["user"]), float(fields["created"])
             known = {(e.job_id, e.port, e.generation): e for e in service.endpoints}
             endpoints = []
             for item in fields["endpoints"]:

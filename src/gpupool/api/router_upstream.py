@@ -50,8 +50,10 @@ class Request:
     forwarded: bytes
 
     def encode(self) -> bytes:
-        """What goes upstream first: the head, the prefix stripped, framed by Content-Length."""
-        extra = [(b"X-Forwarded-For", self.forwarded), (b"X-Forwarded-Prefix", b"/" + self.name)]
+        """What goes upstream first: the head, its path `path`, framed by Content-Length."""
+        extra = [(b"X-Forwarded-For", self.forwarded)]
+        if self.name:  # a /NAME path's; an OpenAI API request goes with its path unchanged
+            extra.append((b"X-Forwarded-Prefix", b"/" + self.name))
         if self.body.framed:
             extra.append((b"Content-Length", str(self.body.length).encode()))
         head = Head(self.head.first, self.path, b"HTTP/1.1", self.head.headers)

@@ -43,6 +43,7 @@ class ServiceBody(BaseModel):
     health: str = "/health"
     env: dict[str, str] = {}
     workdir: str = "/"
+    models: list[str] = Field([], max_length=64)
 
 
 class UpdateBody(BaseModel):
@@ -62,6 +63,7 @@ class UpdateBody(BaseModel):
     health: str | None = None
     env: dict[str, str] | None = None
     workdir: str | None = None
+    models: list[str] | None = Field(None, max_length=64)
 
 
 class ScaleBody(BaseModel):
@@ -106,6 +108,7 @@ def spec_of(body: ServiceBody) -> ServiceSpec:
         health=body.health,
         env=dict(body.env),
         workdir=body.workdir,
+        models=tuple(body.models),
     )
 
 

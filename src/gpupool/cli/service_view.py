@@ -9,7 +9,7 @@ from gpupool.cli import texttable
 from gpupool.cli.lines import say
 
 HEADER = ["NAME", "USER", "READY", "DESIRED", "MIN..MAX", "IN-FLIGHT", "QUEUED", "REQUESTS"]
-HEADER += ["5XX", "SHARE", "GPUS", "PROBLEM"]
+HEADER += ["5XX", "SHARE", "GPUS", "MODELS", "PROBLEM"]
 
 
 def _share(service: dict[str, Any]) -> str:
@@ -29,6 +29,12 @@ def _ready(replicas: dict[str, Any]) -> str:
     return f"{replicas['ready']} ({suspended} suspended)" if suspended else str(replicas["ready"])
 
 
+def _models(service: dict[str, Any]) -> str:
+    """The model names it answers for at the router's OpenAI API (a daemon from before them
+    sends none: its name)."""
+    return ",".join(service.get("models") or [service["name"]])
+
+
 def rows(services: list[dict[str, Any]]) -> list[list[str]]:
     table = []
     for service in services:
@@ -46,6 +52,7 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
                 str(service["errors_total"]),
                 _share_and_mode(service),
                 ",".join(str(g) for g in service["gpus"]) or "-",
+                _models(service)[:60],
                 (service["problem"] or "")[:60],
             ]
         )
@@ -77,6 +84,7 @@ def print_service(service: dict[str, Any]) -> None:
         f"  share:       {_share(service)} per replica, mode {service['mode']}, concurrency "
         f"{service['concurrency']}, idle {spec['idle_s']:g}s, window {spec['window_s']:g}s"
     )
+    say(f"  models:      {_models(service)} (POST /v1/... at the router, by the body's model)")
     say(f"  health:      GET {spec['health']} (ready within {spec['ready_timeout_s']:g}s)")
     statuses = ", ".join(f"{code}: {n}" for code, n in service["statuses"].items()) or "none"
     say(
