@@ -180,10 +180,23 @@ class QueueLoop:
             peak_memory=peak,
             detail=words,
         )
-        for region in jobdir.path.glob("gpupool-share-*"):
-            shutil.rmtree(region, ignore_errors=True)
+        self._release(job)
         if job.spec.mode is Mode.MIG:
             self._mig_scheduler.ended(job.id)
+
+    def _release(self, job: Job) -> None:
+        """Give back what a job held while it ran, on every way it ends: its share at the
+        compute arbiter (64 slots a GPU: one kept per ended job starved the 65th) and its
+        accounting regions."""
+        limits = launcher.arbiter_limits(job)
+        if limits is not None and limits.arbitrated:
+            share_id = self.arbiter.share_of(f"job {job.id}").share_id
+            try:
+                self.arbiter.unregister(share_id)
+            except GpupoolError as err:  # never registered (it ran unarbitrated), or gone
+                log.debug("job %d: its arbiter share: %s", job.id, err)
+        for region in self.jobdir(job.id).path.glob("gpupool-share-*"):
+            shutil.rmtree(region, ignore_errors=True)
 
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         pids = self.jobdir(job.id).pids()
@@ -276,6 +289,7 @@ class QueueLoop:
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
+        self._release(job)  # a launch that failed may have registered its share
 
     # -- pruning ------------------------------------------------------------------------------
 
