@@ -165,8 +165,6 @@ class QueueLoop:
         else:
             state = State.SUCCEEDED if code == 0 else State.FAILED
         peak = self.sampler.ended(job.id)
-        with self._lock:
-            self._cancel_at.pop(job.id, None)
         words = detail or mps_failure
         words = words or (f"exit code {code}" if code is not None else "exit code unknown")
         # the supervisor saw the interception library's out-of-memory line go by
@@ -186,10 +184,15 @@ class QueueLoop:
 
     def _release(self, job: Job) -> None:
         """Give back what a job held while it ran, on every way it ends: its share at the
-        compute arbiter (64 slots a GPU: one kept per ended job starved the 65th) and its
-        accounting regions."""
-        limits = launcher.arbiter_limits(job)
-        if limits is not None and limits.arbitrated:
+        compute arbiter (64 slots a GPU: one kept per ended job starved the 65th), its
+        accounting regions, and what the daemon kept of it in memory."""
+        self.sampler.ended(job.id)
+        self.mps_jobs.ended(job.id)
+        with self._lock:
+            self._cancel_at.pop(job.id, None)
+        # by mode alone: a launch that failed may have registered the share of a job this
+        # record shows still queued (no GPUs yet); unknown to the arbiter is no harm
+        if job.spec.mode in (Mode.SHIM, Mode.MIG):
             share_id = self.arbiter.share_of(f"job {job.id}").share_id
             try:
                 self.arbiter.unregister(share_id)
@@ -308,7 +311,7 @@ class QueueLoop:
             raise InvalidRequest(f"invalid age {older_than_s:g}: must not be negative")
         with self._prune_lock:
             pruned = self.store.prune(time.time() - older_than_s)
-            self.view.forget(pruned)
+            self.view.keep_listed(self.store.job_ids())
             remove_unknown(self.jobs_dir, self.store.job_ids)
         if pruned:
             log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)
