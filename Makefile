@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean native proto browser cli-docs
+.PHONY: test demo lint typecheck venv clean native proto browser cli-docs docs-check
 
 venv: $(STAMP)
 
@@ -61,6 +61,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# no dead link in README, CHANGELOG and docs/ (files and headings), no doc the code cites missing
+docs-check: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_docs_links.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

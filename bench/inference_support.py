@@ -36,10 +36,17 @@ class Pool:
         self.root = root
         self.port = free_port()
         self.url = f"unix://{root / 'state' / 'gpupool.sock'}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        args = ["--simulate", spec, "--node-dir", str(root / "node")] if spec else []
-        args += ["--state-dir", str(root / "state"), "--router", f"127.0.0.1:{self.port}"]
+        self.spec = spec
         self.log = (root / "serve.log").open("ab")
+        self.process = self.start()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start the daemon (again: a node made at the first start is reused) and wait for it."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        node = self.root / "node"
+        args = ["--state-dir", str(self.root / "state"), "--router", f"127.0.0.1:{self.port}"]
+        if self.spec:  # a simulated node: made at the first start, reused at the next ones
+            args += ["--node-dir", str(node)] + ([] if node.exists() else ["--simulate", self.spec])
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gpupool", "serve", "--cancel-grace", "2", *args],
             stdout=self.log,
@@ -50,10 +57,10 @@ class Pool:
         while True:
             try:
                 self.call("GET", "/v1/health")
-                return
+                return self.process
             except DaemonError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise SystemExit((root / "serve.log").read_text()) from None
+                    raise SystemExit((self.root / "serve.log").read_text()) from None
                 time.sleep(0.1)
 
     @property
@@ -100,6 +107,8 @@ class Pool:
         self.process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(30)
+        with contextlib.suppress(OSError, ValueError):  # the router outlives it too
+            os.kill(int((self.root / "state" / "router.pid").read_text()), signal.SIGKILL)
         for pids in (self.root / "state").glob("jobs/*/pids.json"):  # replicas outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, OSError):
                 os.killpg(json.loads(pids.read_text())["job"], signal.SIGKILL)

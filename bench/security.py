@@ -16,7 +16,7 @@ contained. Then times `gpupool ps --all` in another daemon over its socket with 
 jobs, before and after a prune (bench/ps_latency.py times the route alone, in-process); a
 timing is printed, not counted in the exit status: on a busy machine it says little about a
 case. Everything it made is removed at the end, on failure too. docs/benchmarks/security.md
-records a run.
+records a run. The router's cases (bench/security_router.py) start a daemon with a router.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import httpx  # noqa: E402
 from daemon import _rss_mib  # noqa: E402
 from daemon_support import machine_load, percentile  # noqa: E402
 from ps_latency import fill  # noqa: E402
+from security_edges import EDGE_CASES  # noqa: E402
+from security_router import case_router  # noqa: E402
 from security_support import (  # noqa: E402
     LOG_CAP,
     SPEC,
@@ -830,6 +832,8 @@ CASES: list[Callable[[Bench], None]] = [
     case_exemptions,
     case_arbiter_slots,
     case_prune,
+    *EDGE_CASES,  # issue 35's, while the shared daemon still runs
+    case_router,
     case_sigterm,
 ]
 

@@ -105,6 +105,8 @@ def main() -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
+        with contextlib.suppress(OSError, ValueError):  # the router outlives the daemon too
+            os.kill(int((work / "state" / "router.pid").read_text()), signal.SIGKILL)
         for pids in (work / "state").glob("jobs/*/pids.json"):  # replicas outlive the daemon
             with contextlib.suppress(OSError, ValueError):
                 os.killpg(json.loads(pids.read_text())["job"], signal.SIGKILL)

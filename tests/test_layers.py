@@ -1,5 +1,6 @@
-"""The layer rules of DESIGN.md, as import-linter contracts (pyproject.toml), hold; and the API
-reads the agent through its view only."""
+"""The rules of docs/architecture.md hold: its import-linter contracts (pyproject.toml: the
+layers, no cycles, pure core/ and mig/, the client's and the API's imports of the agent), and
+what the API does with the Agent it is given: its commands and its view, never its parts."""
 
 import re
 import shutil

@@ -20,7 +20,8 @@ share at least half of what the high one leaves. About 5 minutes on a GPU with t
 It never changes the GPU's modes, clocks or limits. `--simulate` runs the same steps on the
 simulated driver (a C stand-in for the nvcc program and for PyTorch, kernels of the same length),
 so the script is never run blind on the GPU. `--only paths|together|priority` runs one group
-(the priority pair alone takes about a minute on a GPU):
+(the priority pair alone takes about a minute on a GPU). Only the launch paths need nvcc;
+without it on PATH they exit 4, nothing checked, as devices_check.py without a driver:
 
     PYTHONPATH=src python bench/gpu/compute_together.py --out compute.md
     PYTHONPATH=src python bench/gpu/compute_together.py --simulate --out compute-sim.md
@@ -391,9 +392,10 @@ def main() -> int:
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.simulate else 5.0)
     long_seconds = args.long_seconds or (4.0 if args.simulate else 12.0)
-    if not args.simulate and shutil.which("nvcc") is None:
-        print("compute_together: nvcc is not on PATH (the nvcc-built program needs it)")
-        return 2
+    if not args.simulate and args.only in (None, "paths") and shutil.which("nvcc") is None:
+        # 4, as devices_check.py without a driver: nothing was checked
+        print("compute_together: nvcc is not on PATH (the launch paths' program needs it)")
+        return 4
     work = Path(tempfile.mkdtemp(prefix="gpupool-compute-"))
     try:
         bench = Bench(work, args.simulate)

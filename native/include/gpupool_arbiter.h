@@ -12,7 +12,7 @@
  *   read-only by the shares (who holds the lease, who is asked to give it back, each share's
  *   charged time) and read by Python (src/gpupool/isolation/arbiter.py) at the offsets below;
  *   a test compares them. Little-endian: change both together and bump GPUPOOL_ARBITER_VERSION.
- * docs/internals/arbiter.md describes the protocol.
+ * docs/protocols/arbiter.md describes the protocol.
  */
 #ifndef GPUPOOL_ARBITER_H
 #define GPUPOOL_ARBITER_H

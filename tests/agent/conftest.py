@@ -19,8 +19,12 @@ from gpupool.devices.sim import mps_twin
 
 
 def _kill_jobs(daemon: Daemon) -> None:
-    """Leave nothing behind: every job's process group gets SIGKILL, and every MPS control
-    daemon the node started (they outlive the daemon on purpose, for its jobs) is told to quit."""
+    """Leave nothing behind: the router process and every job's process group get SIGKILL, and
+    every MPS control daemon the node started (they outlive the daemon on purpose, for its jobs)
+    is told to quit."""
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+        # the router outlives the daemon on purpose too (api/router_proc.py)
+        os.kill(int((daemon.state_dir / "router.pid").read_text()), signal.SIGKILL)
     for pids in daemon.state_dir.glob("jobs/*/pids.json"):
         job = json.loads(pids.read_text())["job"]
         with contextlib.suppress(ProcessLookupError, PermissionError):

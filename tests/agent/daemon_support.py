@@ -51,6 +51,8 @@ class Daemon:
     #: variables the daemon gets on top of the test's environment (GPUPOOL_* ones are dropped)
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    #: the node where `serve --simulate` puts it unless told (no --node-dir)
+    default_node: bool = False
 
     @property
     def state_dir(self) -> Path:
@@ -65,8 +67,10 @@ class Daemon:
         return f"unix://{self.state_dir / 'gpupool.sock'}"
 
     def start(self) -> Daemon:
-        args = ["--node-dir", str(self.node_dir), "--state-dir", str(self.state_dir)]
-        if not self.node_dir.exists():
+        args = ["--state-dir", str(self.state_dir)]
+        if not self.default_node:
+            args += ["--node-dir", str(self.node_dir)]
+        if self.default_node or not self.node_dir.exists():
             args += ["--simulate", self.spec]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env.update(self.env)

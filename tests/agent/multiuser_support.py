@@ -21,11 +21,15 @@ from tests.users import (
 
 @contextmanager
 def group_daemon(
-    spec: str, count: int = 2, extra: tuple[str, ...] = ()
+    spec: str,
+    count: int = 2,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    default_node: bool = False,
 ) -> Iterator[tuple[Daemon, list[User]]]:
     """`gpupool serve --socket-group G EXTRA...` on a simulated node of `spec`, in a directory
-    every user may enter, and `count` fresh users in G; daemon, jobs, users, group and directory
-    are gone afterwards."""
+    every user may enter (or where serve puts it, `default_node`), with `env`, and `count` fresh
+    users in G; daemon, jobs, users, group and directory are gone afterwards."""
     root = world_dir()
     group = create_group()
     try:
@@ -33,7 +37,9 @@ def group_daemon(
             for user in made:
                 add_to_group(user, group)
             check_interpreter(made[0])
-            daemon = Daemon(root, spec, ("--socket-group", group, *extra)).start()
+            daemon = Daemon(
+                root, spec, ("--socket-group", group, *extra), env or {}, None, default_node
+            ).start()
             try:
                 yield daemon, made
             finally:

@@ -85,6 +85,8 @@ class Load:
 
     url: str
     workers: int
+    #: seconds each worker waits after each answer (0: back to back)
+    pause: float = 0.0
     statuses: Counter[int | str] = field(default_factory=Counter)
     ports: Counter[int] = field(default_factory=Counter)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -103,6 +105,7 @@ class Load:
                     self.statuses[code] += 1
                     if port is not None:
                         self.ports[port] += 1
+                self._stop.wait(self.pause)
 
     @contextmanager
     def running(self) -> Iterator[Load]:

@@ -24,6 +24,9 @@ from tests.users import (
     world_dir,
 )
 
+from gpupool.agent.jobs import JobSpec
+from gpupool.agent.store import Store
+
 MiB = 1 << 20
 
 
@@ -88,7 +91,9 @@ def test_the_files_of_a_users_job_are_the_daemons_but_its_logs(shared: Shared) -
 
 def test_a_planted_link_at_a_jobs_log_is_replaced_never_followed() -> None:
     """An older state dir (another user could prepare one) may hold links where the logs go:
-    the supervisor removes them and makes the log anew, and the link's target is untouched."""
+    the supervisor removes them and makes the log anew, and the link's target is untouched.
+    (The job is in the store, queued: a directory of an id the store never assigned would stop
+    the daemon before anything, test_store_missing.py.)"""
     root = world_dir()
     try:
         secret = root / "secret"
@@ -96,12 +101,14 @@ def test_a_planted_link_at_a_jobs_log_is_replaced_never_followed() -> None:
         secret.chmod(0o600)
         planted = root / "state" / "jobs" / "1"
         planted.mkdir(parents=True, mode=0o700)
+        store = Store(root / "state" / "state.db")
+        store.add(JobSpec(("echo", "hi")), 0, "root")
+        store.close()
         (planted / "stdout").symlink_to(secret)
         (planted / "stderr").symlink_to(secret)
         daemon = Daemon(root, "1xA100-40GB").start()
         try:
-            job = daemon.submit(["echo", "hi"])
-            assert daemon.wait(job)["state"] == "succeeded"
+            assert daemon.wait(1)["state"] == "succeeded"
         finally:
             daemon.stop()
             _kill_jobs(daemon)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -174,3 +175,41 @@ def test_a_job_that_closes_its_stdout_early_is_still_pumped(tmp_path: Path) -> N
         assert ended.exit_code == 4
         assert jobdir.stdout.read_bytes() == b"first\n"
         assert jobdir.stderr.read_bytes() == b"still\n"
+
+
+def test_a_supervisor_whose_job_directory_is_removed_ends_with_its_job(tmp_path: Path) -> None:
+    """The exit status a full disk refused is written again until it goes in; a directory that
+    is gone (pruned, or removed by an admin) will never take it, and its supervisor must not
+    outlive the job waiting for it."""
+    with users(1) as (alice,):
+        jobdir = JobDir(tmp_path / "1")
+        jobdir.write_launch(
+            {
+                "argv": ["sleep", "1"],
+                "env": {"PATH": os.environ["PATH"]},
+                "cwd": "/",
+                "max_log_size": jobdir.max_log_size,
+                "uid": alice.uid,
+                "gid": alice.gid,
+                "groups": [alice.gid],
+            }
+        )
+        command = [sys.executable, "-S", "-E", supervisor.__file__, str(jobdir.path)]
+        subprocess.run(command, check=True)
+        deadline = time.monotonic() + 30
+        while (pids := jobdir.pids()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids is not None
+        shutil.rmtree(jobdir.path)
+        while _running(pids.supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(pids.supervisor), "the supervisor outlived its job and directory"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has ended: its parent, here init, reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

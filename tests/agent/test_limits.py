@@ -4,6 +4,7 @@ from an older gpupool that no longer reads (listed as a placeholder, failed by t
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -109,6 +110,25 @@ def test_names_env_and_argv_past_their_bounds_get_400_and_store_nothing(daemon: 
     answer = raw(daemon, "POST", "/v1/jobs", {**base, "name": "n" * 2_000_000})
     assert answer.status_code in (400, 413)
     assert daemon.call("GET", "/v1/jobs", params={"all": True}) == {"jobs": []}
+
+
+def test_a_burst_no_memory_could_back_is_refused_at_submit(daemon: Daemon) -> None:
+    # 2x A100-40GB: 80 GiB of GPU memory, and the host's own
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    room = host + sum(gpu["memory_total"] for gpu in daemon.call("GET", "/v1/node")["gpus"])
+    low = {"argv": ["true"], "workdir": "/", "memory": "1Gi", "priority": "low"}
+    for burst in ("1e30", "1000000Ti", f"{room + 1}"):
+        answer = raw(daemon, "POST", "/v1/jobs", {**low, "memory_burst": burst})
+        assert answer.status_code == 400, (burst, answer.text)
+        message = answer.json()["message"]
+        assert message.startswith(f"invalid --memory-burst {burst!r}: "), message
+        assert "more than this node's host and GPU memory together" in message
+    two = raw(daemon, "POST", "/v1/jobs", {**low, "gpus": 2, "memory_burst": f"{room // 2 + 1}"})
+    assert two.status_code == 400, two.text  # per GPU: twice the burst in all
+    assert daemon.call("GET", "/v1/jobs", params={"all": True}) == {"jobs": []}
+    # at the bound, a burst is taken (and runs)
+    fits = daemon.submit(["true"], memory="1Gi", priority="low", memory_burst=str(room))
+    assert daemon.wait(fits)["state"] == "succeeded"
 
 
 def test_a_stored_spec_that_no_longer_reads_is_listed_as_a_placeholder_and_failed(

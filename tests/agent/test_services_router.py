@@ -53,8 +53,10 @@ def test_a_crashed_replica_fails_its_requests_with_502_and_is_restarted(routed: 
     # requests sent meanwhile wait for the replacement, and are answered
     later = httpx.get(f"{routed.base}/fragile/infer", timeout=30)
     assert later.status_code == 200 and later.json()["pid"] != pid
+    # the daemon's counts mirror the router process's, a moment (COUNTERS_S) late
+    counted = until(lambda: routed.service("fragile")["statuses"] == {"200": 2, "502": 3})
     service = routed.service("fragile")
-    assert service["statuses"] == {"200": 2, "502": 3}
+    assert counted and service["statuses"] == {"200": 2, "502": 3}, service["statuses"]
     assert service["restarts"] == 1
     assert any(
         "exit code" in e["detail"] and "next start in 1s" in e["detail"] for e in service["events"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -139,9 +140,21 @@ def test_default_base_planted_as_a_symlink_is_refused(
 
 def test_default_base_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # an ordinary user's own nodes
     node_dir = default_node_dir(parse_spec("A30"))
     assert node_dir.parent == tmp_path / "gpupool-sim"
     assert (node_dir.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_roots_default_base_is_reachable_by_its_users_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    (tmp_path / "gpupool-sim").mkdir(mode=0o700)  # as an earlier gpupool made it
+    node_dir = default_node_dir(parse_spec("A30"))
+    # searchable by the jobs of a root daemon's users, listable and writable by root alone
+    assert (node_dir.parent.stat().st_mode & 0o777) == 0o711
 
 
 def test_an_inventory_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path) -> None:

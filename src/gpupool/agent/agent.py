@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 
 from gpupool.agent import heap, mps, node
 from gpupool.agent.agent_loop import PRUNE_EVERY_S, QueueLoop
@@ -21,7 +22,7 @@ from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
 from gpupool.agent.elastic_store import RUN
-from gpupool.agent.jobdir import jobs_dir
+from gpupool.agent.jobdir import jobs_dir, require_known
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.leases import held_leases
 from gpupool.agent.migjobs import MigJobs
@@ -35,7 +36,7 @@ from gpupool.agent.store import Store
 from gpupool.agent.target import LiveTarget
 from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
-from gpupool.core.errors import GpupoolError, InvalidRequest, Unschedulable
+from gpupool.core.errors import ConfigError, GpupoolError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
@@ -53,8 +54,8 @@ class Agent(QueueLoop):
     def __init__(self, config: AgentConfig, backend: GpuBackend) -> None:
         self.config = config
         self.backend = backend
-        self.store = Store(config.state_dir / "state.db")
         self.jobs_dir = jobs_dir(config.state_dir)
+        self.store = _store_of(self.jobs_dir, config.state_dir / "state.db")
         self._backend_lock = threading.Lock()
         snapshot = self._snapshot()
         self.launch_node = launch_node(backend)
@@ -238,7 +239,9 @@ class Agent(QueueLoop):
         return [outcome[i] for i in range(len(submits))]
 
     def check_fits(self, spec: JobSpec) -> None:
-        """Unschedulable for a share (not MIG) that can never fit this node."""
+        """Unschedulable for a share (not MIG) that can never fit this node; InvalidRequest for
+        a burst its host memory could never back."""
+        node.check_burst(spec, node.host_memory() + sum(g.memory_total for g in self.inventory))
         try:
             check_possible(spec.request(), self.inventory)
         except Unschedulable as err:
@@ -325,3 +328,24 @@ class Agent(QueueLoop):
     def _snapshot(self) -> NodeSnapshot:
         with self._backend_lock:
             return self.backend.snapshot()
+
+
+def _store_of(jobs: Path, database: Path) -> Store:
+    """The store at `database`, refused (one line, nothing deleted or created) when it does not
+    go with the job directories in `jobs`: a missing or empty database beside them would start
+    anew, reuse their ids, and prune them as unknown, logs included."""
+    try:
+        size = database.lstat().st_size
+    except FileNotFoundError:
+        require_known(jobs, 0, f"{database} is missing")
+    else:
+        if size == 0:
+            require_known(jobs, 0, f"{database} is empty")
+    store = Store(database)
+    last = store.last_job_id()
+    try:
+        require_known(jobs, last, f"the newest it assigned is {last}")
+    except ConfigError:
+        store.close()
+        raise
+    return store

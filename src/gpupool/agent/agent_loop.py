@@ -25,7 +25,7 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
 from gpupool.agent.jobdir import JobDir, alive, remove_unknown
 from gpupool.agent.jobs import Job, State
-from gpupool.agent.logs import Failures, log
+from gpupool.agent.logs import Failures, about_job, log
 from gpupool.agent.migschedule import MigScheduler
 from gpupool.agent.mps import MpsControl
 from gpupool.agent.mpsjobs import MpsJobs
@@ -144,7 +144,7 @@ class QueueLoop:
         except StoreBusy:
             raise
         except Exception as err:
-            log.exception("job %d: %s failed", job.id, doing)
+            about_job(job).exception("%s failed", doing)
             with contextlib.suppress(Exception):  # its processes must not outlive its record
                 self._signal(job, signal.SIGKILL)
             self._fail_start(job, f"{doing} failed: {type(err).__name__}: {err}")
@@ -178,6 +178,7 @@ class QueueLoop:
             peak_memory=peak,
             detail=words,
         )
+        about_job(job).info("%s: %s", state.value, words)
         self._release(job)
         if job.spec.mode is Mode.MIG:
             self._mig_scheduler.ended(job.id)
@@ -197,7 +198,7 @@ class QueueLoop:
             try:
                 self.arbiter.unregister(share_id)
             except GpupoolError as err:  # never registered (it ran unarbitrated), or gone
-                log.debug("job %d: its arbiter share: %s", job.id, err)
+                about_job(job).debug("its arbiter share: %s", err)
         for region in self.jobdir(job.id).path.glob("gpupool-share-*"):
             shutil.rmtree(region, ignore_errors=True)
 
@@ -312,7 +313,7 @@ class QueueLoop:
         with self._prune_lock:
             pruned = self.store.prune(time.time() - older_than_s)
             self.view.keep_listed(self.store.job_ids())
-            remove_unknown(self.jobs_dir, self.store.job_ids)
+            remove_unknown(self.jobs_dir, self.store.job_ids, self.store.last_job_id)
         if pruned:
             log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)
         return len(pruned)

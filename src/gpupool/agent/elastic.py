@@ -25,7 +25,7 @@ from gpupool.agent import node
 from gpupool.agent.elastic_store import RESUME, RUN, SUSPEND, ElasticRow
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, State, queue_order
-from gpupool.agent.logs import log
+from gpupool.agent.logs import about_job
 from gpupool.agent.resize import apply_compute, apply_memory, plan_resize
 from gpupool.agent.store import Store
 from gpupool.core.errors import ConfigError, InvalidRequest
@@ -81,7 +81,7 @@ class ElasticJobs:
         try:
             return region_io.read(path)
         except ConfigError as err:
-            log.warning("job %d: %s", job.id, err)
+            about_job(job).warning("%s", err)
             return None
 
     def rows(self) -> dict[int, ElasticRow]:
@@ -303,7 +303,7 @@ class ElasticJobs:
                     region_io.set_burst_budget(path, range(n), budget)
                     self._budgets[job.id] = budget
                 except ConfigError as err:
-                    log.warning("job %d: %s", job.id, err)
+                    about_job(job).warning("%s", err)
         for job_id in [j for j in self._budgets if j not in {b.id for b in bursting}]:
             del self._budgets[job_id]
 
@@ -369,5 +369,5 @@ class ElasticJobs:
                         try:
                             self.suspend(victim, f"preempted by job {job.id}", then_resume=True)
                         except InvalidRequest as err:
-                            log.info("job %d not preempted: %s", victim.id, err)
+                            about_job(victim).info("not preempted: %s", err)
                     return

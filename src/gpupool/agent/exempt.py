@@ -7,6 +7,12 @@ and never killed. Never by command name: a process sets its own (prctl, or a lin
 anything), so a name would exempt whatever chose it. The executable is what the kernel says the
 process runs (/proc/PID/exe, a path without links); a listed path is resolved once, so
 /usr/bin/python3 exempts the interpreter it links to.
+
+That path is only what the process's own mount namespace shows: a user with unprivileged user
+and mount namespaces can bind-mount any program over /usr/lib/xorg/Xorg in a namespace of their
+own, and its /proc/PID/exe then reads /usr/lib/xorg/Xorg. So a process runs an exempted path only
+when it is in the host's mount namespace (the daemon's, or init's) and runs the very file the
+daemon finds at that path (same device and inode).
 """
 
 from __future__ import annotations
@@ -58,13 +64,34 @@ NO_EXEMPTIONS = Exemptions()
 
 
 def executable(pid: int) -> str | None:
-    """The file process `pid` runs, as the kernel resolved it; None when gone, hidden from us
-    (another user's process, to a daemon not run as root) or removed since it started."""
+    """The host's file that process `pid` runs, by its path; None when gone, hidden from us
+    (another user's process, to a daemon not run as root), removed since it started, or not the
+    host's file at that path (another mount namespace, or another file there)."""
     try:
         target = os.readlink(f"/proc/{pid}/exe")
+        if target.endswith(_DELETED) or not _in_host_mounts(pid):
+            return None
+        running, there = os.stat(f"/proc/{pid}/exe"), os.stat(target)
     except OSError:
         return None
-    return None if target.endswith(_DELETED) else target
+    same_file = (running.st_dev, running.st_ino) == (there.st_dev, there.st_ino)
+    return target if same_file else None
+
+
+def _in_host_mounts(pid: int) -> bool:
+    """Whether process `pid` sees the host's mounts: its mount namespace is the daemon's or
+    init's (a daemon in a namespace of its own still exempts the host's own programs)."""
+    theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+    return any(theirs == _namespace(of) for of in ("self", "1"))
+
+
+def _namespace(of: str) -> int | None:
+    """The inode of process `of`'s mount namespace; None when hidden (init's, to a daemon not
+    run as root)."""
+    try:
+        return os.stat(f"/proc/{of}/ns/mnt").st_ino
+    except OSError:
+        return None
 
 
 def _refuse(what: str) -> InvalidRequest:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent import statedir, supervisor
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import ConfigError, InvalidRequest
 from gpupool.devices.procfs import process_start_time
 from gpupool.isolation.launch import SHARE_DIR_PREFIX
 
@@ -73,21 +73,47 @@ def jobs_dir(state_dir: Path) -> Path:
     return statedir.private_dir(state_dir, JOBS_DIR, DIR_MODE)
 
 
-def remove_unknown(jobs: Path, known_ids: Callable[[], Container[int]]) -> None:
+def remove_unknown(
+    jobs: Path, known_ids: Callable[[], Container[int]], last_assigned: Callable[[], int]
+) -> None:
     """Remove every job directory under `jobs` whose job the store no longer holds (pruned now,
     or by a prune cut short), relative to the jobs dir's fd and without following a link: a
-    job's owner writes in its directory and may leave links there."""
+    job's owner writes in its directory and may leave links there. A directory of an id the
+    store never assigned (past `last_assigned()`) is no pruned job's: it belongs to another
+    database (one restored from an older backup, or replaced), so it is kept and said."""
     fd = os.open(jobs, statedir.DIR_FLAGS)
     try:
         # listed before the ids are read: a job's row is written before its directory, so a
         # directory listed here whose id is not in the store has been pruned
         names = [name for name in os.listdir(fd) if name.isdigit()]
-        known = known_ids()
+        known, last = known_ids(), last_assigned()
+        strangers = sorted(int(name) for name in names if int(name) > last)
+        if strangers:
+            log.warning("%s", _not_assigned(jobs, strangers, f"the newest it assigned is {last}"))
         for name in names:
-            if int(name) not in known:
+            if int(name) not in known and int(name) <= last:
                 shutil.rmtree(name, dir_fd=fd, onerror=_removal_failed)
     finally:
         os.close(fd)
+
+
+def require_known(jobs: Path, last_assigned: int, database: str) -> None:
+    """Stop (ConfigError, one line) when `jobs` holds directories of jobs the store never
+    assigned (ids past `last_assigned`): the database is missing, empty or older than the jobs
+    directory, and a daemon that went on would reuse their ids in those directories."""
+    strangers = sorted(int(name) for name in os.listdir(jobs) if name.isdigit())
+    strangers = [job_id for job_id in strangers if job_id > last_assigned]
+    if strangers:
+        raise ConfigError(_not_assigned(jobs, strangers, database))
+
+
+def _not_assigned(jobs: Path, ids: list[int], database: str) -> str:
+    return (
+        f"{jobs} holds {len(ids)} job directories (ids {ids[0]} to {ids[-1]}) that the state "
+        f"database never assigned ({database}): restore the state.db that goes with them "
+        f"(with its -wal and -shm files), or move the directory aside (mv {jobs} {jobs}.old) "
+        "to start anew; nothing was deleted"
+    )
 
 
 def _removal_failed(function: Any, path: str, info: Any) -> None:

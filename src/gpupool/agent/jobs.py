@@ -46,6 +46,10 @@ class State(StrEnum):
         return self not in (State.QUEUED, State.RUNNING)
 
 
+#: the spread group of a service's replicas, before its name (services.py)
+SERVICE_GROUP = "service/"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A submission, checked: the share, the command, and who asked."""
@@ -95,6 +99,12 @@ class JobSpec:
         self.check_bounds()
         self.request()  # the share itself must be valid
         self.burst_bytes()
+
+    @property
+    def service(self) -> str:
+        """The service this job is a replica of; empty for a job of its own."""
+        group = self.spread_group
+        return group.removeprefix(SERVICE_GROUP) if group.startswith(SERVICE_GROUP) else ""
 
     def check_bounds(self) -> None:
         """InvalidRequest, naming the field, for text that is not valid UTF-8 or is too big."""

@@ -22,6 +22,7 @@ from gpupool.agent import mps, supervisor
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job, MigUse
+from gpupool.agent.logs import about_job
 from gpupool.core import settings
 from gpupool.core.errors import DaemonError, GpupoolError
 from gpupool.core.resources import Mode
@@ -85,7 +86,7 @@ def _shim_env(
             seat = (arbiter.directory, share)
         except GpupoolError as err:
             # the job still holds its cap, alone; its processes say so on its stderr
-            log.warning("job %d runs unarbitrated: %s", job.id, err)
+            about_job(job, log).warning("runs unarbitrated: %s", err)
     spec = build_launch_spec(
         job.spec.argv,
         limits,

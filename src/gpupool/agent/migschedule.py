@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gpupool.agent.jobs import Job
-from gpupool.agent.logs import log
+from gpupool.agent.logs import about_job
 from gpupool.agent.migchoice import MigChoice
 from gpupool.agent.migjobs import MigJobs
 from gpupool.agent.store import Store
@@ -72,7 +72,7 @@ class MigScheduler:
             self._launch(replace(job, mig=use))
         except Exception as err:  # any failure fails this job alone
             if not isinstance(err, GpupoolError | OSError):  # not an expected way: a bug
-                log.exception("job %d: launch failed", job.id)
+                about_job(job).exception("launch failed")
             self._fail(job, f"launch failed: {err}")
             self.release(job.id)
 

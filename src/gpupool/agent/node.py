@@ -16,12 +16,14 @@ scheduler/opportunistic.py's, which the Kubernetes extender places by too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 
 from gpupool.agent.jobs import Job, JobSpec
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode
-from gpupool.core.units import MiB
+from gpupool.core.units import MiB, format_bytes
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.scheduler import opportunistic as priority_rule
 from gpupool.scheduler.gpus import GpuView
@@ -94,3 +96,21 @@ def free_now(
     return tuple(
         replace(gpu, compute_free=compute[gpu.index], memory_free=memory[gpu.index]) for gpu in gpus
     )
+
+
+def host_memory() -> int:
+    """The host's physical memory in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_burst(spec: JobSpec, room: int) -> None:
+    """InvalidRequest for a burst past the share that `room` bytes could never back: a burst is
+    managed memory, on the GPU while it has room and in host memory past that, so the node's
+    host memory and GPU memory together bound it. Refused at submit, not failed at launch."""
+    wanted = spec.burst_bytes() * spec.gpus
+    if wanted > room:
+        raise InvalidRequest(
+            f"invalid --memory-burst {spec.memory_burst!r}: {format_bytes(wanted)} on "
+            f"{spec.gpus} GPU(s) is more than this node's host and GPU memory together "
+            f"({format_bytes(room)}), which back a burst"
+        )

@@ -47,6 +47,18 @@ class Histogram:
             self._counts[bisect.bisect_left(self._bounds, value)] += 1
             self._total += value
 
+    def raw(self) -> tuple[list[int], float]:
+        """The count in each bucket (not cumulative) and the sum."""
+        with self._lock:
+            return list(self._counts), self._total
+
+    def assign(self, counts: Sequence[int], total: float) -> None:
+        """Take `raw()`'s values of another histogram of the same bounds (a mirror's)."""
+        if len(counts) != len(self._counts):
+            raise ValueError(f"{len(counts)} buckets, not {len(self._counts)}")
+        with self._lock:
+            self._counts, self._total = [int(n) for n in counts], float(total)
+
     def read(self) -> HistogramReading:
         with self._lock:
             counts, total = list(self._counts), self._total

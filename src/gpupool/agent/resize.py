@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpupool.agent import node
 from gpupool.agent.jobs import Job, JobSpec, State
-from gpupool.agent.logs import log
+from gpupool.agent.logs import about_job
 from gpupool.core.errors import DeviceError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, format_bytes
@@ -46,7 +46,7 @@ def apply_compute(
     try:
         set_weight(job.id, percent)
     except DeviceError as err:
-        log.warning("job %d's compute weight at the arbiter: %s (its cap holds)", job.id, err)
+        about_job(job).warning("its compute weight at the arbiter: %s (its cap holds)", err)
 
 
 def apply_memory(region: Path, memory: Sequence[int]) -> None:

@@ -1,9 +1,9 @@
 """A replica's port: picking a free one, and checking that it serves, and whose it is.
 
 A replica listens on 127.0.0.1:$PORT. Any local user may bind a free port, so before a replica
-is taken as ready its listening socket must belong to the service's owner (the uid that
-/proc/net/tcp gives the socket): another user's process squatting the port would otherwise be
-sent the service's requests. Then its health path must answer 2xx.
+is taken as ready its listening socket must belong to the service's owner (the uid the kernel
+gives the socket, isolation/sock_owner.py): another user's process squatting the port would
+otherwise be sent the service's requests. Then its health path must answer 2xx.
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterable
-from pathlib import Path
+
+from gpupool.isolation.sock_owner import listener_uid
 
 #: seconds a health check may take
 HEALTH_TIMEOUT_S = 1.0
 #: bytes read for the status line at most
 MAX_STATUS_LINE = 4096
-#: TCP_LISTEN in /proc/net/tcp's `st` column
-_LISTEN = "0A"
-_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 
 
 def free_port(taken: Iterable[int]) -> int:
@@ -32,21 +30,6 @@ def free_port(taken: Iterable[int]) -> int:
         if port not in avoid:
             return port
     raise OSError("no free TCP port on 127.0.0.1")
-
-
-def listener_uid(port: int) -> int | None:
-    """The uid owning the socket listening on `port` (any local address), None if none does."""
-    wanted = f"{port:04X}"
-    for table in _TABLES:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 7 and fields[3] == _LISTEN and fields[1].rsplit(":", 1)[-1] == wanted:
-                return int(fields[7])
-    return None
 
 
 def check(port: int, path: str, owner: int, timeout: float = HEALTH_TIMEOUT_S) -> str | None:

@@ -183,7 +183,7 @@ class ServiceLoop:
             if failure is None:
                 replica.health_failures, replica.note = 0, ""
                 if replica.endpoint is not None:
-                    replica.endpoint.broken = False
+                    replica.endpoint.healthy_at = now  # the router takes it back if broken
                 if replica.state == "starting":
                     replica.state = "ready"
                     replica.endpoint = Endpoint(

@@ -24,9 +24,13 @@ from gpupool.agent.service_parking import Parking
 from gpupool.agent.service_replicas import Replica, Service
 from gpupool.agent.service_store import ServiceStore, StoredService
 from gpupool.agent.service_traffic import Traffic
-from gpupool.agent.services import ServiceSpec
+from gpupool.agent.services import RESERVED_NAMES, ServiceSpec
 from gpupool.agent.store import Store
-from gpupool.core.errors import GpupoolError, NotFound, PermissionDenied
+from gpupool.core.errors import GpupoolError, InvalidRequest, NotFound, PermissionDenied
+
+#: seconds a restarted daemon waits for its adopted replicas' first health checks before it
+#: sends the router its table (settled())
+SETTLE_S = 10.0
 
 
 class ServiceManager(ServiceLoop):
@@ -59,6 +63,8 @@ class ServiceManager(ServiceLoop):
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._checks = ThreadPoolExecutor(8, thread_name_prefix="gpupool-health")
+        self._adopted: list[Replica] = []
+        self._settle_by = 0.0
         self.traffic.on_wait = lambda _name: self._wake.set()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -82,8 +88,23 @@ class ServiceManager(ServiceLoop):
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
                 if replica.state == "suspended":  # it stays parked until a request comes
                     owner.since = now - owner.spec.idle_s
+        self._adopted = [r for s in self._services.values() for r in s.replicas.values()]
+        self._settle_by = now + SETTLE_S
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)
         self._thread.start()
+
+    def settled(self) -> bool:
+        """Whether every replica adopted at start has been seen again (ready, parked, ended or
+        stopping), or SETTLE_S have passed: until then the router keeps serving with the last
+        daemon's table rather than with one that lacks them."""
+        if time.monotonic() > self._settle_by:
+            return True
+        with self._lock:
+            live = {r.job_id for s in self._services.values() for r in s.replicas.values()}
+            return not any(
+                r.job_id in live and r.stopping is None and r.state in ("queued", "starting")
+                for r in self._adopted
+            )
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -94,19 +115,39 @@ class ServiceManager(ServiceLoop):
 
     def _service(self, stored: StoredService, now: float) -> Service:
         traffic = self.traffic.add(stored.spec.name, stored.uid, stored.spec.concurrency)
+        traffic.models, traffic.user = stored.spec.model_names, stored.user
+        traffic.created = stored.created_at
         return Service(stored, traffic, Autoscaler(now), since=now)
 
     # -- commands --------------------------------------------------------------------------
 
     def create(self, spec: ServiceSpec, uid: int, user: str) -> dict[str, Any]:
+        if spec.name in RESERVED_NAMES:
+            raise InvalidRequest(
+                f"invalid service name {spec.name}: /{spec.name}/ is the router's OpenAI API"
+            )
         self._check_fits(spec.replica(0))
         with self._lock:
+            self._check_models_free(spec)
             stored = self._rows.add(spec, uid, user)
             service = self._service(stored, time.monotonic())
             service.event(f"created by {user}")
             self._services[spec.name] = service
         self._wake.set()
         return service.summary()
+
+    def _check_models_free(self, spec: ServiceSpec) -> None:
+        """InvalidRequest if another service answers for one of `spec`'s model names: a
+        request's `model` routes to one service."""
+        for other in self._services.values():
+            if other.name == spec.name:
+                continue
+            taken = sorted(set(other.spec.model_names) & set(spec.model_names))
+            if taken:
+                raise InvalidRequest(
+                    f"model {taken[0][:60]!r} is already served by service {other.name}: "
+                    "each model name routes to one service (give another --model)"
+                )
 
     def get(self, name: str) -> Service:
         found = self._services.get(name)
@@ -139,10 +180,12 @@ class ServiceManager(ServiceLoop):
         with self._lock:
             service = self._owned(name, uid, "update it")
             self._check_fits(spec.replica(0))
+            self._check_models_free(spec)
             generation = service.stored.generation + 1
             self._rows.update(spec, generation)
             service.stored = replace(service.stored, spec=spec, generation=generation)
             service.traffic.concurrency = spec.concurrency
+            service.traffic.models = spec.model_names
             service.failures, service.retry_at, service.problem = 0, 0.0, ""
             service.event(f"updated to generation {generation}: rolling its replicas")
         self._wake.set()

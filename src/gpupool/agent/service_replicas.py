@@ -11,6 +11,7 @@ from typing import Any
 
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job
+from gpupool.agent.logs import about_service
 from gpupool.agent.service_store import StoredService
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic
 from gpupool.agent.services import ServiceSpec
@@ -115,6 +116,7 @@ class Service:
 
     def event(self, text: str) -> None:
         self.events.append((time.time(), text))
+        about_service(self.name, self.stored.uid).info("%s", text)
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.stopping is None and r.state not in PARKED]
@@ -154,6 +156,7 @@ class Service:
             "mode": spec.mode.value,
             "priority": spec.priority.value,
             "concurrency": spec.concurrency,
+            "models": list(spec.model_names),
             "generation": self.stored.generation,
             "restarts": self.restarts,
             "gpus": sorted({g for r in self.replicas.values() for g in r.gpus}),

@@ -1,10 +1,13 @@
-"""The table the router and the service manager share: each service's replicas and traffic.
+"""Each service's replicas and traffic: the table between the router and the service manager.
 
-The manager (its own thread) publishes each service's endpoints, replacing the tuple whole, and
-marks one draining before it stops it; the router (its event loop) counts the requests in flight
-on each endpoint, the requests waiting, each answer's status and latency. Counters are plain
-integers written by the router alone, read by the manager, /metrics and the listings: under the
-GIL a reader sees a whole value, and a count read a moment late is all the autoscaler needs.
+Two copies, one per process, kept in step by the control channel (api/router_messages.py). In
+the daemon the manager (its own thread) publishes each service's endpoints, replacing the tuple
+whole, and marks one draining before it stops it; the counters are a mirror of the router's,
+written by the channel's thread alone and read by the manager, /metrics and the listings (under
+the GIL a reader sees a whole value, and a count read a moment late is all the autoscaler
+needs). In the router process the table is the daemon's last one, and the router's event loop
+counts the requests in flight on each endpoint, the requests waiting, each answer's status and
+latency.
 """
 
 from __future__ import annotations
@@ -49,8 +52,17 @@ class Endpoint:
     in_flight: int = 0
     #: no new requests: it is being stopped once those in flight are answered (the manager's)
     draining: bool = False
-    #: it refused a connection: no new requests until the manager has seen why (the router's)
+    #: it refused a connection: no new requests until a health check passes after it (the
+    #: router's; the daemon's copy is what the router last reported)
     broken: bool = False
+    #: time.monotonic() when it was found broken (the router's)
+    broken_at: float = 0.0
+    #: time.monotonic() of its last passing health check (the manager's)
+    healthy_at: float = 0.0
+
+    def refused(self) -> None:
+        """The router could not reach it: the others take its requests until it is back."""
+        self.broken, self.broken_at = True, time.monotonic()
 
 
 @dataclass(eq=False)
@@ -71,6 +83,11 @@ class ServiceTraffic:
     last_request: float = 0.0
     #: the service was deleted: waiting requests get 404, new ones too
     gone: bool = False
+    #: the model names a request to the OpenAI API routes to it by, its owner's name, and
+    #: when it was created (time.time()): what GET /v1/models lists
+    models: tuple[str, ...] = ()
+    user: str = ""
+    created: float = 0.0
 
     @property
     def requests_total(self) -> int:
@@ -94,6 +111,13 @@ class Traffic:
 
     def get(self, name: str) -> ServiceTraffic | None:
         return self._services.get(name)
+
+    def by_model(self, model: str) -> ServiceTraffic | None:
+        """The service that answers for `model` (one at most: the manager refuses a second)."""
+        for service in list(self._services.values()):
+            if model in service.models:
+                return service
+        return None
 
     def all(self) -> list[ServiceTraffic]:
         return list(self._services.values())

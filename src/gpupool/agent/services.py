@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpupool.agent.jobs import JobSpec
+from gpupool.agent.jobs import SERVICE_GROUP, JobSpec
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import MILLI_PER_GPU, parse_memory_share
@@ -21,6 +21,13 @@ NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 #: the most replicas a service may ask for: each one is a process and a port on this node
 MAX_REPLICAS = 64
 MAX_CONCURRENCY = 10_000
+#: a model name a service answers for at the router's OpenAI API (the JSON body's `model`):
+#: printable ASCII without spaces (`meta-llama/Llama-3.1-8B-Instruct`, `gpt-4o:mini`)
+MODEL_NAME = re.compile(r"[\x21-\x7e]{1,128}")
+#: the most model names one service may answer for
+MAX_MODELS = 16
+#: the first segment of the router's OpenAI API (`/v1/chat/completions`): no service's name
+RESERVED_NAMES = frozenset({"v1"})
 #: a health path is sent as is in a request line: printable ASCII, no space
 HEALTH_PATH = re.compile(r"/[\x21-\x7e]{0,255}")
 #: the modes a replica may run in: a share of a GPU beside other services
@@ -56,6 +63,13 @@ class ServiceSpec:
     health: str = "/health"
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    #: the model names it answers for at the router's OpenAI API; none given: its own name
+    models: tuple[str, ...] = ()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a request's `model` routes to it by (`models`, else its name)."""
+        return self.models or (self.name,)
 
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
@@ -94,6 +108,7 @@ class ServiceSpec:
             raise InvalidRequest("--env PORT: gpupool picks each replica's port")
         if self.memory is not None:
             parse_memory_share(self.memory)
+        _check_models(self.models)
         self.replica(0)  # the share and the command, checked as a job's are
 
     def replica(self, port: int, index: int = 0) -> JobSpec:
@@ -109,7 +124,7 @@ class ServiceSpec:
             env={**self.env, "PORT": str(port)},
             workdir=self.workdir,
             # replicas of one service spread over GPUs where they can; services still pack
-            spread_group=f"service/{self.name}",
+            spread_group=f"{SERVICE_GROUP}{self.name}",
             slice_us=LATENCY_SLICE_US if self.priority is Priority.HIGH else 0,
         )
 
@@ -133,6 +148,7 @@ class ServiceSpec:
             "health": self.health,
             "env": dict(self.env),
             "workdir": self.workdir,
+            "models": list(self.models),
         }
 
     @classmethod
@@ -153,7 +169,21 @@ class ServiceSpec:
             health=data["health"],
             env=dict(data["env"]),
             workdir=data["workdir"],
+            models=tuple(data.get("models", ())),  # none in a spec stored before models
         )
+
+
+def _check_models(models: tuple[str, ...]) -> None:
+    if len(models) > MAX_MODELS:
+        raise InvalidRequest(f"too many --model names ({len(models)}): at most {MAX_MODELS}")
+    for model in models:
+        if not isinstance(model, str) or not MODEL_NAME.fullmatch(model):
+            raise InvalidRequest(
+                f"invalid --model {str(model)[:60]!r}: 1 to 128 printable ASCII characters "
+                "without spaces"
+            )
+    if len(set(models)) != len(models):
+        raise InvalidRequest("a --model name given twice")
 
 
 def parse_replicas(text: str) -> tuple[int, int]:

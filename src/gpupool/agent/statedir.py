@@ -19,9 +19,7 @@ from typing import IO
 
 from gpupool.core.errors import ConfigError, DaemonError
 
-SOCKET_NAME = "gpupool.sock"
 LOCK_NAME = "daemon.lock"
-SYSTEM_STATE_DIR = Path("/var/lib/gpupool")
 #: what a new state dir gets; an existing one keeps its mode if nobody else can write it
 STATE_DIR_MODE = 0o700
 #: missing ancestors are made as `mkdir -p` makes them
@@ -30,15 +28,6 @@ _PARENT_MODE = 0o755
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 ROOT_UID = 0
-
-
-def default_state_dir() -> Path:
-    """/var/lib/gpupool as root, else $XDG_STATE_HOME/gpupool (~/.local/state/gpupool)."""
-    if os.geteuid() == 0:
-        return SYSTEM_STATE_DIR
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
-    return base / "gpupool"
 
 
 def prepare(state_dir: Path) -> Path:

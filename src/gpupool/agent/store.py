@@ -22,6 +22,8 @@ from gpupool.core.errors import GpupoolError, NotFound
 _OPEN_STATES = (State.QUEUED.value, State.RUNNING.value)
 #: ids in one `IN (...)`: well under SQLite's limit on a statement's parameters
 _IDS_PER_QUERY = 500
+#: SQLite's integers are 64-bit signed: an id past this names no job (and cannot be bound)
+MAX_JOB_ID = 2**63 - 1
 _COLUMNS = (
     "id, spec, uid, user, state, submitted_at, gpus, memory, started_at, finished_at, exit_code, "
     "oom, peak_memory, supervisor_pid, supervisor_start, job_pid, cancel_requested"
@@ -97,8 +99,10 @@ class Store(EventLog, MigInstances):
     # -- reads ------------------------------------------------------------------------------
 
     def job(self, job_id: int) -> Job:
-        with self._using("read") as db:
-            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = None
+        if 0 < job_id <= MAX_JOB_ID:
+            with self._using("read") as db:
+                row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id}")
         return _job(row)
@@ -147,6 +151,12 @@ class Store(EventLog, MigInstances):
         """The id of every job the store holds."""
         with self._using("read") as db:
             return {int(row[0]) for row in db.execute("SELECT id FROM jobs")}
+
+    def last_job_id(self) -> int:
+        """The highest id the store ever assigned to a job (pruned ones included); 0 if none."""
+        with self._using("read") as db:
+            row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return 0 if row is None else int(row[0])
 
     def setting(self, key: str) -> str | None:
         with self._using("read") as db:

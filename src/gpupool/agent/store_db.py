@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpupool.agent.store_schema import MIGRATIONS, SCHEMA_VERSION
-from gpupool.core.errors import ConfigError, DaemonError, StoreBusy
+from gpupool.core.errors import ConfigError, DaemonError, StoreBusy, StoreFull
 
 #: how long one statement waits for another process's lock on the database, and a caller for
 #: another thread's use of the connection: an API request answers within about a second
@@ -123,13 +123,20 @@ class Database:
     @contextmanager
     def _using(self, doing: str) -> Iterator[sqlite3.Connection]:
         """The connection for this thread alone, within LOCK_TIMEOUT_S (else StoreBusy); its
-        errors as one line: StoreBusy for a lock held elsewhere, else DaemonError."""
+        errors as one line: StoreBusy for a lock held elsewhere, StoreFull for a full disk,
+        else DaemonError."""
         if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
             raise StoreBusy("the daemon's state is busy: try again in a moment")
         try:
             yield self._db
         except sqlite3.Error as err:  # a full disk, a read-only file, a lock: one line
-            if getattr(err, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            name = getattr(err, "sqlite_errorname", "")
+            if name == "SQLITE_FULL":
+                raise StoreFull(
+                    f"the daemon cannot {doing} its state: the disk under it is full ({err}): "
+                    "nothing was changed; try again once there is space"
+                ) from err
+            if name in ("SQLITE_BUSY", "SQLITE_LOCKED"):
                 raise StoreBusy(
                     f"the daemon's state database is locked by another process ({err}): try "
                     "again in a moment"

@@ -22,6 +22,7 @@ Files in JOBDIR (the daemon's side is `agent/jobdir.py`):
   command cannot be executed or found), the end time, and `oom` when the library refused an
   allocation. Written when the job's own process exits: a child it left behind that still holds
   the pipes (a daemon it started) is pumped on until it closes them, but does not hold the end.
+  On a full disk it is kept and written again every second until it goes in (ExitRecord).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ CHUNK = 64 * 1024
 DRAIN_LIMIT = 1 << 20
 FILE_MODE = 0o600
 _NEW = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: how often the exit status that a full disk refused is tried again
+RETRY_S = 1.0
 
 
 class MarkerScan:
@@ -169,6 +172,43 @@ def _write_atomic(jobdir: int, name: str, data: dict[str, object]) -> None:
     os.rename(tmp, name, src_dir_fd=jobdir, dst_dir_fd=jobdir)
 
 
+class ExitRecord:
+    """The job's exit status, written to exit.json once known. A full disk (or quota) does not
+    lose it: it is kept here and written again, at most every RETRY_S, until it goes in; the
+    daemon meanwhile sees this process alive and waits for it (never "exit code unknown")."""
+
+    def __init__(self, jobdir: int, scan: MarkerScan) -> None:
+        self.jobdir = jobdir
+        self.scan = scan
+        self.pending: dict[str, object] | None = None
+        self._tried_at = 0.0
+
+    def ended(self, code: int) -> None:
+        self.pending = {"exit_code": code, "at": time.time(), "oom": self.scan.seen}
+        self.write()
+
+    def write(self) -> bool:
+        """Whether nothing is left to write (tried again only RETRY_S after the last try)."""
+        if self.pending is None:
+            return True
+        if time.monotonic() - self._tried_at < RETRY_S:
+            return False
+        self._tried_at = time.monotonic()
+        try:
+            _write_atomic(self.jobdir, "exit.json", self.pending)
+        except OSError as err:
+            # a full disk or quota passes: kept for the next try. Anything else (the job's
+            # directory removed, by a prune or an admin) will not: nobody is left to read it
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and os.fstat(self.jobdir).st_nlink:
+                return False
+        self.pending = None
+        return True
+
+    def until_written(self) -> None:
+        while not self.write():
+            time.sleep(RETRY_S)
+
+
 def _new_log(jobdir: int, name: str, uid: int, gid: int) -> int:
     """The job's log `name`, new, 0600, its owner's: made by this process in the daemon's
     directory and handed over by descriptor, so no path the job's user controls is opened."""
@@ -237,9 +277,15 @@ def _status(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def pump(pid: int, streams: list[Stream], ended: Callable[[int], None]) -> None:
+def pump(
+    pid: int,
+    streams: list[Stream],
+    ended: Callable[[int], None],
+    written: Callable[[], bool] = lambda: True,
+) -> None:
     """Pump `streams` until the job `pid` has exited and every writer closed its pipe; at the
-    job's exit (what it wrote before it drained), call `ended(exit code)` once."""
+    job's exit (what it wrote before it drained), call `ended(exit code)` once. While
+    `written()` says the exit status is not written yet, it is asked again every RETRY_S."""
     poller = select.poll()
     pidfd = os.pidfd_open(pid)
     poller.register(pidfd, select.POLLIN)
@@ -248,7 +294,7 @@ def pump(pid: int, streams: list[Stream], ended: Callable[[int], None]) -> None:
         poller.register(pipe, select.POLLIN)
     running = True
     while running or live:
-        for fd, _ in poller.poll():
+        for fd, _ in poller.poll(None if written() else RETRY_S * 1000):
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
                 running = False
@@ -297,18 +343,17 @@ def supervise(jobdir: str) -> int:
         {"supervisor": me, "supervisor_start": _start_time(me), "job": pid, "job_start": job_start},
     )
     scan = MarkerScan(OOM_LINE, OOM_LINE_LONGEST)
-
-    def ended(code: int) -> None:
-        _write_atomic(here, "exit.json", {"exit_code": code, "at": time.time(), "oom": scan.seen})
-
+    record = ExitRecord(here, scan)
     if failed is not None:
         os.close(out_read)
         os.close(err_read)
         with contextlib.suppress(OSError):  # a full disk: the exit status still gets written
             logs[1].write(f"gpupool: cannot run {launch['argv'][0]}: {message}\n".encode())
-        ended(failed)
-        return 0
-    pump(pid, [Stream(out_read, logs[0]), Stream(err_read, logs[1], scan)], ended)
+        record.ended(failed)
+    else:
+        streams = [Stream(out_read, logs[0]), Stream(err_read, logs[1], scan)]
+        pump(pid, streams, record.ended, record.write)
+    record.until_written()
     return 0
 
 

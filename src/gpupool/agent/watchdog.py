@@ -39,6 +39,7 @@ from gpupool.agent.exempt import NO_EXEMPTIONS, Exemptions, executable
 from gpupool.agent.jobdir import JobDir
 from gpupool.agent.jobs import Job
 from gpupool.agent.leases import Leases
+from gpupool.agent.logs import Context, about_job
 from gpupool.agent.owners import Owners, identified
 from gpupool.agent.store import Store
 from gpupool.core.errors import InvalidRequest
@@ -291,15 +292,15 @@ class Watchdog:
         return new
 
     def _record(self, finding: Finding, kind: str, detail: str, pid: int | None = None) -> None:
-        of_job = ""
+        about: Context | logging.Logger = log
         if finding.job is not None:
             self.store.note(finding.job, kind, detail)
             self.flagged.add(finding.job)
-            of_job = f" (job {finding.job})"
+            about = about_job(finding.job, log)
         else:
             first = finding.processes[0].pid
             self.store.node_event(kind, first if pid is None else pid, finding.gpu, detail)
         # an exempt process is news, not a fault; a closed stderr never stops the watchdog
         # (a logging handler swallows the OSError)
         level = logging.INFO if kind == EXEMPT else logging.WARNING
-        log.log(level, "watchdog: %s: %s%s", kind, detail, of_job)
+        about.log(level, "watchdog: %s: %s", kind, detail)

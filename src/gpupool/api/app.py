@@ -18,25 +18,29 @@ from functools import partial
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool import __version__
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.jobs import LAUNCHABLE_MODES, JobSpec
-from gpupool.api import admin_routes, elastic_routes, service_routes, watchdog_routes
+from gpupool.api import (
+    admin_routes,
+    elastic_routes,
+    error_bodies,
+    service_routes,
+    watchdog_routes,
+)
 from gpupool.api.dashboard import Sessions, dashboard_router
 from gpupool.api.guard import OVER_TCP, PEER_UID, Guard, host_names
 from gpupool.api.metrics import metrics_router
+from gpupool.api.params import LOG_CHUNK, LogOffset
 from gpupool.api.submit_batch import SubmitBatcher
-from gpupool.core.errors import GpupoolError, InvalidRequest, StoreBusy, Unauthorized
+from gpupool.core.errors import InvalidRequest, Unauthorized
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
-
-LOG_CHUNK = 1 << 20
 
 
 class SubmitBody(BaseModel):
@@ -127,25 +131,7 @@ def create_app(
         uid = request.scope.get(PEER_UID)
         return int(uid) if uid is not None else access.daemon_uid
 
-    @app.exception_handler(GpupoolError)
-    async def gpupool_error(_: Request, err: Exception) -> JSONResponse:
-        assert isinstance(err, GpupoolError)
-        headers = None
-        if isinstance(err, StoreBusy):
-            # a locked store is let go within a second or so: say when to come back
-            headers = {"Retry-After": "1"}
-        elif isinstance(err, Unauthorized):
-            headers = {"WWW-Authenticate": "Bearer"}
-        body = {"error": type(err).__name__, "message": str(err)}
-        return JSONResponse(body, status_code=err.http_status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_body(_: Request, err: Exception) -> JSONResponse:
-        assert isinstance(err, RequestValidationError)
-        first = err.errors()[0] if err.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"invalid request: {where}: {first.get('msg', 'malformed')}"
-        return JSONResponse({"error": "InvalidRequest", "message": message}, status_code=400)
+    error_bodies.install(app)
 
     # the docs take the same caller as the API: over TCP they need the token too
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(caller)])
@@ -192,7 +178,7 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}/logs")
     def logs(
-        job_id: int, stream: str = "stdout", offset: int = 0, uid: int = Depends(caller)
+        job_id: int, stream: str = "stdout", offset: LogOffset = 0, uid: int = Depends(caller)
     ) -> dict[str, Any]:
         job = view.job(job_id)
         access.require_owner(uid, job.uid, job_id, "read its logs")

@@ -16,10 +16,10 @@ import socket
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from gpupool.agent.statedir import SOCKET_NAME, default_state_dir
 from gpupool.core import settings
 from gpupool.core.errors import DaemonError, InvalidRequest, PermissionDenied
 from gpupool.core.errors import from_answer as error_from_answer
+from gpupool.isolation.daemon_paths import default_socket
 
 TIMEOUT_S = 30.0
 #: what a server's dropped keep-alive connection looks like at the next request
@@ -30,7 +30,7 @@ def resolve_url(url: str | None) -> str:
     chosen = url or settings.URL.read(os.environ)
     if chosen:
         return chosen
-    return f"unix://{default_state_dir() / SOCKET_NAME}"
+    return f"unix://{default_socket()}"
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -1,14 +1,22 @@
 """The router (`gpupool serve --router HOST:PORT`): /NAME/... to a ready replica of NAME.
 
-A reverse proxy on asyncio streams, in its own thread and event loop (uvloop) inside the daemon
-(docs/inference.md says why this over aiohttp or uvicorn with httpx: it was measured). Each
+A reverse proxy on asyncio streams and uvloop, in a process of its own that outlives the daemon
+(router_proc.py; docs/inference.md says why this over aiohttp or uvicorn with httpx: it was
+measured). Each
 request goes, its `/NAME` prefix stripped, to the replica of NAME with the fewest requests in
 flight that is below the service's concurrency; the answer is copied back as it arrives (a
 token stream's first byte is never held). With no such replica the request waits in a bounded
 queue while the autoscaler adds one (a wake from zero too); past the queue's bound, or after
 WAIT_S, it gets 503 with Retry-After. A replica that fails mid-request gets its request a 502
 (or, once the answer has begun, a cut connection), counted like every other answer. Connections
-to replicas are kept alive and reused.
+to replicas are kept alive and reused (router_upstream.py).
+
+A request takes a replica slot only once its head and body are in (router_body.py), so a client
+that trickles them holds a connection of its own, never a replica; how many connections, and for
+how long, is bounded by router_limits.py.
+
+`/v1/...` is the OpenAI API's (router_openai.py): a request there goes, its path unchanged, to
+the service that answers for its body's `model`, with the same choice, queue and streaming.
 """
 
 from __future__ import annotations
@@ -16,21 +24,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import sys
-import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 
 import uvloop
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
+from gpupool.api import router_openai as openai
+from gpupool.api.router_body import PIECE, Body, read_request_body, request_length
 from gpupool.api.router_http import (
     MAX_HEAD,
     BadMessage,
     Head,
+    check_request_line,
     json_answer,
     read_head,
-    relay_body,
+)
+from gpupool.api.router_limits import BODY_S, HEAD_S, Connections
+from gpupool.api.router_upstream import (
+    Connection,
+    Request,
+    UpstreamFailed,
+    UpstreamRefused,
+    Upstreams,
 )
 
 #: requests one service may have waiting for a replica; more get 503 at once
@@ -39,76 +56,70 @@ QUEUE_LIMIT = 256
 WAIT_S = 60.0
 #: replicas tried for a request that none could be reached for, before 502
 REFUSED_TRIES = 3
-#: idle connections kept per replica
-POOL_SIZE = 64
-#: the interpreter's thread switch interval while the router runs
-SWITCH_S = 0.0005
-#: seconds a client connection may wait between requests (or take to send a head)
-IDLE_S = 120.0
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
-_REASONS = {400: "Bad Request", 404: "Not Found", 431: "Request Header Fields Too Large"}
+_REASONS = {
+    400: "Bad Request",
+    404: "Not Found",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+#: seconds a refused request's connection is read (and what comes dropped) before it closes
+LINGER_S = 1.0
 _RETRY = [(b"Retry-After", b"1")]
-
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class _Upstream(Exception):
-    """The replica failed before its answer began: the client gets a 502."""
-
-
-class _Refused(_Upstream):
-    """The replica could not be reached: the request never left the router."""
+#: the `error` of a /NAME path's error answers, by status (others: BadRequest)
+_ERRORS = {404: "NotFound", 502: "BadGateway", 503: "Unavailable"}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: how an error answer is written: a /NAME path's (`_native`) or OpenAI's (router_openai.py)
+Shape = Callable[..., bytes]
 
 
 class Router:
-    """The proxy over one listening socket; `start()` runs it in a thread of its own."""
+    """The proxy over one listening socket; `run()` serves on the calling thread."""
 
     def __init__(self, traffic: Traffic, sock: socket.socket) -> None:
         self.traffic = traffic
         self.sock = sock
         self.loop = uvloop.new_event_loop()
-        self._pools: dict[int, list[Connection]] = {}
+        self._upstreams = Upstreams()
+        self._connections = Connections()
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
-        self._thread = threading.Thread(target=self._run, name="gpupool-router", daemon=True)
         self._server: asyncio.Server | None = None
-        self._ready = threading.Event()
+        #: set once the router has a table (router_proc.py): before, a request for a service it
+        #: does not know waits for one rather than getting 404
+        self.known = asyncio.Event()
+        #: the endpoints with requests in flight (one may have left the table: it drains)
+        self.busy: set[Endpoint] = set()
         self._active = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        def changed() -> None:
-            self.loop.call_soon_threadsafe(self._wake_all)
-
-        self.traffic.on_change = changed
-        # the router's thread shares the interpreter with the daemon's: a shorter switch
-        # interval lets it take the GIL back sooner from a busy thread (default 5 ms)
-        sys.setswitchinterval(SWITCH_S)
-        self._thread.start()
-        self._ready.wait(10)
-
-    def stop(self) -> None:
-        """Stop taking connections, let the requests in flight finish (STOP_GRACE_S), stop."""
-        self.traffic.on_change = None
-        if self._thread.is_alive():
-            future = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
-            with contextlib.suppress(Exception):
-                future.result(STOP_GRACE_S + 5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
-
-    def _run(self) -> None:
+    def run(self, until: Callable[[], Awaitable[None]]) -> None:
+        """Serve on this thread until `until()` returns (router_proc.py's control channel
+        decides when), then stop: the requests in flight finish first (STOP_GRACE_S)."""
         asyncio.set_event_loop(self.loop)
+        self.traffic.on_change = self._wake_all
         self._server = self.loop.run_until_complete(
             asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
         )
-        self._ready.set()
-        self.loop.run_forever()
+        try:
+            self.loop.run_until_complete(until())
+            self.loop.run_until_complete(self.shutdown())
+        finally:
+            self.traffic.on_change = None
+            self.loop.close()
 
-    async def _shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop taking connections (those open go on)."""
         if self._server is not None:
             self._server.close()
+
+    async def shutdown(self) -> None:
+        """Stop taking connections, let the requests in flight finish (STOP_GRACE_S)."""
+        self.close()
         deadline = time.monotonic() + STOP_GRACE_S
         while self._active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -118,10 +129,7 @@ class Router:
     def _wake_all(self) -> None:
         """The endpoints changed: every waiter looks again; connections to replicas no longer
         published (stopped, failed) are closed."""
-        live = {e.port for service in self.traffic.all() for e in service.endpoints}
-        for port in [port for port in self._pools if port not in live]:
-            for _, writer in self._pools.pop(port):
-                writer.close()
+        self._upstreams.keep_only({e.port for s in self.traffic.all() for e in s.endpoints})
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
@@ -183,218 +191,205 @@ class Router:
             # without it a head and a body written apart wait out the client's delayed ACK
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = writer.get_extra_info("peername")
-        forwarded = (peer[0] if isinstance(peer, tuple) else "local").encode()
+        address = peer[0] if isinstance(peer, tuple) else "local"
+        refused = self._connections.admit(address)
+        if refused is not None:
+            writer.write(_native(503, refused, close=True, extra=_RETRY))
+            writer.close()
+            return
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(IDLE_S):
-                        head = await read_head(reader)
-                except TimeoutError:
-                    break  # an idle (or trickling) client does not hold a connection forever
-                except BadMessage as err:
-                    writer.write(_error(err.status, "BadRequest", str(err), close=True))
-                    break
-                if head is None:
-                    break
-                if not await self._request(head, reader, writer, forwarded):
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, BadMessage):
-            pass
+            await self._serve(reader, writer, address.encode())
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the client went, or sent no whole head in time: its connection ends
+        except BadMessage as err:
+            writer.write(_native(err.status, str(err), close=True))
+            await _linger(reader, writer)
         finally:
+            self._connections.release(address)
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _request(
-        self,
-        head: Head,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        forwarded: bytes,
-    ) -> bool:
-        """Route one request; whether the client connection stays open."""
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, forwarded: bytes
+    ) -> None:
+        """Requests on one connection, one after the other, until one ends it."""
+        while True:
+            async with asyncio.timeout(HEAD_S):  # the idle time and the head's in one
+                head = await read_head(reader)
+            if head is None:
+                return
+            check_request_line(head)
+            length = request_length(head)
+            if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
+                writer.write(_CONTINUE)
+            try:
+                body = await self._body(reader, length)
+            except BadMessage as err:  # in the shape of the API the request is for
+                shape = openai.error if openai.is_openai(head.second) else _native
+                writer.write(shape(err.status, str(err), close=True))
+                await _linger(reader, writer)
+                return
+            if not await self._request(head, body, (reader, writer), forwarded):
+                return
+
+    async def _body(self, reader: asyncio.StreamReader, length: int | None) -> Body:
+        deadline = self.loop.time() + BODY_S
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await read_request_body(reader, length)
+        except TimeoutError:
+            raise BadMessage(f"the body did not come within {BODY_S:g}s", 408) from None
+        body.deadline = deadline
+        return body
+
+    async def _request(self, head: Head, body: Body, client: Connection, forwarded: bytes) -> bool:
+        """Route one request, received whole (or its body's start); whether the client
+        connection stays open."""
         began = time.perf_counter()
+        writer = client[1]
         target = head.second
+        keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
+        keep = keep or b"keep-alive" in head.tokens(b"connection")
+        if openai.is_openai(target):
+            return await self._openai(head, body, client, forwarded, keep)
         name, _, rest = target[1:].partition(b"/") if target.startswith(b"/") else (b"", b"", b"")
         name, query, params = name.partition(b"?")
         path = b"/" + rest if not query else b"/" + query + params
-        keep = head.third == b"HTTP/1.1" and b"close" not in head.tokens(b"connection")
-        keep = keep or b"keep-alive" in head.tokens(b"connection")
-        try:
-            has_body = _framed(head)
-        except BadMessage as err:
-            writer.write(_error(400, "BadRequest", str(err), close=True))
-            return False
-        service = self.traffic.get(name.decode("ascii", "replace"))
+        shown = name.decode("ascii", "replace")
+        service = await self._service(lambda: self.traffic.get(shown))
         if service is None or service.gone:
-            shown = name.decode("ascii", "replace")[:60]
-            writer.write(_error(404, "NotFound", f"no service {shown!r}", close=has_body))
-            return keep and not has_body
+            keep = keep and not body.left  # the rest of its body unread: the connection ends
+            writer.write(_native(404, f"no service {shown[:60]!r}", close=not keep))
+            return keep
+        request = Request(head, body, name, path, forwarded)
+        return await self._route(service, request, began, client, keep, _native)
+
+    async def _openai(
+        self, head: Head, body: Body, client: Connection, forwarded: bytes, keep: bool
+    ) -> bool:
+        """A request to the OpenAI API (router_openai.py): to the service of its `model`."""
+        began = time.perf_counter()
+        path = openai.path_of(head.second)
+        try:
+            if path == openai.MODELS or path.startswith(openai.MODELS + b"/"):
+                await self._service(lambda: None)  # the table, once the router has one
+                client[1].write(
+                    openai.models_answer(self.traffic, path, not keep or bool(body.left))
+                )
+                return keep and not body.left
+            if path not in openai.ROUTED:
+                raise openai.unknown_path(head)
+            model = openai.model_of(body)
+            service = await self._service(lambda: self.traffic.by_model(model))
+            if service is None or service.gone:
+                raise openai.not_found(model)
+        except openai.Refused as err:
+            keep = keep and not body.left  # the rest of its body unread: the connection ends
+            client[1].write(openai.refused(err, close=not keep))
+            if body.left:
+                await _linger(*client)
+            return keep
+        request = Request(head, body, b"", head.second, forwarded)
+        return await self._route(service, request, began, client, keep, openai.error)
+
+    async def _route(
+        self,
+        service: ServiceTraffic,
+        request: Request,
+        began: float,
+        client: Connection,
+        keep: bool,
+        shape: Shape,
+    ) -> bool:
+        """`request` to a replica of `service`, errors answered in `shape`; whether the client
+        connection stays open."""
+        writer = client[1]
         service.last_request = time.monotonic()
         for attempt in range(1, REFUSED_TRIES + 1):
             found = await self._endpoint(service)
             if isinstance(found, str):
                 if found == "gone":
-                    message = f"service {service.name} was deleted"
-                    writer.write(_error(404, "NotFound", message, close=True))
+                    writer.write(shape(404, f"service {service.name} was deleted", close=True))
                     return False
                 service.statuses[503] += 1
-                writer.write(_error(503, "Unavailable", found, close=True, extra=_RETRY))
+                writer.write(shape(503, found, close=True, extra=_RETRY))
                 return False
             try:
-                kept = await self._send(
-                    service, found, name, head, path, began, (reader, writer), forwarded, keep
-                )
-                return keep and kept
-            except _Refused as err:
+                return await self._send(service, found, request, began, client, keep, shape)
+            except UpstreamRefused as err:
                 # nothing reached that replica: the request goes to another one (or waits)
                 if attempt == REFUSED_TRIES:
                     service.statuses[502] += 1
-                    writer.write(_error(502, "BadGateway", str(err), close=True))
+                    writer.write(shape(502, str(err), close=True))
         return False
+
+    async def _service(self, find: Callable[[], ServiceTraffic | None]) -> ServiceTraffic | None:
+        """What `find` finds in the table; until the router has one, a request it finds
+        nothing for waits for it rather than getting 404."""
+        if not self.known.is_set() and find() is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.known.wait(), WAIT_S)
+        return find()
 
     async def _send(
         self,
         service: ServiceTraffic,
         found: Endpoint,
-        name: bytes,
-        head: Head,
-        path: bytes,
+        request: Request,
         began: float,
         client: Connection,
-        forwarded: bytes,
         keep: bool,
+        shape: Shape,
     ) -> bool:
         """The request through `found`, counted; whether the client connection may stay open.
-        _Refused (uncounted) when the replica could not be reached at all."""
-        reader, writer = client
+        UpstreamRefused (uncounted) when the replica could not be reached at all."""
+        writer = client[1]
         status: int | None = 502
         self._active += 1
         found.in_flight += 1
         service.in_flight += 1
+        self.busy.add(found)
         try:
-            status, keep_client = await self._forward(
-                found, name, head, path, reader, writer, forwarded, keep
+            status, keep_client = await self._upstreams.forward(
+                request, found, service.owner, client, keep
             )
             return keep_client
-        except _Refused:
+        except UpstreamRefused:
             status = None
             raise
-        except _Upstream as err:
-            writer.write(_error(502, "BadGateway", str(err), close=True))
+        except UpstreamFailed as err:
+            writer.write(shape(502, str(err), close=True))
+            return False
+        except BadMessage as err:  # the rest of a streamed body did not come in time
+            status = err.status
+            writer.write(shape(err.status, str(err), close=True))
             return False
         finally:
             found.in_flight -= 1
             service.in_flight -= 1
+            if not found.in_flight:
+                self.busy.discard(found)
             self._active -= 1
             if status is not None:
                 service.statuses[status] += 1
                 service.latency.observe(time.perf_counter() - began)
             self._wake_one(service.name)
 
-    async def _connect(self, endpoint: Endpoint) -> Connection:
-        """A kept-alive connection to `endpoint` (one the replica closed is seen at its end
-        and dropped: a replica that exits closes them all), or a new one."""
-        port = endpoint.port
-        pool = self._pools.setdefault(port, [])
-        while pool:
-            reader, writer = pool.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
-        try:
-            connection = await asyncio.open_connection("127.0.0.1", port, limit=MAX_HEAD)
-        except OSError as err:
-            endpoint.broken = True  # the others take its requests until it is back or replaced
-            raise _Refused(f"the replica on port {port} refused the connection: {err}") from err
-        return connection
 
-    async def _exchange(
-        self,
-        endpoint: Endpoint,
-        head: Head,
-        sent: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Head]:
-        """Send the request (head `sent`, then its body) and read the answer's head (1xx ones
-        passed on); _Upstream when the replica fails before its answer began."""
-        up_reader, up_writer = await self._connect(endpoint)
-        try:
-            up_writer.write(sent)
-            await relay_body(reader, up_writer, head)
-            answer = await read_head(up_reader)
-            while answer is not None and answer.second.startswith(b"1"):
-                writer.write(answer.encode())  # 100 Continue and the like
-                answer = await read_head(up_reader)
-        except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
-            up_writer.close()
-            raise _Upstream(f"replica on port {endpoint.port} failed: {err}") from err
-        if answer is None:
-            up_writer.close()
-            raise _Upstream(f"replica on port {endpoint.port} closed the connection")
-        return up_reader, up_writer, answer
-
-    async def _forward(
-        self,
-        endpoint: Endpoint,
-        name: bytes,
-        head: Head,
-        path: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        forwarded: bytes,
-        keep: bool,
-    ) -> tuple[int, bool]:
-        """Send the request to `endpoint`, copy its answer back; (status, whether the client
-        connection may stay open). _Upstream when the replica fails before its answer began."""
-        sent = Head(head.first, path, b"HTTP/1.1", head.headers).encode(
-            [(b"X-Forwarded-For", forwarded), (b"X-Forwarded-Prefix", b"/" + name)]
-        )
-        up_reader, up_writer, answer = await self._exchange(endpoint, head, sent, reader, writer)
-        status = int(answer.second) if answer.second.isdigit() else 502
-        bodiless = head.first == b"HEAD" or status in (204, 304)
-        until_close = not bodiless and not answer.chunked and answer.length() is None
-        upstream_keep = b"close" not in answer.tokens(b"connection") and not until_close
-        client_keep = keep and not until_close
-        extra = [] if client_keep else [(b"Connection", b"close")]
-        writer.write(answer.encode(extra))
-        try:
-            if not bodiless:
-                await relay_body(up_reader, writer, answer, until_close)
-            else:
-                await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, BadMessage):
-            # cut mid-answer: the client sees the connection end, counted as a 502
-            up_writer.close()
-            raise ConnectionResetError("the answer was cut") from None
-        if upstream_keep and len(self._pools.setdefault(endpoint.port, [])) < POOL_SIZE:
-            self._pools[endpoint.port].append((up_reader, up_writer))
-        else:
-            up_writer.close()
-        return status, client_keep
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send the answer and half-close, then read what the client still sends for a moment:
+    closing with its request unread would reset the connection, the answer unseen."""
+    with contextlib.suppress(Exception):
+        writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while await reader.read(PIECE):
+                pass
 
 
-def _framed(head: Head) -> bool:
-    """Whether a request has a body; BadMessage for framing a replica could read otherwise than
-    the router (both Content-Length and chunked: the way to smuggle a request past a proxy)."""
-    length = head.length()
-    if head.chunked and length is not None:
-        raise BadMessage("a request may not have both Content-Length and chunked encoding")
-    if head.tokens(b"transfer-encoding") - {b"chunked", b""} and not head.chunked:
-        raise BadMessage("unsupported Transfer-Encoding: only chunked")
-    return head.chunked or bool(length)
-
-
-def _error(
-    status: int,
-    error: str,
-    message: str,
-    *,
-    close: bool,
-    extra: list[tuple[bytes, bytes]] | None = None,
+def _native(
+    status: int, message: str, *, close: bool, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> bytes:
-    reason = {502: "Bad Gateway", 503: "Service Unavailable"}.get(status) or _REASONS.get(
-        status, "Error"
-    )
-    headers = list(extra or []) + ([(b"Connection", b"close")] if close else [])
-    return json_answer(status, reason, error, message, headers)
+    """An error answer of a /NAME path: `{"error", "message"}`, as the daemon's API answers."""
+    headers = list(extra) + ([(b"Connection", b"close")] if close else [])
+    error = _ERRORS.get(status, "BadRequest")
+    return json_answer(status, _REASONS.get(status, "Error"), error, message, headers)

@@ -1,21 +1,24 @@
-"""HTTP/1.1 framing for the router: request and response heads, and bodies relayed as they come.
+"""HTTP/1.1 heads for the router: request and response heads, read and checked strictly.
 
-Only what a proxy must know is parsed: the start line, the headers, and where a message's body
-ends (Content-Length, chunked, or the connection's end). A body is copied piece by piece as it
-arrives, chunk framing included, so a token stream's bytes are passed on the moment they come.
+Only what a proxy must know is parsed: the start line and the headers. What a replica could read
+otherwise than the router is refused rather than guessed at (RFC 9112 section 11): a bare CR or
+LF, a folded header line (obs-fold), a header name that is not a token, a control character in a
+value, a request line that is not `METHOD TARGET HTTP/1.x`. A head longer than MAX_HEAD or with
+more than MAX_HEADERS headers is refused with 431. Bodies are in router_body.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: the largest request or response head accepted (the StreamReader's limit)
 MAX_HEAD = 64 * 1024
-#: the most bytes read at once while relaying a body
-PIECE = 64 * 1024
+#: the most header lines one head may have
+MAX_HEADERS = 100
 #: headers of one hop (RFC 9110 7.6.1), never passed on
 HOP_BY_HOP = frozenset(
     {
@@ -29,6 +32,10 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: a control character other than a tab (DEL included): never valid in a field value or target
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
 
 
 class BadMessage(Exception):
@@ -54,48 +61,61 @@ class Head:
                 return value
         return None
 
-    def tokens(self, name: bytes) -> set[bytes]:
-        """The comma-separated tokens of every `name` header, lower-cased."""
-        found: set[bytes] = set()
+    def values(self, name: bytes) -> list[bytes]:
+        """Every `name` header's comma-separated values, lower-cased, in order (empty ones too)."""
+        found: list[bytes] = []
         for key, value in self.headers:
             if key.lower() == name:
-                found.update(t.strip().lower() for t in value.split(b","))
+                found += [t.strip(b" \t").lower() for t in value.split(b",")]
         return found
 
-    @property
-    def chunked(self) -> bool:
-        return b"chunked" in self.tokens(b"transfer-encoding")
+    def tokens(self, name: bytes) -> set[bytes]:
+        """The comma-separated tokens of every `name` header, lower-cased."""
+        return set(self.values(name))
 
-    def length(self) -> int | None:
-        """The Content-Length, or None; BadMessage for a bad or conflicting one."""
-        values = {v.strip() for k, v in self.headers if k.lower() == b"content-length"}
-        if not values:
-            return None
-        if len(values) > 1 or not next(iter(values)).isdigit():
-            raise BadMessage("invalid Content-Length")
-        return int(next(iter(values)))
-
-    def encode(self, extra: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
-        """The head to pass on: hop-by-hop headers dropped, `extra` added."""
+    def encode(
+        self, extra: Sequence[tuple[bytes, bytes]] = (), drop: frozenset[bytes] = frozenset()
+    ) -> bytes:
+        """The head to pass on: hop-by-hop headers and those named in `drop` left out, `extra`
+        added."""
+        left_out = HOP_BY_HOP | drop
         lines = [b" ".join((self.first, self.second, self.third))]
-        lines += [k + b": " + v for k, v in self.headers if k.lower() not in HOP_BY_HOP]
+        lines += [k + b": " + v for k, v in self.headers if k.lower() not in left_out]
         lines += [k + b": " + v for k, v in extra]
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 def parse_head(data: bytes) -> Head:
-    """A head as read up to its blank line."""
+    """A head as read up to its blank line; BadMessage for anything but plain lines."""
     lines = data[:-4].split(b"\r\n")
+    if any(b"\r" in line or b"\n" in line for line in lines):
+        raise BadMessage("a bare CR or LF in the head")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise BadMessage(f"more than {MAX_HEADERS} header lines", 431)
     words = lines[0].split(b" ", 2)
     if len(words) != 3:
         raise BadMessage("malformed start line")
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or b" " in name:
-            raise BadMessage("malformed header line")
-        headers.append((name, value.strip()))
-    return Head(words[0], words[1], words[2], headers)
+    return Head(words[0], words[1], words[2], [_field(line) for line in lines[1:]])
+
+
+def _field(line: bytes) -> tuple[bytes, bytes]:
+    if line[:1] in (b" ", b"\t"):
+        raise BadMessage("a folded header line (obs-fold)")
+    name, sep, value = line.partition(b":")
+    if not sep or not _TOKEN.fullmatch(name):
+        raise BadMessage("malformed header line")
+    value = value.strip(b" \t")
+    if _CONTROL.search(value):
+        raise BadMessage("a control character in a header value")
+    return name, value
+
+
+def check_request_line(head: Head) -> None:
+    """BadMessage unless the start line is `METHOD TARGET HTTP/1.0|1.1`."""
+    if not _TOKEN.fullmatch(head.first) or head.third not in _VERSIONS:
+        raise BadMessage("malformed request line")
+    if not head.second or _CONTROL.search(head.second) or b" " in head.second:
+        raise BadMessage("malformed request target")
 
 
 async def read_head(reader: asyncio.StreamReader) -> Head | None:
@@ -109,60 +129,6 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
     except asyncio.LimitOverrunError as err:
         raise BadMessage("the head is too large", 431) from err
     return parse_head(data.lstrip(b"\r\n"))
-
-
-async def relay_body(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    head: Head,
-    until_close: bool = False,
-) -> None:
-    """Copy the body that follows `head` from `reader` to `writer` as it arrives: chunked as
-    chunked (framing and all), Content-Length bytes, or (`until_close`, a response without
-    either) everything until the connection ends."""
-    if head.chunked:
-        await _relay_chunked(reader, writer)
-        return
-    length = head.length()
-    if length is None:
-        if not until_close:
-            return
-        while piece := await reader.read(PIECE):
-            writer.write(piece)
-            await writer.drain()
-        return
-    while length:
-        piece = await reader.read(min(length, PIECE))
-        if not piece:
-            raise asyncio.IncompleteReadError(b"", length)
-        length -= len(piece)
-        writer.write(piece)
-        await writer.drain()
-
-
-async def _relay_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise BadMessage("malformed chunk size") from None
-        writer.write(line)
-        if size == 0:  # the trailer section, up to its blank line
-            while True:
-                trailer = await reader.readuntil(b"\r\n")
-                writer.write(trailer)
-                if trailer == b"\r\n":
-                    await writer.drain()
-                    return
-        left = size + 2  # the chunk and its CRLF
-        while left:
-            piece = await reader.read(min(left, PIECE))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(piece)
-            writer.write(piece)
-        await writer.drain()
 
 
 def json_answer(

@@ -1,9 +1,8 @@
 """Serve the app with uvicorn on the Unix socket (peer uid by SO_PEERCRED) and optionally TCP.
 
 uvicorn does not hand the connection to the app, so the peer's credentials are read where the
-connection is made: a subclass of uvicorn's httptools protocol asks the socket for SO_PEERCRED in
-`connection_made` and wraps the app so that each request's scope carries the uid (or marks the
-connection as TCP, where the bearer token decides).
+connection is made, by the protocol of api/listener.py, which also bounds what each connection
+may hold (ListenerLimits); each listener has its own budget of connections.
 
 The socket is the node's door: 0660 root:GROUP (the socket group) in a state dir 0750
 root:GROUP, or 0600 in a 0700 state dir without one. TLS, when asked, is for the TCP listener
@@ -22,53 +21,31 @@ import resource
 import signal
 import socket
 import ssl
-import struct
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpupool.api.guard import OVER_TCP, PEER_UID
+from gpupool.api.listener import Budget, ListenerProtocol
 from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.core.settings import LISTENER, ListenerLimits
 
-Scope = MutableMapping[str, Any]
 #: sun_path is 108 bytes on Linux, one of them the terminating NUL
 MAX_SOCKET_PATH = 107
-Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
 #: how often the server checks that its state dir and socket are still the ones it made
 WATCH_S = 0.5
 #: the identity of a file: (device, inode)
 Identity = tuple[int, int]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
-
-
-class PeerCredProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the caller's identity added to every request's scope."""
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        sock = transport.get_extra_info("socket")
-        inner: Asgi = self.app
-        extra: dict[str, Any]
-        if sock is not None and sock.family == socket.AF_UNIX:
-            extra = {PEER_UID: peer_uid(sock)}
-        else:
-            extra = {OVER_TCP: True}
-
-        async def app(scope: Scope, receive: Any, send: Any) -> None:
-            scope.update(extra)
-            await inner(scope, receive, send)
-
-        self.app = app
+#: the kernel's queue of each listener's connections not yet accepted: the event loop (uvloop)
+#: accepts all of it at each turn, so under a flood of TCP connections a turn, and with it every
+#: other client's request, waits as long as the queue takes to accept (and refuse): with 1,024
+#: the Unix socket's p99 under 10,000 flooding connections was about 50 ms on a busy 2-core
+#: machine, with 64 28 to 40 ms. A client past the queue retries its SYN; the daemon empties the
+#: queue at every turn, so real bursts fit.
+UNIX_QUEUE = 128
+TCP_QUEUE = 64
 
 
 def unix_socket(path: Path, gid: int | None) -> socket.socket:
@@ -95,7 +72,7 @@ def unix_socket(path: Path, gid: int | None) -> socket.socket:
         raise ConfigError(f"cannot listen on {path}: {err.strerror}") from err
     finally:
         os.umask(umask)
-    sock.listen(128)
+    sock.listen(UNIX_QUEUE)
     return sock
 
 
@@ -140,19 +117,22 @@ def tcp_socket(listen: str, option: str = "--listen") -> socket.socket:
     except OSError as err:
         sock.close()
         raise ConfigError(f"cannot listen on {listen}: {err.strerror}") from err
-    sock.listen(1024)
+    sock.listen(TCP_QUEUE)
     return sock
 
 
-def _raise_open_file_limit() -> None:
-    """The soft limit on open files up to the hard one: the daemon keeps each running share's
-    accounting region open between scrapes, and the default soft limit (1024 on most systems)
-    would be reached near a thousand running shares with the clients' connections."""
+def _raise_open_file_limit() -> int:
+    """The soft limit on open files up to the hard one (the new soft limit): the daemon keeps
+    each running share's accounting region open between scrapes, and the default soft limit (1024
+    on most systems) would be reached near a thousand running shares with the clients'
+    connections."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         # a container may forbid it: the soft limit then stands
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class _Server(uvicorn.Server):
@@ -160,11 +140,18 @@ class _Server(uvicorn.Server):
     stop it and nothing more, and a watch on the state dir and the socket."""
 
     def __init__(
-        self, config: uvicorn.Config, tls: ssl.SSLContext | None, watched: dict[Path, Identity]
+        self,
+        config: uvicorn.Config,
+        tls: ssl.SSLContext | None,
+        watched: dict[Path, Identity],
+        limits: ListenerLimits,
+        open_files: int,
     ) -> None:
         super().__init__(config)
         self.tls = tls
         self.watched = watched
+        self.limits = limits
+        self.open_files = open_files
         #: why the server stopped by itself, if it did
         self.gone: str | None = None
 
@@ -182,22 +169,28 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn applies one TLS setting to every socket; the Unix socket stays plain
         await self.lifespan.startup()
-        config = self.config
-        loop = asyncio.get_running_loop()
-
-        def protocol() -> asyncio.Protocol:
-            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-            return made
-
         self.servers = []
         for sock in sockets or ():
-            tls = self.tls if sock.family != socket.AF_UNIX else None
-            self.servers.append(
-                await loop.create_server(protocol, sock=sock, ssl=tls, backlog=config.backlog)
-            )
+            self.servers.append(await self._listen(sock))
         self.started = True
+
+    async def _listen(self, sock: socket.socket) -> asyncio.Server:
+        """Serve `sock` with a budget of connections of its own, so that a flood of one
+        listener leaves the other usable."""
+        budget = Budget.of_listener(self.limits, self.open_files)
+
+        def protocol() -> asyncio.Protocol:
+            return ListenerProtocol(
+                self.config, self.server_state, self.lifespan.state, budget, self.limits
+            )
+
+        tls = self.tls if sock.family != socket.AF_UNIX else None
+        # a TLS handshake comes before the protocol sees the connection: bound its time too
+        handshake = self.limits.head_timeout_s if tls is not None else None
+        queue = UNIX_QUEUE if sock.family == socket.AF_UNIX else TCP_QUEUE
+        return await asyncio.get_running_loop().create_server(
+            protocol, sock=sock, ssl=tls, backlog=queue, ssl_handshake_timeout=handshake
+        )
 
     async def on_tick(self, counter: int) -> bool:
         if counter % round(WATCH_S / 0.1) == 0 and self.gone is None:
@@ -225,21 +218,26 @@ def serve(
     sockets: list[socket.socket],
     tls: ssl.SSLContext | None = None,
     watched: dict[Path, Identity] | None = None,
+    limits: ListenerLimits = LISTENER,
 ) -> str | None:
     """Serve until SIGINT or SIGTERM (None), or until a path of `watched` is no longer the file
-    it was (the reason); `tls` for the TCP sockets."""
-    _raise_open_file_limit()
+    it was (the reason); `tls` for the TCP sockets; each connection within `limits`."""
+    open_files = _raise_open_file_limit()
     settle()
     config = uvicorn.Config(
         app,
-        http=PeerCredProtocol,
+        http=ListenerProtocol,
+        # the daemon serves no WebSocket: an Upgrade header stays an ordinary request
+        ws="none",
         lifespan="off",
         log_level="warning",
         access_log=False,
+        # uvicorn's own lines go through the daemon's log, in its format (agent/logs.py)
+        log_config=None,
         # no proxy stands in front: a client's X-Forwarded-For must not change who it appears to
         # be (and it is one middleware less on every request)
         proxy_headers=False,
     )
-    server = _Server(config, tls, watched or {})
+    server = _Server(config, tls, watched or {}, limits, open_files)
     server.run(sockets=sockets)
     return server.gone

@@ -17,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpupool.agent.access import user_name
 from gpupool.agent.agent import Agent
 from gpupool.agent.services import ServiceSpec
+from gpupool.api.params import LOG_CHUNK, LogOffset
 from gpupool.core.errors import InvalidRequest, NotFound, PermissionDenied
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
-
-LOG_CHUNK = 1 << 20
 
 
 class ServiceBody(BaseModel):
@@ -44,6 +43,7 @@ class ServiceBody(BaseModel):
     health: str = "/health"
     env: dict[str, str] = {}
     workdir: str = "/"
+    models: list[str] = Field([], max_length=64)
 
 
 class UpdateBody(BaseModel):
@@ -63,6 +63,7 @@ class UpdateBody(BaseModel):
     health: str | None = None
     env: dict[str, str] | None = None
     workdir: str | None = None
+    models: list[str] | None = Field(None, max_length=64)
 
 
 class ScaleBody(BaseModel):
@@ -107,6 +108,7 @@ def spec_of(body: ServiceBody) -> ServiceSpec:
         health=body.health,
         env=dict(body.env),
         workdir=body.workdir,
+        models=tuple(body.models),
     )
 
 
@@ -164,7 +166,7 @@ def register(app: FastAPI, agent: Agent, caller: Callable[..., Awaitable[int]]) 
         name: str,
         replica: int | None = None,
         stream: str = "stdout",
-        offset: int = 0,
+        offset: LogOffset = 0,
         uid: int = Depends(caller),
     ) -> dict[str, Any]:
         """A replica's log (the lowest-numbered one unless `replica` says), as a job's."""

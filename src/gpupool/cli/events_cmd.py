@@ -10,6 +10,7 @@ from typing import Any
 
 from gpupool.api.client import Client
 from gpupool.cli import options, plain
+from gpupool.cli.lines import say
 from gpupool.core.errors import InvalidRequest
 
 
@@ -30,11 +31,11 @@ def _events(args: argparse.Namespace) -> int:
     if args.json:
         plain.echo_json(answer)
         return 0
-    print(f"watchdog action: {answer['action']}")
+    say(f"watchdog action: {answer['action']}")
     for event in answer["events"]:
-        print(_line(event))
+        say(_line(event))
     if not answer["events"]:
-        print("(no events)")
+        say("(no events)")
     return 0
 
 

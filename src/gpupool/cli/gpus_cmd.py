@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpupool.cli import options, plain
+from gpupool.cli.lines import say
 from gpupool.core.errors import DriverNotFound, InvalidRequest
 from gpupool.devices.factory import open_backend
 
@@ -35,9 +36,9 @@ def _watch(backend: GpuBackend, seconds: float, as_json: bool, url: str | None) 
     try:
         while True:
             if as_json:
-                print(json.dumps(gpus_view.document(backend.snapshot())), flush=True)
+                say(json.dumps(gpus_view.document(backend.snapshot())))
             else:
-                print(clear + gpus_view.view(backend, url), flush=True)
+                say(clear + gpus_view.view(backend, url))
             time.sleep(seconds)
     except KeyboardInterrupt:
         return
@@ -75,7 +76,7 @@ def _gpus(args: argparse.Namespace) -> int:
         elif args.json:
             plain.echo_json(gpus_view.document(backend.snapshot()))
         else:
-            print(gpus_view.view(backend, args.url))
+            say(gpus_view.view(backend, args.url))
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpupool.api.client import Client
 from gpupool.cli import jobs_view, options, plain
+from gpupool.cli.lines import say
 from gpupool.core.errors import InvalidRequest, NotFound
 from gpupool.core.units import parse_duration
 
@@ -98,7 +99,7 @@ def _submit(args: argparse.Namespace) -> int:
             if args.json:
                 plain.echo_json({"job": job})
             else:
-                print(job["id"])
+                say(job["id"])
             return 0
         final = follow(client, job["id"])
     if args.json:
@@ -117,7 +118,7 @@ def _ps(args: argparse.Namespace) -> int:
         if services:  # their replicas are among the jobs above, named SERVICE/REPLICA
             from gpupool.cli import service_view
 
-            print()
+            say()
             service_view.print_services(services)
     return 0
 
@@ -152,7 +153,7 @@ def _cancel(args: argparse.Namespace) -> int:
         plain.echo_json({"jobs": jobs})
     else:
         for job in jobs:
-            print(f"job {job['id']}: cancel sent ({job['state']})")
+            say(f"job {job['id']}: cancel sent ({job['state']})")
     return 0
 
 
@@ -180,9 +181,9 @@ def _drain(args: argparse.Namespace) -> int:
     if args.json:
         plain.echo_json(node)
     elif node["draining"]:
-        print("draining: nothing new starts; running jobs finish")
+        say("draining: nothing new starts; running jobs finish")
     else:
-        print("not draining: queued jobs start as room frees")
+        say("not draining: queued jobs start as room frees")
     return 0
 
 
@@ -195,7 +196,7 @@ def _prune(args: argparse.Namespace) -> int:
         return 0
     count = int(answer["pruned"])
     plural = "" if count == 1 else "s"
-    print(f"pruned {count} job{plural} finished more than {args.older_than} ago")
+    say(f"pruned {count} job{plural} finished more than {args.older_than} ago")
     return 0
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from gpupool.cli import texttable
+from gpupool.cli.lines import say
 from gpupool.core.units import format_bytes
 
 
@@ -90,9 +91,9 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         "UTIL",
     ]
     now = time.time()
-    print("\n".join(texttable.lines(header, [_row(job, now) for job in jobs])))
+    say("\n".join(texttable.lines(header, [_row(job, now) for job in jobs])))
     if not jobs:
-        print("(no jobs)")
+        say("(no jobs)")
 
 
 def _when(at: float | None) -> str:
@@ -156,4 +157,4 @@ def print_job(job: dict[str, Any]) -> None:
     for event in job["events"]:
         detail = f" ({event['detail']})" if event["detail"] else ""
         lines.append(f"    {_when(event['at'])}  {event['kind']}{detail}")
-    print("\n".join(lines))
+    say("\n".join(lines))

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from gpupool import __version__
+from gpupool.cli.lines import say
 from gpupool.core import settings
 from gpupool.core.errors import GpupoolError
 
@@ -223,6 +225,8 @@ def _run_argparse(module: str, name: str, args: list[str]) -> int:
 _USAGE_ERROR = 2
 #: the shell's status for a command ended by Ctrl-C (128 + SIGINT)
 _INTERRUPTED = 130
+#: ... and for one ended by a closed pipe (128 + SIGPIPE), as `ls | head`'s ls
+_PIPE_CLOSED = 141
 
 
 def _answer_at_once(args: list[str]) -> tuple[str, int] | None:
@@ -240,31 +244,75 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps gpupool errors to one line on stderr and an exit code.
 
     typer (standalone mode) and argparse print usage errors themselves and exit 2; anything else
-    that escapes a command is turned into one line here, so no traceback reaches a user.
+    that escapes a command is turned into one line here, so no traceback reaches a user. Output
+    whose reader went away (`gpupool ps | head -1`) ends the command quietly with 141.
     """
-    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _main(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit:
+        if _output_lost():
+            _end_quietly()
+        raise
+
+
+def _main(args: list[str]) -> None:
     at_once = _answer_at_once(args)
-    if at_once is not None:
-        text, status = at_once
-        print(text)
-        sys.exit(status)
     entry = COMMANDS.get(args[0]) if args else None
     try:
+        if at_once is not None:
+            text, status = at_once
+            say(text)
+            sys.exit(status)
         if entry is not None and entry.argparse:
             sys.exit(_run_argparse(entry.module, args[0], args[1:]))
         build_app()(args=args, prog_name="gpupool")
     except GpupoolError as err:
-        print(f"gpupool: error: {err}", file=sys.stderr)
+        say(f"gpupool: error: {err}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:  # typer answers Ctrl-C itself; argparse commands land here
-        print("gpupool: interrupted", file=sys.stderr)
+        say("gpupool: interrupted", err=True)
         sys.exit(_INTERRUPTED)
     except Exception as err:  # the last line of defence
+        if isinstance(err, BrokenPipeError) and _reader_gone():
+            sys.exit(_PIPE_CLOSED)
         if settings.DEBUG.read(os.environ):
             raise
-        print(
+        say(
             f"gpupool: internal error: {type(err).__name__}: {err} "
             "(set GPUPOOL_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+            err=True,
         )
         sys.exit(70)
+
+
+def _output_lost() -> bool:
+    """Whether standard output's reader went away before all of it was written: what is still
+    buffered cannot be flushed, or click caught the closed pipe already (it then exits 1 with
+    its quiet wrapper on stdout; by name, as typer has its own copy of click)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):  # a full disk, a closed stream: Python's exit says it as before
+        return False
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe nobody reads any more (poll says POLLERR), and not,
+    say, the daemon's socket that a BrokenPipeError came from."""
+    try:
+        poll = select.poll()
+        poll.register(sys.__stdout__.fileno() if sys.__stdout__ else 1, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _end_quietly() -> NoReturn:
+    """End as `ls | head` ends: no message, status 141 (128 + SIGPIPE, what the shell reports
+    for a command a closed pipe ended). Standard output goes to /dev/null first, so Python's own
+    flush at exit has nothing left to complain about."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.exit(_PIPE_CLOSED)

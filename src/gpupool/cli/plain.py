@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupool.cli import options
+from gpupool.cli.lines import say
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.units import MILLI_PER_GPU, parse_compute_percent, parse_memory_share
 
@@ -55,7 +56,7 @@ def job_argument(command: argparse.ArgumentParser) -> None:
 
 
 def echo_json(data: object) -> None:
-    print(json.dumps(data, indent=2))
+    say(json.dumps(data, indent=2))
 
 
 def answer(args: argparse.Namespace, data: object, line: str) -> None:
@@ -63,7 +64,7 @@ def answer(args: argparse.Namespace, data: object, line: str) -> None:
     if args.json:
         echo_json(data)
     else:
-        print(line)
+        say(line)
 
 
 def env_pairs(pairs: list[str]) -> dict[str, str]:

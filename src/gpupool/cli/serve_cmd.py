@@ -228,13 +228,31 @@ def register(app: typer.Typer) -> None:
             "--router",
             metavar="HOST:PORT",
             help="Also run the services' router: http://HOST:PORT/NAME/... goes to a ready "
-            "replica of service NAME (docs/inference.md).",
+            "replica of service NAME (docs/inference.md). It is a process of its own that "
+            "outlives the daemon: a restarted daemon attaches to it again.",
+        ),
+        listener_limits: list[str] = typer.Option(
+            [],
+            "--listener-limit",
+            metavar="NAME=VALUE",
+            help="A bound on the clients' connections to the socket and --listen, e.g. "
+            "max-connections-per-peer=32, idle-timeout=5s (names and defaults: "
+            "docs/limits.md); repeatable.",
         ),
         mig_keep_instances: bool = typer.Option(
             False,
             "--mig-keep-instances",
             envvar=settings.MIG_KEEP_INSTANCES.name,
             help="Leave the MIG instances made for jobs in place after them (default: destroy).",
+        ),
+        log_format: str = typer.Option(
+            settings.LOG_FORMAT.default,
+            "--log-format",
+            envvar=settings.LOG_FORMAT.name,
+            metavar="plain|json",
+            help="The daemon's log on stderr: lines to read, or one JSON object per line (time, "
+            "level, logger, message and the job, service and uid it is about) to ship to Loki "
+            "or Elasticsearch.",
         ),
     ) -> None:
         """Run the node daemon: a queue and admission for this server's GPUs."""
@@ -246,9 +264,12 @@ def register(app: typer.Typer) -> None:
         from gpupool.agent.watchdog import Action
         from gpupool.api import server
         from gpupool.api.app import create_app
+        from gpupool.api.listener import parse_limits
+        from gpupool.api.router_link import RouterLink
         from gpupool.devices.factory import open_backend
+        from gpupool.isolation.daemon_paths import SOCKET_NAME, default_state_dir
 
-        logs.configure()
+        logs.configure(log_format)
         if cancel_grace < 0:
             raise InvalidRequest(f"invalid --cancel-grace {cancel_grace:g}: must not be negative")
         check_policy(policy)
@@ -260,12 +281,13 @@ def register(app: typer.Typer) -> None:
         )
         exempt = watchdog_exempt or settings.WATCHDOG_EXEMPT.read(os.environ)
         exemptions = NO_EXEMPTIONS if exempt is None else Exemptions.parse(exempt)
+        limits = parse_limits(listener_limits, settings.LISTENER)
         token = _token(token_file, listen)
         tls_files = _tls(tls_cert, tls_key, listen)
         tls = server.tls_context(*tls_files) if tls_files is not None else None
         access = Access.of_this_process(admin_group)
         socket_gid, no_group = _socket_gid(socket_group)
-        root = statedir.prepare(state_dir or statedir.default_state_dir())
+        root = statedir.prepare(state_dir or default_state_dir())
         config = AgentConfig(
             root,
             policy=policy,
@@ -281,12 +303,11 @@ def register(app: typer.Typer) -> None:
         )
         lock = statedir.hold(root)
         statedir.share(root, socket_gid)
-        socket_path = root / statedir.SOCKET_NAME
+        socket_path = root / SOCKET_NAME
         sockets = [server.unix_socket(socket_path, socket_gid)]
         watched = {root: server.identity(root), socket_path: server.identity(socket_path)}
         if listen is not None:
             sockets.append(server.tcp_socket(listen))
-        router_socket = server.tcp_socket(router, "--router") if router is not None else None
         with open_backend(simulate, node_dir) as backend:
             agent = Agent(config, backend)
             if agent.launch_node.sim_node is not None:
@@ -308,18 +329,14 @@ def register(app: typer.Typer) -> None:
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
             app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
-            proxy = None
-            if router_socket is not None:
-                from gpupool.api.router import Router
-
-                proxy = Router(agent.services.traffic, router_socket)
-                proxy.start()
-                logs.log.info(f"router on http://{router}/NAME/ for the services")
+            # the router is a process of its own, which outlives this one (router_link.py)
+            link = RouterLink(agent.services, root, router)
             try:
-                gone = server.serve(app, sockets, tls, {p: i for p, i in watched.items() if i})
+                link.open()
+                alive = {p: i for p, i in watched.items() if i}
+                gone = server.serve(app, sockets, tls, alive, limits)
             finally:
-                if proxy is not None:
-                    proxy.stop()
+                link.close()
                 agent.stop()
                 server.remove_socket(socket_path, watched[socket_path])
                 lock.close()

@@ -55,6 +55,8 @@ def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
         body["ready_timeout_s"] = ready
     if args.env:
         body["env"] = plain.env_pairs(args.env)
+    if args.model:
+        body["models"] = args.model
     command = args.command
     if command:
         body["argv"] = command
@@ -195,6 +197,14 @@ def _share_options(parser: argparse.ArgumentParser) -> None:
         "--health", metavar="PATH", help="Its health check: GET PATH answers 2xx (default /health)."
     )
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="Repeatable.")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="A model name it answers for at the router's OpenAI API (/v1/chat/completions "
+        "routes by the body's model); repeatable (aliases); default: the service's name.",
+    )
     parser.add_argument("--workdir", metavar="DIR", help="Where it runs (default: here).")
     parser.set_defaults(command=[])
 

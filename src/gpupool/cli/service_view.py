@@ -6,9 +6,10 @@ from datetime import datetime
 from typing import Any
 
 from gpupool.cli import texttable
+from gpupool.cli.lines import say
 
 HEADER = ["NAME", "USER", "READY", "DESIRED", "MIN..MAX", "IN-FLIGHT", "QUEUED", "REQUESTS"]
-HEADER += ["5XX", "SHARE", "GPUS", "PROBLEM"]
+HEADER += ["5XX", "SHARE", "GPUS", "MODELS", "PROBLEM"]
 
 
 def _share(service: dict[str, Any]) -> str:
@@ -28,6 +29,12 @@ def _ready(replicas: dict[str, Any]) -> str:
     return f"{replicas['ready']} ({suspended} suspended)" if suspended else str(replicas["ready"])
 
 
+def _models(service: dict[str, Any]) -> str:
+    """The model names it answers for at the router's OpenAI API (a daemon from before them
+    sends none: its name)."""
+    return ",".join(service.get("models") or [service["name"]])
+
+
 def rows(services: list[dict[str, Any]]) -> list[list[str]]:
     table = []
     for service in services:
@@ -45,6 +52,7 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
                 str(service["errors_total"]),
                 _share_and_mode(service),
                 ",".join(str(g) for g in service["gpus"]) or "-",
+                _models(service)[:60],
                 (service["problem"] or "")[:60],
             ]
         )
@@ -53,38 +61,39 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
 
 def print_services(services: list[dict[str, Any]]) -> None:
     if not services:
-        print("no services (gpupool service create NAME --replicas MIN..MAX -- CMD)")
+        say("no services (gpupool service create NAME --replicas MIN..MAX -- CMD)")
         return
     for line in texttable.lines(HEADER, rows(services), right={2, 3, 5, 6, 7, 8}):
-        print(line)
+        say(line)
 
 
 def print_service(service: dict[str, Any]) -> None:
     spec = service["spec"]
     replicas = service["replicas"]
     suspended = replicas.get("suspended", 0)
-    print(f"service {service['name']} (generation {service['generation']}), by {service['user']}")
+    say(f"service {service['name']} (generation {service['generation']}), by {service['user']}")
     command = " ".join(spec["argv"]) if spec["argv"] is not None else "(hidden: not yours)"
-    print(f"  command:     {command}")
-    print(
+    say(f"  command:     {command}")
+    say(
         f"  replicas:    {replicas['ready']} ready of {replicas['desired']} desired, "
         f"{replicas['min']}..{replicas['max']}"
         + (f" ({service['why']})" if service["why"] else "")
         + (f"; {suspended} suspended in host memory" if suspended else "")
     )
-    print(
+    say(
         f"  share:       {_share(service)} per replica, mode {service['mode']}, concurrency "
         f"{service['concurrency']}, idle {spec['idle_s']:g}s, window {spec['window_s']:g}s"
     )
-    print(f"  health:      GET {spec['health']} (ready within {spec['ready_timeout_s']:g}s)")
+    say(f"  models:      {_models(service)} (POST /v1/... at the router, by the body's model)")
+    say(f"  health:      GET {spec['health']} (ready within {spec['ready_timeout_s']:g}s)")
     statuses = ", ".join(f"{code}: {n}" for code, n in service["statuses"].items()) or "none"
-    print(
+    say(
         f"  traffic:     {service['in_flight']} in flight, {service['queued']} waiting; "
         f"answers {statuses}"
     )
-    print(f"  restarts:    {service['restarts']}")
+    say(f"  restarts:    {service['restarts']}")
     if service["problem"]:
-        print(f"  problem:     {service['problem']}")
+        say(f"  problem:     {service['problem']}")
     if service["replica_list"]:
         header = ["REPLICA", "JOB", "STATE", "GPUS", "PORT", "GEN", "IN-FLIGHT", "NOTE"]
         table = [
@@ -101,8 +110,8 @@ def print_service(service: dict[str, Any]) -> None:
             for r in service["replica_list"]
         ]
         for line in texttable.lines(header, table, right={0, 1, 4, 5, 6}):
-            print("  " + line)
-    print("  events:")
+            say("  " + line)
+    say("  events:")
     for event in service["events"][-15:]:
         at = datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
-        print(f"    {at}  {event['detail']}")
+        say(f"    {at}  {event['detail']}")

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpupool.cli import options
+from gpupool.cli.lines import say
 from gpupool.core.errors import InvalidRequest, TraceFormatError
 from gpupool.core.units import parse_int_range
 from gpupool.scheduler import POLICY_NAMES
@@ -198,7 +199,7 @@ def execute(job: SimJob, *, as_json: bool) -> None:
     comparison = _comparison(job, results)
     written = report.write_outputs(job.out, results, _title(job), comparison) if job.out else []
     if as_json:
-        sys.stdout.write(json.dumps(report.summary(results)) + "\n")
+        say(json.dumps(report.summary(results)))
         return
     # Off a terminal rich assumes 80 columns, too narrow for the table in a log or a pipe.
     out = Console() if sys.stdout.isatty() else Console(width=100)

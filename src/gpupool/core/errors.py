@@ -23,6 +23,7 @@ user as itself. A subclass inherits both numbers unless it sets its own.
     │   └── Unauthorized         6   401  a TCP request without the daemon's bearer token
     ├── DaemonError              7   503  the daemon cannot be reached, or failed to answer
     │   └── StoreBusy            7   503  the daemon's state is locked by another process: retry
+    │       └── StoreFull        7   503  the disk under the daemon's state is full: retry later
     └── KubeApiError             8   502  the Kubernetes API server failed or timed out
 
 Outside the tree: a usage error (unknown option) exits 2, and a bug exits 70 ("internal error").
@@ -140,6 +141,11 @@ class StoreBusy(DaemonError):
     """The daemon's state database is locked by another process (a backup, an admin's sqlite3):
     the request changed nothing and may be retried in a moment (the API answers 503 with
     Retry-After)."""
+
+
+class StoreFull(StoreBusy):
+    """The disk under the daemon's state database is full: the change was not made, and may be
+    retried once space returns (a job's bookkeeping waits for it, no job is failed for it)."""
 
 
 class KubeApiError(GpupoolError):

@@ -18,7 +18,7 @@ class Priority(StrEnum):
 
 
 class Mode(StrEnum):
-    """How a share holds on the GPU (DESIGN.md, "The four ways to share a GPU")."""
+    """How a share holds on the GPU (docs/usage.md, `gpupool serve`; docs/modes.md)."""
 
     SHIM = "shim"
     MPS = "mps"

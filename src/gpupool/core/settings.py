@@ -179,6 +179,14 @@ MIG_KEEP_INSTANCES = Setting(
     Reader.PYTHON,
 )
 
+LOG_FORMAT = Setting(
+    "GPUPOOL_LOG_FORMAT",
+    "plain",
+    "How `gpupool serve` writes its log on stderr: `plain` (lines to read) or `json` (one JSON "
+    "object per line, for Loki or Elasticsearch; `gpupool serve --log-format`).",
+    Reader.PYTHON,
+)
+
 
 @dataclass(frozen=True)
 class DaemonDefaults:
@@ -196,6 +204,32 @@ class DaemonDefaults:
 
 
 DAEMON = DaemonDefaults()
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """What one client may hold of the daemon's listeners (the Unix socket, `--listen`), so that
+    no client, authenticated or not, takes descriptors or memory from the others
+    (docs/limits.md). A peer is a uid on the Unix socket, an IP address over TCP; each listener
+    has its own budget, so a flood of TCP connections leaves the Unix socket usable."""
+
+    #: bytes of a request's head (request line and headers); past it 431
+    max_head_bytes: int = 32 << 10
+    #: header lines in a request's head; past it 431
+    max_headers: int = 100
+    #: seconds from a request's first byte to the end of its head
+    head_timeout_s: float = 10.0
+    #: seconds from the end of a request's head to the end of its body
+    body_timeout_s: float = 30.0
+    #: seconds a connection may wait for its next request (its first one too)
+    idle_timeout_s: float = 5.0
+    #: connections open at once on one listener; at most a quarter of the open-file limit
+    max_connections: int = 1024
+    #: connections open at once from one peer on one listener
+    max_connections_per_peer: int = 128
+
+
+LISTENER = ListenerLimits()
 
 #: every setting, in the order the docs list them
 ALL: tuple[Setting, ...] = (
@@ -219,6 +253,7 @@ ALL: tuple[Setting, ...] = (
     WATCHDOG_EXEMPT,
     MPS_CONTROL,
     MIG_KEEP_INSTANCES,
+    LOG_FORMAT,
 )
 
 #: the settings that make up a share; only a launch may set them

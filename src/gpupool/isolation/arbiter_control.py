@@ -4,7 +4,7 @@ or start the arbiter (native/arbiterd) of a node or of one user.
 Only root and the arbiter's own user reach the control socket (0600 in a directory nobody else
 can write, and the arbiter checks SO_PEERCRED too). The node daemon registers every share it
 launches; `gpupool exec` registers its own share with the arbiter of its user (root's is the
-node's). docs/internals/arbiter.md describes the messages.
+node's). docs/protocols/arbiter.md describes the messages.
 """
 
 from __future__ import annotations

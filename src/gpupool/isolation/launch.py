@@ -140,7 +140,7 @@ def share_env(
     gpu_totals: Sequence[int | None],
     shared_region: Path,
 ) -> dict[str, str]:
-    """The GPUPOOL_* variables and CUDA_VISIBLE_DEVICES of a share (NATIVE_CONTRACT.md).
+    """A share's GPUPOOL_* variables and CUDA_VISIBLE_DEVICES (docs/protocols/interception.md).
 
     `gpu_totals[i]` is the memory of `limits.gpus[i]` (of the MIG instance, on one); a limit is
     written per visible ordinal, since a fraction resolves to different bytes on GPUs of

@@ -15,18 +15,21 @@ slices within the GPU's, as the driver's tables do).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import uuid as uuidlib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpupool.core.errors import ConfigError, DeviceError, InvalidRequest
+from gpupool.devices.sim.node_files import (
+    NODE_FILE,
+    NODE_FORMAT,
+    locked,
+    read_node_file,
+)
 from gpupool.devices.sim.spec import GpuEntry, NodeSpec, host_link
 from gpupool.devices.sim.state import (
     MIG_PER_GPU,
@@ -39,9 +42,6 @@ from gpupool.devices.sim.state import (
 from gpupool.mig import catalog, planner
 from gpupool.mig.planner import Placement
 
-NODE_FILE = "node.json"
-LOCK_FILE = "node.lock"
-NODE_FORMAT = 1
 _UUID_NAMESPACE = uuidlib.UUID("5f8a1c2e-4b7d-4e0a-9c3f-6d2b1a0e7f48")
 
 
@@ -132,7 +132,7 @@ class SimNode:
     @classmethod
     def open_or_create(cls, spec: NodeSpec | None, directory: Path) -> SimNode:
         """The node in `directory`; created from `spec` when absent, checked against it if not."""
-        with _locked(directory, create=spec is not None):
+        with locked(directory, create=spec is not None) as held:
             node_file = directory / NODE_FILE
             if not node_file.exists():
                 if spec is None:
@@ -141,7 +141,7 @@ class SimNode:
                         "(e.g. --simulate 2xA30)"
                     )
                 return cls._create(spec, directory)
-            data = _read_node_file(node_file)
+            data = read_node_file(node_file)
             if spec is not None and data["key"] != spec.key:
                 raise DeviceError(
                     f"{directory} holds another simulated node ({data['spec']}), not {spec.text}: "
@@ -149,11 +149,14 @@ class SimNode:
                 )
             state_path = directory / STATE_FILE
             if not state_path.exists() or SimState.is_outdated(state_path):
+                if not held:
+                    raise DeviceError(f"{state_path} is missing or outdated: ask its owner")
                 # node.json survived a cleanup of the runtime state, or an earlier gpupool made
                 # the state in an older layout: start the counters afresh
                 SimState.create(state_path, _state_specs(_gpus_of(data))).close()
             node = cls(directory, data["key"], data["spec"], SimState.open(state_path))
-            node._sync_instances(_gpus_of(data))
+            if held:  # another user's node is only looked at
+                node._sync_instances(_gpus_of(data))
             return node
 
     @classmethod
@@ -176,7 +179,7 @@ class SimNode:
     # -- node.json --------------------------------------------------------------------------------
 
     def gpus(self) -> list[SimGpu]:
-        return _gpus_of(_read_node_file(self.node_file))
+        return _gpus_of(read_node_file(self.node_file))
 
     def gpu(self, index: int) -> SimGpu:
         gpus = self.gpus()
@@ -197,7 +200,9 @@ class SimNode:
 
     def _update(self, index: int, change: Any) -> Any:
         """Apply `change(gpu) -> (new gpu, result)` to GPU `index` under the node lock."""
-        with _locked(self.directory, create=False):
+        with locked(self.directory, create=False) as held:
+            if not held:
+                raise DeviceError(f"the simulated node in {self.directory} is another user's")
             gpus = self.gpus()
             if not 0 <= index < len(gpus):
                 raise InvalidRequest(f"simulated GPU {index} does not exist (0..{len(gpus) - 1})")
@@ -354,36 +359,3 @@ def _state_specs(gpus: list[SimGpu]) -> list[SimGpuSpec]:
             )
         )
     return specs
-
-
-def _read_node_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise DeviceError(f"cannot read simulated node {path}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise DeviceError(f"{path} is not a simulated node file: {err}") from err
-    if not isinstance(data, dict) or data.get("format") != NODE_FORMAT:
-        raise DeviceError(f"{path} is not a simulated node file of format {NODE_FORMAT}")
-    return data
-
-
-@contextlib.contextmanager
-def _locked(directory: Path, *, create: bool) -> Iterator[None]:
-    """Hold the node's lock file: node.json changes are read-modify-write."""
-    try:
-        if create:
-            directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as err:
-        if not create and not directory.exists():
-            raise DeviceError(
-                f"no simulated node in {directory}: create one with --simulate SPEC "
-                "(e.g. --simulate 2xA30)"
-            ) from err
-        raise DeviceError(f"cannot use simulated node directory {directory}: {err}") from err
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock

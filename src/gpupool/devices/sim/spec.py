@@ -211,17 +211,26 @@ def _mig_item(where: str, item: Any) -> tuple[str, int | None]:
     return item["profile"], start
 
 
+#: a user's own simulated nodes are theirs alone
+USER_BASE_MODE = 0o700
+#: root's are the node's, as a root daemon serves every user of its socket group: their jobs
+#: reach the node's state file by its path, as every user opens a real node's /dev/nvidia*;
+#: nobody else can list, add or remove anything in it
+ROOT_BASE_MODE = 0o711
+
+
 def default_node_dir(spec: NodeSpec) -> Path:
     """Where the node of `spec` lives unless told: one directory per spec, per user."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "gpupool-sim" if runtime else Path(f"/tmp/gpupool-sim-{os.getuid()}")
-    return _private(base) / spec.key
+    return _own(base, ROOT_BASE_MODE if os.geteuid() == 0 else USER_BASE_MODE) / spec.key
 
 
-def _private(base: Path) -> Path:
-    """`base`, created 0700 if new; refused when another user could have planted it (in /tmp)."""
+def _own(base: Path, mode: int) -> Path:
+    """`base` with `mode`, created if new; refused when another user could have planted it (in
+    /tmp). One an earlier gpupool made 0700 for root gets its mode now."""
     try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base.mkdir(mode=mode, parents=True, exist_ok=True)
         info = base.lstat()
     except OSError as err:
         raise DeviceError(f"cannot create simulated node directory {base}: {err}") from err
@@ -229,6 +238,15 @@ def _private(base: Path) -> Path:
         raise DeviceError(
             f"{base} is not a directory of this user: remove it, or use --node-dir DIR"
         )
+    if stat.S_IMODE(info.st_mode) != mode:
+        try:
+            fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as err:
+            raise DeviceError(f"cannot open simulated node directory {base}: {err}") from err
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
     return base
 
 

@@ -1,0 +1,190 @@
+"""The router's side towards replicas: kept-alive connections, each checked to be the service
+owner's, and one request's exchange, its answer copied back as it arrives.
+
+An upstream connection goes back to the pool only when its exchange ended cleanly framed: an
+HTTP/1.1 answer without `Connection: close`, framed by Content-Length or chunks (not both) and
+read to its end, with nothing more after it. Anything else (an HTTP/1.0 answer, one that ends
+with the connection, a replica that sent more than it was asked for) closes it, so a next
+request, maybe another client's, never reads what was meant for this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+
+from gpupool.agent.service_traffic import Endpoint
+from gpupool.api.router_body import Body, answer_length, relay_answer, relay_exactly, sent
+from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, read_head
+from gpupool.isolation.sock_owner import PeerUnknown, accepting_uid
+
+#: idle connections kept per replica
+POOL_SIZE = 64
+#: times the owner of a new connection's other end is asked (the kernel may still be completing
+#: the handshake on the replica's side), a millisecond apart
+OWNER_TRIES = 3
+#: request headers the router sets itself: the body goes with a Content-Length of its own, and
+#: `Expect: 100-continue` was answered by the router
+_REFRAMED = frozenset({b"content-length", b"transfer-encoding", b"expect"})
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class UpstreamFailed(Exception):
+    """The replica failed before its answer began: the client gets a 502."""
+
+
+class UpstreamRefused(UpstreamFailed):
+    """The replica could not be reached (or was not its owner's): the request never left."""
+
+
+@dataclass
+class Request:
+    """A client's request as the router received it, head and body (or the body's start)."""
+
+    head: Head
+    body: Body
+    name: bytes
+    path: bytes
+    forwarded: bytes
+
+    def encode(self) -> bytes:
+        """What goes upstream first: the head, its path `path`, framed by Content-Length."""
+        extra = [(b"X-Forwarded-For", self.forwarded)]
+        if self.name:  # a /NAME path's; an OpenAI API request goes with its path unchanged
+            extra.append((b"X-Forwarded-Prefix", b"/" + self.name))
+        if self.body.framed:
+            extra.append((b"Content-Length", str(self.body.length).encode()))
+        head = Head(self.head.first, self.path, b"HTTP/1.1", self.head.headers)
+        return head.encode(extra, drop=_REFRAMED) + self.body.data
+
+
+class Upstreams:
+    """Connections to the replicas, kept alive by port (the router's event loop only)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, list[Connection]] = {}
+
+    def keep_only(self, live: set[int]) -> None:
+        """Close the kept connections to ports no longer published (stopped, failed)."""
+        for port in [port for port in self._pools if port not in live]:
+            for _, writer in self._pools.pop(port):
+                writer.close()
+
+    async def connect(self, endpoint: Endpoint, owner: int) -> Connection:
+        """A kept-alive connection to `endpoint` (one the replica closed, or sent something
+        unasked on, is dropped), or a new one whose other end `owner` holds."""
+        pool = self._pools.setdefault(endpoint.port, [])
+        while pool:
+            reader, writer = pool.pop()
+            if not reader.at_eof() and not writer.is_closing() and not _unread(reader):
+                return reader, writer
+            writer.close()
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", endpoint.port, limit=MAX_HEAD
+            )
+        except OSError as err:
+            endpoint.refused()
+            raise UpstreamRefused(f"the replica on port {endpoint.port} refused: {err}") from err
+        why = await _not_owners(writer.get_extra_info("socket"), owner)
+        if why is not None:
+            writer.close()
+            endpoint.refused()
+            raise UpstreamRefused(f"port {endpoint.port}: {why}")
+        return reader, writer
+
+    async def forward(
+        self, request: Request, endpoint: Endpoint, owner: int, client: Connection, keep: bool
+    ) -> tuple[int, bool]:
+        """Send `request` to `endpoint`, copy its answer back; (status, whether the client
+        connection may stay open). UpstreamFailed when the replica fails before its answer
+        began; BadMessage (408) when the client's streamed body does not come in time."""
+        writer = client[1]
+        up_reader, up_writer = await self.connect(endpoint, owner)
+        answer = await _exchange(request, endpoint, (up_reader, up_writer), client)
+        status = int(answer.second) if answer.second.isdigit() else 502
+        try:
+            length = 0 if request.head.first == b"HEAD" or status in (204, 304) else None
+            length = length if length is not None else answer_length(answer)
+        except BadMessage as err:
+            up_writer.close()
+            raise UpstreamFailed(f"replica on port {endpoint.port}: {err}") from err
+        reusable = answer.first == b"HTTP/1.1" and b"close" not in answer.tokens(b"connection")
+        reusable = reusable and length is not None and not _both(answer)
+        client_keep = keep and length is not None
+        extra = [] if client_keep else [(b"Connection", b"close")]
+        drop = frozenset({b"content-length"}) if length == -1 else frozenset()
+        writer.write(answer.encode(extra, drop))
+        try:
+            await relay_answer(up_reader, writer, length)
+            await sent(writer)
+        except (OSError, asyncio.IncompleteReadError, BadMessage):
+            # cut mid-answer: the client sees the connection end, counted as a 502
+            up_writer.close()
+            raise ConnectionResetError("the answer was cut") from None
+        pool = self._pools.setdefault(endpoint.port, [])
+        if reusable and not _unread(up_reader) and len(pool) < POOL_SIZE:
+            pool.append((up_reader, up_writer))
+        else:
+            up_writer.close()
+        return status, client_keep
+
+
+async def _exchange(
+    request: Request, endpoint: Endpoint, upstream: Connection, client: Connection
+) -> Head:
+    """Send the request (its head and body; the rest of a streamed body by its deadline) and
+    read the answer's head (1xx ones passed on); UpstreamFailed when the replica fails first."""
+    (up_reader, up_writer), (reader, writer) = upstream, client
+    try:
+        up_writer.write(request.encode())
+        if request.body.left:
+            try:
+                async with asyncio.timeout_at(request.body.deadline):
+                    await relay_exactly(reader, up_writer, request.body.left)
+            except TimeoutError:
+                up_writer.close()
+                raise BadMessage("the body did not come in time", 408) from None
+        answer = await read_head(up_reader)
+        while answer is not None and answer.second.startswith(b"1"):
+            writer.write(answer.encode())  # 102, 103 and the like
+            answer = await read_head(up_reader)
+    except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
+        up_writer.close()
+        if isinstance(err, BadMessage) and err.status == 408:
+            raise
+        raise UpstreamFailed(f"replica on port {endpoint.port} failed: {err}") from err
+    if answer is None:
+        up_writer.close()
+        raise UpstreamFailed(f"replica on port {endpoint.port} closed the connection")
+    return answer
+
+
+async def _not_owners(sock: socket.socket, owner: int) -> str | None:
+    """Why the other end of `sock` is not `owner`'s listener's; None when it is."""
+    why = "no answer"
+    for attempt in range(OWNER_TRIES):
+        if attempt:
+            await asyncio.sleep(0.001)
+        try:
+            uid = accepting_uid(sock)
+        except (PeerUnknown, OSError) as err:
+            why = f"cannot tell whose listener took the connection: {err}"
+            continue
+        if uid == owner:
+            return None
+        return f"the listener belongs to uid {uid}, not to the service's owner (uid {owner})"
+    return why
+
+
+def _both(answer: Head) -> bool:
+    """Both Transfer-Encoding and Content-Length: read as chunked, but never trusted again."""
+    return bool(answer.values(b"transfer-encoding")) and answer.get(b"content-length") is not None
+
+
+def _unread(reader: asyncio.StreamReader) -> int:
+    """Bytes a connection has received that no exchange asked for (StreamReader has no public
+    way to tell: its buffer is read as asyncio's own code reads it)."""
+    return len(getattr(reader, "_buffer", b""))
