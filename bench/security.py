@@ -61,6 +61,7 @@ from security_support import (  # noqa: E402
     setup,
     table,
 )
+from soak_support import SUBMITTER, gpu_uuids, slots_in_use  # noqa: E402
 from tests.agent.conftest import _kill_jobs  # noqa: E402
 from tests.agent.daemon_support import CUDA_JOB, Daemon, cli, until  # noqa: E402
 from tests.agent.test_daemon_recovery import socket_port  # noqa: E402
@@ -725,6 +726,35 @@ def case_exemptions(b: Bench) -> None:
     )
 
 
+def case_arbiter_slots(b: Bench) -> None:
+    """More arbitrated jobs than a GPU has arbiter slots (64), then one that computes: it must
+    still be arbitrated, not killed as a compute escape."""
+    c = "18 arbiter slots"
+    body = json.dumps({"argv": ["true"], "workdir": "/", "memory": "1Gi", "compute": 5})
+    argv = [sys.executable, "-c", SUBMITTER, b.daemon.url, "70", "8", body]
+    done = run_as(b.alice, argv, timeout=300)
+    ids = {int(word) for word in done.stdout.split()}
+    until(lambda: not ids & {j["id"] for j in b.daemon.call("GET", "/v1/jobs")["jobs"]}, 180)
+    slots = slots_in_use(b.daemon, gpu_uuids(b.daemon))
+    share = ("--compute", "30", "--memory", "1Gi")
+    job = b.submit(b.alice, sys.executable, CUDA_JOB, "10", "256", share=share)
+    stdout = b.jobdir(job) / "stdout"
+    until(lambda: stdout.exists() and "holding" in stdout.read_text(), 30)
+    time.sleep(5)  # the watchdog tells a compute escape within 2.5 s
+    state = b.daemon.job(job)["state"]
+    kinds = [e["kind"] for e in b.daemon.job(job)["events"]]
+    b.record(
+        c,
+        "alice",
+        "70 jobs `--compute 5 --memory 1Gi -- true` (8 connections at once), then a 30 % job "
+        "that computes (`--watchdog kill`)",
+        f"{len(ids)} jobs ended; arbiter slots in use after them: {slots[0]} of 64; the 30 % "
+        f"job {state} 5 s after it began computing; compute_escape events: "
+        f"{kinds.count('compute_escape')}",
+        len(ids) == 70 and slots[0] < 64 and state == "running" and "compute_escape" not in kinds,
+    )
+
+
 def case_prune(b: Bench) -> None:
     c = "17 prune"
     listed = b.daemon.call("GET", "/v1/jobs", params={"all": True})["jobs"]
@@ -800,6 +830,7 @@ CASES: list[Callable[[Bench], None]] = [
     case_corrupt_store,
     case_tcp,
     case_exemptions,
+    case_arbiter_slots,
     case_prune,
     *EDGE_CASES,  # issue 35's, while the shared daemon still runs
     case_router,

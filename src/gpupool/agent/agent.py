@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from gpupool.agent import mps, node
+from gpupool.agent import heap, mps, node
 from gpupool.agent.agent_loop import PRUNE_EVERY_S, QueueLoop
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
@@ -147,6 +147,7 @@ class Agent(QueueLoop):
 
     def start(self) -> None:
         """Recover what the last daemon left, then run the loop and the sampler."""
+        heap.limit_arenas()  # before the daemon's threads first allocate
         self.recover()
         self._keep_arbiter()
         sampler = partial(self.sampler.run, self._stop, self.config.sample_s)

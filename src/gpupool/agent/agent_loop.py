@@ -165,8 +165,6 @@ class QueueLoop:
         else:
             state = State.SUCCEEDED if code == 0 else State.FAILED
         peak = self.sampler.ended(job.id)
-        with self._lock:
-            self._cancel_at.pop(job.id, None)
         words = detail or mps_failure
         words = words or (f"exit code {code}" if code is not None else "exit code unknown")
         # the supervisor saw the interception library's out-of-memory line go by
@@ -181,10 +179,28 @@ class QueueLoop:
             detail=words,
         )
         about_job(job).info("%s: %s", state.value, words)
-        for region in jobdir.path.glob("gpupool-share-*"):
-            shutil.rmtree(region, ignore_errors=True)
+        self._release(job)
         if job.spec.mode is Mode.MIG:
             self._mig_scheduler.ended(job.id)
+
+    def _release(self, job: Job) -> None:
+        """Give back what a job held while it ran, on every way it ends: its share at the
+        compute arbiter (64 slots a GPU: one kept per ended job starved the 65th), its
+        accounting regions, and what the daemon kept of it in memory."""
+        self.sampler.ended(job.id)
+        self.mps_jobs.ended(job.id)
+        with self._lock:
+            self._cancel_at.pop(job.id, None)
+        # by mode alone: a launch that failed may have registered the share of a job this
+        # record shows still queued (no GPUs yet); unknown to the arbiter is no harm
+        if job.spec.mode in (Mode.SHIM, Mode.MIG):
+            share_id = self.arbiter.share_of(f"job {job.id}").share_id
+            try:
+                self.arbiter.unregister(share_id)
+            except GpupoolError as err:  # never registered (it ran unarbitrated), or gone
+                about_job(job).debug("its arbiter share: %s", err)
+        for region in self.jobdir(job.id).path.glob("gpupool-share-*"):
+            shutil.rmtree(region, ignore_errors=True)
 
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         pids = self.jobdir(job.id).pids()
@@ -277,6 +293,7 @@ class QueueLoop:
 
     def _fail_start(self, job: Job, detail: str) -> None:
         self.store.finish(job.id, State.FAILED, None, finished_at=time.time(), detail=detail)
+        self._release(job)  # a launch that failed may have registered its share
 
     # -- pruning ------------------------------------------------------------------------------
 
@@ -295,7 +312,7 @@ class QueueLoop:
             raise InvalidRequest(f"invalid age {older_than_s:g}: must not be negative")
         with self._prune_lock:
             pruned = self.store.prune(time.time() - older_than_s)
-            self.view.forget(pruned)
+            self.view.keep_listed(self.store.job_ids())
             remove_unknown(self.jobs_dir, self.store.job_ids, self.store.last_job_id)
         if pruned:
             log.info("pruned %d jobs finished more than %gs ago", len(pruned), older_than_s)

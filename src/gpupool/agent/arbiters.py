@@ -98,9 +98,12 @@ class NodeArbiter:
             self._connected().register(registration)
 
     def unregister(self, share_id: int) -> None:
-        """Drop a share whose job or pod is gone."""
+        """Drop a share whose job or pod is gone (its slot frees with its last process). An
+        arbiter that went away took its shares along; the next one holds the running ones only,
+        so none is started for this."""
         with self._lock:
-            self._connected().unregister(share_id)
+            if self._control is not None and self._control.alive():
+                self._control.unregister(share_id)
 
     def set_weight(self, share_id: int, percent: int) -> None:
         """Resize a running share's compute weight (see isolation's set_share_weight)."""

@@ -61,6 +61,10 @@ class MpsJobs:
             reason = server_died(server)  # it failed before the loop saw the server go
         return reason
 
+    def ended(self, job_id: int) -> None:
+        """Forget a job that ended however it did (`failure` may not have been asked)."""
+        self._failed.pop(job_id, None)
+
     def of_gpu(self, gpu: int, running: Sequence[Job]) -> dict[str, Any] | None:
         """A GPU's MPS server and its clients (job ids and pids), None when it has none."""
         server = None

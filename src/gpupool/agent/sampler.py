@@ -68,6 +68,10 @@ class Sampler:
         self.observed.sampled(snapshot, groups)
         with self._lock:
             self._live = usage
+            # only the jobs running at this sample: one that ended while it was taken is gone
+            # from the store, and its entry must not outlive it
+            running_ids = set(groups.values())
+            self._peaks = {i: p for i, p in self._peaks.items() if i in running_ids}
             for job_id, now in usage.items():
                 self._peaks[job_id] = max(self._peaks.get(job_id, 0), now.memory)
         if usage:

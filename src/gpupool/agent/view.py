@@ -166,9 +166,10 @@ class NodeView:
             parts.append(full if may_see(owner) else hidden)
         return b'{"jobs":[' + b",".join(parts) + b"]}"
 
-    def forget(self, job_ids: list[int]) -> None:
-        """Pruned jobs: their kept listing entries go."""
-        for job_id in job_ids:
+    def keep_listed(self, job_ids: set[int]) -> None:
+        """After a prune: the kept listing entries of jobs the store no longer holds go, those a
+        listing that read them before the prune kept after it too."""
+        for job_id in [i for i in self._listed if i not in job_ids]:
             self._listed.pop(job_id, None)
 
     def describe(self, job_id: int) -> dict[str, Any]:
