@@ -24,13 +24,18 @@ stop() {
 trap stop EXIT INT TERM
 
 say "== The pool: gpupool serve on a simulated node of 2x A100-40GB =="
-"$BIN/gpupool" serve --simulate 2xA100-40GB --node-dir "$WORK/node" --state-dir "$WORK/state" &
+# the daemon's log goes to a file, shown where it has something to say: a line per job's end
+# would otherwise interleave with the commands' output
+LOG="$WORK/daemon.log"
+"$BIN/gpupool" serve --simulate 2xA100-40GB --node-dir "$WORK/node" --state-dir "$WORK/state" \
+    2>"$LOG" &
 DAEMON=$!
 i=0
 until "$BIN/gpupool" ps >/dev/null 2>&1; do
-    i=$((i + 1)); [ "$i" -lt 100 ] || { echo "the daemon did not start" >&2; exit 1; }
+    i=$((i + 1)); [ "$i" -lt 100 ] || { cat "$LOG" >&2; echo "the daemon did not start" >&2; exit 1; }
     sleep 0.1
 done
+cat "$LOG"
 
 say "A dozen jobs (python programs on the simulated CUDA driver), queued while the node drains:"
 run drain
@@ -63,7 +68,10 @@ run wait 1 2 3 4 6 7 8 9 10 11 12 && echo "(all exited 0)"
 say "Every job, finished; 'greedy' asked for more than its 2GiB share"
 run ps --all
 run logs 5
+say "The daemon's log: a line for each job's end, the job as its context (--log-format json too)"
+grep 'job 5:' "$LOG"
 say "Stopping the daemon (running jobs would go on, and be adopted at the next start)"
 kill "$DAEMON"
 wait "$DAEMON" 2>/dev/null || true
 DAEMON=
+tail -n 1 "$LOG"
