@@ -10,6 +10,7 @@ import pytest
 
 from gpupool.agent.jobs import JobSpec, State
 from gpupool.agent.store import Store
+from gpupool.agent.store_db import WAL_LIMIT
 from gpupool.agent.store_schema import MIGRATIONS, SCHEMA_VERSION
 from gpupool.core.errors import ConfigError, DaemonError, NotFound
 from gpupool.core.resources import Priority
@@ -150,3 +151,24 @@ def test_has_jobs_says_whether_any_job_is_in_the_states_asked(tmp_path: Path) ->
     assert store.has_jobs([State.QUEUED]) and not store.has_jobs([State.RUNNING])
     store.start(job, (0,), (0,), "GPU 0")
     assert store.has_jobs([State.QUEUED, State.RUNNING]) and not store.has_jobs([State.QUEUED])
+
+
+def test_the_wal_is_cut_back_after_a_burst(tmp_path: Path) -> None:
+    """A burst of writes while a reader holds its snapshot (a listing) grows the WAL past its
+    checkpoint size; once the reader is gone and a checkpoint has run, the WAL is cut back, so
+    a burst does not hold the store's size for the daemon's life."""
+    path = tmp_path / "state.db"
+    store = Store(path)
+    store._db.execute("CREATE TABLE filler (data BLOB)")
+    reader = sqlite3.connect(path)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM jobs").fetchone()  # a snapshot no checkpoint passes
+    for _ in range(40):
+        store._db.execute("INSERT INTO filler VALUES (zeroblob(256 * 1024))")
+    wal = path.with_name("state.db-wal")
+    assert wal.stat().st_size > 2 * WAL_LIMIT
+    reader.rollback()
+    reader.close()
+    for _ in range(3):  # the checkpoint, then a write that starts the WAL again
+        store.add(JobSpec(("true",)), 0, "root")
+    assert wal.stat().st_size <= WAL_LIMIT

@@ -65,6 +65,10 @@ def _private_files(path: Path) -> None:
             os.close(fd)
 
 
+#: bytes the WAL is cut back to after a checkpoint (SQLite checkpoints at 1,000 pages: 4 MiB)
+WAL_LIMIT = 4 * 1024 * 1024
+
+
 class Database:
     """The connection; safe to share between threads (one connection behind a lock)."""
 
@@ -77,6 +81,9 @@ class Database:
             # WAL with NORMAL: a killed process loses nothing (the WAL is in the OS already);
             # only a power cut may lose the last transactions
             self._db.execute("PRAGMA synchronous=NORMAL")
+            # SQLite reuses the WAL after a checkpoint but never shrinks it: one burst (a flood
+            # of submits while a listing reads) would hold its size for the daemon's life
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
             self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             self._check(path)
             self._migrate(path)
