@@ -35,6 +35,7 @@ from gpupool.api import router_openai as openai
 from gpupool.api.router_body import PIECE, Body, read_request_body, request_length
 from gpupool.api.router_http import (
     MAX_HEAD,
+    REASONS,
     BadMessage,
     Head,
     check_request_line,
@@ -58,15 +59,6 @@ WAIT_S = 60.0
 REFUSED_TRIES = 3
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
-_REASONS = {
-    400: "Bad Request",
-    404: "Not Found",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
 #: seconds a refused request's connection is read (and what comes dropped) before it closes
 LINGER_S = 1.0
 _RETRY = [(b"Retry-After", b"1")]
@@ -392,4 +384,4 @@ def _native(
     """An error answer of a /NAME path: `{"error", "message"}`, as the daemon's API answers."""
     headers = list(extra) + ([(b"Connection", b"close")] if close else [])
     error = _ERRORS.get(status, "BadRequest")
-    return json_answer(status, _REASONS.get(status, "Error"), error, message, headers)
+    return json_answer(status, REASONS.get(status, "Error"), error, message, headers)

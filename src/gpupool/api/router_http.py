@@ -131,6 +131,19 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
     return parse_head(data.lstrip(b"\r\n"))
 
 
+#: the reason phrase of each status the router answers itself
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
 def json_answer(
     status: int,
     reason: str,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from gpupool.agent.service_traffic import ServiceTraffic, Traffic
 from gpupool.api.router_body import BODY_BUFFER, Body
-from gpupool.api.router_http import Head
+from gpupool.api.router_http import REASONS, Head
 
 #: the paths routed by the body's `model`
 ROUTED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
@@ -29,16 +29,6 @@ _PREFIX = b"/v1/"
 _TYPES = {502: "server_error", 503: "server_error"}
 _CODES = {404: "model_not_found", 413: "request_too_large", 502: "bad_gateway"}
 _CODES |= {503: "service_unavailable", 408: "request_timeout"}
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
 
 
 class Refused(Exception):
@@ -141,7 +131,7 @@ def answer(
     status: int, data: object, *, close: bool, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> bytes:
     body = json.dumps(data).encode()
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode()]
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}".encode()]
     lines += [b"Content-Type: application/json", b"Content-Length: " + str(len(body)).encode()]
     lines += [k + b": " + v for k, v in extra]
     lines += [b"Connection: close"] if close else []
