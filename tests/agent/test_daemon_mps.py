@@ -163,8 +163,9 @@ def test_a_high_mps_job_beside_a_busy_low_one_with_long_kernels_is_as_fast_as_al
     beside_high = requests_beside(one_gpu, "high")
     assert beside_low["p50_ms"] < 1.3 * alone["p50_ms"]
     assert beside_low["requests"] > 0.8 * alone["requests"]
-    # the same pair without priorities: the requests wait for the long kernels
-    assert beside_high["p50_ms"] > 5 * alone["p50_ms"]
+    # the same pair without priorities: the requests wait for the long kernels (about 4x alone
+    # on a busy 2-core CI machine, 5x and more on a quiet one)
+    assert beside_high["p50_ms"] > 2.5 * alone["p50_ms"]
 
 
 @pytest.mark.serial
