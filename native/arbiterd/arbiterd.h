@@ -1,6 +1,7 @@
-/* The trusted compute arbiter's process: shared declarations of its parts (main.c: sockets,
- * connections and the loop; registry.c: views, registrations, who each client is; lease.c: who
- * holds each GPU's lease, and what it is charged). */
+/* The trusted compute arbiter's process: shared declarations of its parts, each calling only
+ * the ones below it (main.c: sockets, connections and the loop; registry.c: views,
+ * registrations, who each client is; lease.c: who holds each GPU's lease, and what it is
+ * charged; core.c: the GPUs, the clock, the log and the answers that all of them use). */
 #ifndef GPUPOOL_ARBITERD_H
 #define GPUPOOL_ARBITERD_H
 
@@ -46,6 +47,7 @@ typedef struct gpu {
     uint64_t yield_at; /* when the holder was asked to give the lease back */
 } gpu;
 
+/* core.c */
 extern gpu gpus[ARB_MAX_GPUS];
 extern int gpu_count;
 extern int dir_fd; /* the runtime directory */

@@ -100,7 +100,7 @@ static CUresult sim_mem_new(sim_mem_kind kind, size_t size, int phys, sim_ctx **
         return SIM_LOST_ERROR;
     sim_mem *m = calloc(1, sizeof *m);
     if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    rc = sim_memory_reserve(phys, size);
+    rc = sim_memory_reserve(phys, size, sim_mps_pinned(phys));
     /* managed memory the GPU has no room for lives in host memory (oversubscription) */
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && managed) {
         m->on_host = 1;

@@ -1,29 +1,10 @@
 /*
- * Elastic memory in the simulated driver: copies over the GPU's host link take the time its
- * bandwidth gives (link_bytes_s in the GPU's record: PCIe or NVLink-C2C), and managed memory
- * migrates between the GPU and host memory (cuMemPrefetchAsync), counted against the GPU only
- * while it is on the GPU. The data itself never moves: it lives in host memory all along, so a
- * migration costs only its simulated time.
+ * Elastic memory in the simulated driver: managed memory migrates between the GPU and host memory
+ * (cuMemPrefetchAsync), counted against the GPU only while it is on the GPU. The data itself never
+ * moves: it lives in host memory all along, so a migration costs only its simulated time.
  */
 #define _GNU_SOURCE
 #include "sim.h"
-
-void sim_link_copy(sim_ctx *ctx, sim_stream *st, uint64_t bytes) {
-    uint64_t ns = sim_link_ns(ctx->gpu, bytes);
-    if (ns == 0) return;
-    uint64_t now = sim_now_ns();
-    if (st == NULL) {
-        sim_sleep_until(now + ns);
-        return;
-    }
-    /* queued behind the stream's work, done when the stream gets to it (copy engines run beside
-     * the kernels, so the GPU's kernel timeline is not held) */
-    uint64_t cur = __atomic_load_n(&st->last_end_ns, __ATOMIC_ACQUIRE), next;
-    do {
-        next = (cur > now ? cur : now) + ns;
-    } while (!__atomic_compare_exchange_n(&st->last_end_ns, &cur, next, 0, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_ACQUIRE));
-}
 
 /* Moves the managed allocations holding [devPtr, devPtr+count) to host memory (CU_DEVICE_CPU) or
  * to a device, whole allocations at a time. To a GPU without room, the memory stays on the host
@@ -50,7 +31,7 @@ CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice
             moved += found.size;
         } else if (to_phys >= 0 && (on_host || gpu != to_phys)) {
             if (sim_gpu_lost(to_phys)) return SIM_LOST_ERROR;
-            if (sim_memory_reserve(to_phys, found.size) == CUDA_SUCCESS) {
+            if (sim_memory_reserve(to_phys, found.size, sim_mps_pinned(to_phys)) == CUDA_SUCCESS) {
                 if (!on_host) sim_memory_release(gpu, found.size);
                 on_host = 0;
                 gpu = to_phys;

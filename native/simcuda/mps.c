@@ -39,10 +39,7 @@ int sim_mps_active(void) { return g_mps.active; }
 
 int sim_mps_server_gone(void) { return kill(g_mps.server_pid, 0) != 0 && errno == ESRCH; }
 
-int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size) {
-    uint64_t limit = g_mps.active ? g_mps.pinned[phys] : 0;
-    return limit == 0 || (used <= limit && size <= limit - used);
-}
+uint64_t sim_mps_pinned(int phys) { return g_mps.active ? g_mps.pinned[phys] : 0; }
 
 /* One request line, one answer line; -1: no control daemon listens there. */
 static int sim_mps_ask(const char *pipe_dir, const char *request, char *answer, size_t size) {

@@ -33,7 +33,22 @@
 #define SIM_MAGIC_POOL 0x47505031u
 
 struct sim_ctx;
-struct sim_graph;
+
+/* a graph's node: a kernel or a memory operation */
+typedef struct sim_node {
+    int kind; /* 0: kernel; otherwise a memory operation (memory.c's SIM_OP_*) */
+    unsigned grid[3], block[3];
+    CUdeviceptr dst;
+    const void *src;
+    uint32_t value;
+    size_t count;
+} sim_node;
+
+typedef struct sim_graph {
+    uint32_t magic;
+    sim_node *nodes;
+    size_t count, capacity;
+} sim_graph;
 
 typedef struct sim_stream {
     uint32_t magic;
@@ -108,6 +123,7 @@ typedef struct sim_globals {
 extern sim_globals g_sim;
 
 /* state.c */
+CUresult sim_attach_node(void); /* cuInit's first part: the node's state, this process's slot */
 CUresult sim_require_init(void);
 uint64_t sim_now_ns(void);
 void sim_sleep_until(uint64_t deadline_ns);
@@ -118,11 +134,14 @@ void sim_driver_lock(void);
 void sim_driver_unlock(void);
 gpupool_sim_proc *sim_slot_locked(int phys);
 int sim_reclaim_dead_locked(void);
-CUresult sim_memory_reserve(int phys, size_t size);
+/* `size` more on a GPU, within the GPU and `process_limit` (this process's bytes; 0: none) */
+CUresult sim_memory_reserve(int phys, size_t size, uint64_t process_limit);
 void sim_memory_release(int phys, size_t size);
 gpupool_sim_proc *sim_proc(int slot);
 uint64_t sim_on_device_ns(int phys, uint64_t duration_ns);
 uint64_t sim_link_ns(int phys, uint64_t bytes);
+/* a copy over the host link: `st` NULL waits for it, else it is queued on the stream */
+void sim_link_copy(sim_ctx *ctx, sim_stream *st, uint64_t bytes);
 void sim_charge_locked(int phys, gpupool_sim_proc *slot, uint64_t busy_ns, uint64_t now);
 uint64_t sim_timeline_queue(int phys, uint64_t *stream_end, uint64_t duration_ns);
 void sim_complain(const char *fmt, const char *arg);
@@ -135,6 +154,9 @@ int sim_threads_per_sm(const gpupool_sim_gpu *rec);
 /* context.c */
 sim_ctx *sim_current_ctx(void);
 CUresult sim_current_ctx_checked(sim_ctx **out);
+CUresult sim_device_checked(CUdevice dev);
+sim_ctx *sim_primary(CUdevice dev); /* made at its first use; NULL: out of memory */
+void sim_ctx_unbind(sim_ctx *ctx);  /* off this thread's context stack */
 CUresult sim_resolve_stream(CUstream h, sim_stream **out);
 CUresult sim_check_ctx(sim_ctx *ctx);
 void sim_ctx_wait_blocking(sim_ctx *ctx);
@@ -145,8 +167,6 @@ void sim_mem_teardown(sim_mem *m);
 void sim_unlink_mem_locked(sim_mem *m); /* g_sim.mu held */
 int sim_linear_find(uintptr_t p, sim_mem *out);
 void sim_linear_set_place(uintptr_t ptr, int gpu, int on_host);
-/* a copy over the host link: `st` NULL waits for it, else it is queued on the stream */
-void sim_link_copy(sim_ctx *ctx, sim_stream *st, uint64_t bytes);
 CUresult sim_memop_replay(int kind, CUdeviceptr dst, const void *src, uint32_t value, size_t count);
 
 /* host.c */
@@ -157,10 +177,13 @@ CUresult sim_mps_connect(void);
 int sim_mps_active(void);
 int sim_mps_server_gone(void);
 uint64_t sim_mps_queue(int phys, uint64_t *stream_end, uint64_t duration_ns, uint64_t blocks);
-int sim_mps_pinned_fits(int phys, uint64_t used, uint64_t size);
+uint64_t sim_mps_pinned(int phys); /* this client's pinned memory limit on a GPU; 0: none */
 
-/* launch.c */
-void sim_graph_free(struct sim_graph *graph);
+/* graph.c */
+sim_graph *sim_graph_new(uint32_t magic);
+sim_graph *sim_graph_of(void *h, uint32_t magic); /* NULL: not a graph of that kind */
+CUresult sim_graph_append(sim_graph *g, const sim_node *node);
+void sim_graph_free(sim_graph *graph);
 CUresult sim_capture_memop(sim_stream *st, int kind, CUdeviceptr dst, const void *src,
                            uint32_t value, size_t count);
 

@@ -243,12 +243,17 @@ static int sim_fits(const gpupool_sim_gpu *rec, uint64_t size) {
     return rec->memory_used <= rec->memory_total && size <= rec->memory_total - rec->memory_used;
 }
 
-CUresult sim_memory_reserve(int phys, size_t size) {
+/* `size` more within `limit` bytes of which `used` are taken (a limit of 0: none) */
+static int sim_within(uint64_t limit, uint64_t used, uint64_t size) {
+    return limit == 0 || (used <= limit && size <= limit - used);
+}
+
+CUresult sim_memory_reserve(int phys, size_t size, uint64_t process_limit) {
     CUresult rc = CUDA_SUCCESS;
     sim_driver_lock();
     gpupool_sim_gpu *rec = sim_gpu(phys);
     gpupool_sim_proc *slot = sim_slot_locked(phys);
-    if (slot == NULL || !sim_mps_pinned_fits(phys, slot->memory_used, size)) {
+    if (slot == NULL || !sim_within(process_limit, slot->memory_used, size)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (!sim_fits(rec, size) && (sim_reclaim_dead_locked() == 0 || !sim_fits(rec, size))) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -289,6 +294,24 @@ uint64_t sim_link_ns(int phys, uint64_t bytes) {
     uint64_t rate = sim_gpu(sim_parent_of(phys))->link_bytes_s;
     if (rate == 0 || bytes == 0) return 0;
     return (uint64_t)((unsigned __int128)bytes * 1000000000u / rate);
+}
+
+/* a copy over the host link: `st` NULL waits for it, else it is queued on the stream */
+void sim_link_copy(sim_ctx *ctx, sim_stream *st, uint64_t bytes) {
+    uint64_t ns = sim_link_ns(ctx->gpu, bytes);
+    if (ns == 0) return;
+    uint64_t now = sim_now_ns();
+    if (st == NULL) {
+        sim_sleep_until(now + ns);
+        return;
+    }
+    /* queued behind the stream's work, done when the stream gets to it (copy engines run beside
+     * the kernels, so the GPU's kernel timeline is not held) */
+    uint64_t cur = __atomic_load_n(&st->last_end_ns, __ATOMIC_ACQUIRE), next;
+    do {
+        next = (cur > now ? cur : now) + ns;
+    } while (!__atomic_compare_exchange_n(&st->last_end_ns, &cur, next, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
 }
 
 /* Charges `busy_ns` of SM time to the GPU and to this process's slot (taken under the lock). */
@@ -450,7 +473,7 @@ static void sim_release_previous_image(void) {
     sim_driver_unlock();
 }
 
-static CUresult sim_initialise(void) {
+CUresult sim_attach_node(void) {
     CUresult rc = sim_map_node();
     if (rc != CUDA_SUCCESS) return rc;
     rc = sim_read_kernel_time();
@@ -460,20 +483,7 @@ static CUresult sim_initialise(void) {
     sim_release_previous_image();
     pthread_atfork(NULL, NULL, sim_after_fork_child);
     sim_apply_visible_devices();
-    if (g_sim.count == 0) return CUDA_ERROR_NO_DEVICE;
-    return sim_mps_connect();
-}
-
-static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
-static void sim_initialise_once(void) {
-    g_sim.init_result = sim_initialise();
-    g_sim.initialized = g_sim.init_result == CUDA_SUCCESS;
-}
-
-CUresult cuInit(unsigned int flags) {
-    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    pthread_once(&sim_once, sim_initialise_once);
-    return g_sim.init_result;
+    return g_sim.count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
 
 /* At exit the process's memory goes back, as it does when a real process's contexts die. */

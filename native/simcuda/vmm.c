@@ -67,7 +67,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (sim_gpu_lost(phys)) return SIM_LOST_ERROR;
     sim_mem *m = calloc(1, sizeof *m);
     if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    rc = sim_memory_reserve(phys, size);
+    rc = sim_memory_reserve(phys, size, sim_mps_pinned(phys));
     if (rc != CUDA_SUCCESS) {
         free(m);
         return rc;
