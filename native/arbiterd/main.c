@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "arbiterd.h"
+#include "gpupool_pidstat.h"
 
 static int epoll_fd = -1;
 static int connections;
@@ -53,20 +54,6 @@ static int *user_count(uid_t uid, int **warned) {
     users[spare].warned = 0;
     *warned = &users[spare].warned;
     return &users[spare].count;
-}
-
-static uint64_t start_time(pid_t pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    for (int field = 2; p != NULL && field < 22; field++) p = strchr(p + 1, ' ');
-    return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
 }
 
 static int listen_on(const char *name, mode_t mode) {
@@ -149,7 +136,7 @@ static void accept_on(conn *listener) {
         }
         (*count)++;
         *c = (conn){.fd = fd, .kind = kind, .uid = cred.uid, .pid = cred.pid, .slot = -1};
-        c->start = start_time(cred.pid);
+        c->start = gpupool_start_time(cred.pid);
         connections++;
         watch(c);
     }

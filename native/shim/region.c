@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpupool_pidstat.h"
 #include "gpupool_region.h"
 #include "shim.h"
 
@@ -38,29 +39,10 @@ static gp_region *region;
 static int my_slot = -1; /* claimed at the first reservation */
 static pid_t my_pid;
 
-uint64_t gp_proc_start_time(int pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    /* the command name (field 2) may hold spaces and parentheses: count from the last ')' */
-    char *p = strrchr(buf, ')');
-    if (p == NULL) return 0;
-    int field = 2;
-    for (p++; *p != '\0' && field < 22; p++) {
-        if (*p == ' ') field++;
-    }
-    return strtoull(p, NULL, 10);
-}
-
 static int proc_alive(const gp_region_proc *proc) {
     if (proc->pid <= 0) return 0;
     if (kill(proc->pid, 0) != 0 && errno == ESRCH) return 0;
-    return gp_proc_start_time(proc->pid) == proc->start_time;
+    return gpupool_start_time(proc->pid) == proc->start_time;
 }
 
 /* drops dead processes' slots; with `recount`, rebuilds the totals from the live slots (after a
@@ -176,7 +158,7 @@ static gp_region *map_shared(const gp_config *cfg) {
 /* a slot of this very process (same pid and start time) is from before an exec: its
  * allocations went with the old image */
 static void drop_previous_image(void) {
-    uint64_t start = gp_proc_start_time(my_pid);
+    uint64_t start = gpupool_start_time(my_pid);
     for (int i = 0; i < GP_REGION_PROCS; i++) {
         gp_region_proc *proc = &region->procs[i];
         if (proc->pid != my_pid || proc->start_time != start) continue;
@@ -206,7 +188,7 @@ void gp_region_after_fork(void) {
 }
 
 static int claim_slot(void) {
-    uint64_t start = gp_proc_start_time(my_pid);
+    uint64_t start = gpupool_start_time(my_pid);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < GP_REGION_PROCS; i++) {
             gp_region_proc *proc = &region->procs[i];

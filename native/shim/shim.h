@@ -103,7 +103,6 @@ void gp_region_burst_release(int dev, uint64_t bytes);
  * what is left (negative: in debt) */
 int64_t gp_region_credit(int dev, uint32_t percent, uint64_t now, int64_t cap_ns,
                          uint64_t busy_start, uint64_t busy_end);
-uint64_t gp_proc_start_time(int pid); /* /proc/PID/stat field 22; 0 when gone */
 /* the share's counters on `dev`, exported per job by the daemon */
 typedef enum { GP_WAIT_CAP = 0, GP_WAIT_LEASE = 1 } gp_wait_reason;
 void gp_region_count_refusal(int dev);

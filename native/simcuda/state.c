@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpupool_pidstat.h"
 #include "sim.h"
 
 sim_globals g_sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -105,26 +106,6 @@ CUresult sim_require_init(void) {
     return g_sim.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-/* field 22 of /proc/PID/stat, 0 when the process is gone */
-static uint64_t sim_start_time_of(int pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (p == NULL) return 0;
-    p += 2;
-    for (int field = 3; field < 22 && p != NULL; field++) {
-        p = strchr(p, ' ');
-        if (p != NULL) p++;
-    }
-    return p == NULL ? 0 : strtoull(p, NULL, 10);
-}
-
 /* ---- the driver lock ------------------------------------------------------------------- */
 
 static sim_driver_lock_area *sim_lock_area(void) {
@@ -204,7 +185,7 @@ int sim_reclaim_dead_locked(void) {
         gpupool_sim_proc *p = sim_proc((int)s);
         if (p->pid == 0 || (p->pid == g_sim.pid && p->start_time == g_sim.start_time))
             continue; /* free, or this process's own */
-        if (sim_start_time_of(p->pid) != p->start_time) {
+        if (gpupool_start_time(p->pid) != p->start_time) {
             sim_free_slot_locked(p);
             reclaimed++;
         }
@@ -447,7 +428,7 @@ static CUresult sim_read_kernel_time(void) {
 
 static void sim_identify_process(void) {
     g_sim.pid = (int)getpid();
-    g_sim.start_time = sim_start_time_of(g_sim.pid);
+    g_sim.start_time = gpupool_start_time(g_sim.pid);
     for (uint32_t i = 0; i < GPUPOOL_SIM_MAX_DEVICES; i++) g_sim.slot[i] = -1;
 }
 
