@@ -71,3 +71,19 @@ def test_ps_into_a_closed_pipe_ends_quietly_with_141(daemon: Daemon) -> None:
     # an error is still an error, whatever became of the output
     missing = _into_closed_pipe("describe", "999", url=daemon.url)
     assert (missing.returncode, missing.stderr) == (2, "gpupool: error: no job 999\n")
+
+
+@pytest.mark.parametrize("args", [("--help",), ("version",), ("mig", "--help"), ("sim", "--help")])
+def test_output_to_a_full_disk_is_one_line_and_status_74(args: tuple[str, ...]) -> None:
+    """`gpupool ARGS > /dev/full`: the write fails with ENOSPC, as on a full disk."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpupool", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 74  # EX_IOERR, not the internal error's 70
+    assert done.stderr == "gpupool: error: cannot write the output: No space left on device\n"

@@ -14,6 +14,7 @@ takes longer than these answers may (docs/benchmarks/cli.md).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import select
@@ -227,6 +228,9 @@ _USAGE_ERROR = 2
 _INTERRUPTED = 130
 #: ... and for one ended by a closed pipe (128 + SIGPIPE), as `ls | head`'s ls
 _PIPE_CLOSED = 141
+#: sysexits' EX_IOERR: the output could not be written (a full disk, /dev/full)
+_CANNOT_WRITE = 74
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def _answer_at_once(args: list[str]) -> tuple[str, int] | None:
@@ -245,13 +249,13 @@ def main(argv: list[str] | None = None) -> None:
 
     typer (standalone mode) and argparse print usage errors themselves and exit 2; anything else
     that escapes a command is turned into one line here, so no traceback reaches a user. Output
-    whose reader went away (`gpupool ps | head -1`) ends the command quietly with 141.
+    whose reader went away (`gpupool ps | head -1`) ends the command quietly with 141; output
+    that cannot be written (a full disk) is one line and 74.
     """
     try:
         _main(sys.argv[1:] if argv is None else list(argv))
     except SystemExit:
-        if _output_lost():
-            _end_quietly()
+        _flush_output()
         raise
 
 
@@ -275,6 +279,8 @@ def _main(args: list[str]) -> None:
     except Exception as err:  # the last line of defence
         if isinstance(err, BrokenPipeError) and _reader_gone():
             sys.exit(_PIPE_CLOSED)
+        if isinstance(err, OSError) and err.errno in _WRITE_ERRORS:
+            _cannot_write(err)
         if settings.DEBUG.read(os.environ):
             raise
         say(
@@ -285,17 +291,30 @@ def _main(args: list[str]) -> None:
         sys.exit(70)
 
 
-def _output_lost() -> bool:
-    """Whether standard output's reader went away before all of it was written: what is still
-    buffered cannot be flushed, or click caught the closed pipe already (it then exits 1 with
-    its quiet wrapper on stdout; by name, as typer has its own copy of click)."""
+def _flush_output() -> None:
+    """Writes what standard output still buffers before the exit. Its reader gone (what is
+    buffered cannot be flushed, or click caught the closed pipe already: it then exits 1 with its
+    quiet wrapper on stdout; by name, as typer has its own copy of click) ends quietly; a full
+    disk ends with one line."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        return True
-    except (OSError, ValueError):  # a full disk, a closed stream: Python's exit says it as before
-        return False
-    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+        _end_quietly()
+    except OSError as err:
+        if err.errno in _WRITE_ERRORS:
+            _cannot_write(err)
+        return  # anything else: Python's exit says it as before
+    except ValueError:  # a closed stream
+        return
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        _end_quietly()
+
+
+def _cannot_write(err: OSError) -> NoReturn:
+    what = err.filename or "the output"
+    say(f"gpupool: error: cannot write {what}: {os.strerror(err.errno or errno.EIO)}", err=True)
+    _drop_output()
+    sys.exit(_CANNOT_WRITE)
 
 
 def _reader_gone() -> bool:
@@ -311,8 +330,13 @@ def _reader_gone() -> bool:
 
 def _end_quietly() -> NoReturn:
     """End as `ls | head` ends: no message, status 141 (128 + SIGPIPE, what the shell reports
-    for a command a closed pipe ended). Standard output goes to /dev/null first, so Python's own
-    flush at exit has nothing left to complain about."""
+    for a command a closed pipe ended)."""
+    _drop_output()
+    sys.exit(_PIPE_CLOSED)
+
+
+def _drop_output() -> None:
+    """Standard output to /dev/null, so that Python's own flush at exit, of what could not be
+    written, has nothing left to complain about."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    sys.exit(_PIPE_CLOSED)
