@@ -16,7 +16,7 @@ from tests.agent.multiuser_support import group_daemon
 from gpupool.agent.agent import Agent, AgentConfig
 from gpupool.agent.jobs import JobSpec, State
 from gpupool.agent.store import Store
-from gpupool.agent.store_events import MAX_NODE_EVENTS
+from gpupool.agent.store_events import MAX_JOB_EVENTS, MAX_NODE_EVENTS
 from gpupool.agent.store_schema import MIGRATIONS
 from gpupool.api.app import PEER_UID, create_app
 from gpupool.core.errors import InvalidRequest
@@ -184,6 +184,36 @@ def test_node_events_are_capped_at_the_newest(tmp_path: Path) -> None:
     kept = store.node_events((), limit=MAX_NODE_EVENTS + 50)
     assert len(kept) == MAX_NODE_EVENTS
     assert kept[0]["detail"] == "50"
+
+
+def test_a_jobs_events_are_capped_at_the_newest(tmp_path: Path) -> None:
+    """A replica parked and woken for months keeps its newest events, not all of them."""
+    store = Store(tmp_path / "state.db")
+    long_lived, short = (store.add(JobSpec(("true",)), 0, "root").id for _ in range(2))
+    for i in range(MAX_JOB_EVENTS + 30):
+        store.note(long_lived, "resumed", str(i))
+    store.note(short, "started")
+    assert store.trim_job_events() == 30 + 1  # and its "submitted"
+    assert store.trim_job_events() == 0
+    kept = store.events(long_lived)
+    assert len(kept) == MAX_JOB_EVENTS
+    assert (kept[0]["detail"], kept[-1]["detail"]) == ("30", str(MAX_JOB_EVENTS + 29))
+    assert [e["kind"] for e in store.events(short)] == ["submitted", "started"]
+
+
+def test_the_loop_trims_a_long_lived_jobs_events(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    with open_backend("2xA100-40GB", tmp_path / "node") as backend:
+        agent = Agent(AgentConfig(tmp_path / "state"), backend)
+        [job_id] = finished(agent.store, 1)
+        for i in range(MAX_JOB_EVENTS + 10):
+            agent.store.note(job_id, "resumed", str(i))
+        agent.start()
+        try:
+            trimmed = until(lambda: len(agent.store.events(job_id)) == MAX_JOB_EVENTS, timeout=10)
+        finally:
+            agent.stop()
+    assert trimmed
 
 
 def test_a_prune_finds_old_jobs_through_the_finished_at_index(tmp_path: Path) -> None:

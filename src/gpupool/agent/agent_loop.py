@@ -304,6 +304,7 @@ class QueueLoop:
         self._pruned_at = now
         self.prune(self.config.keep_finished_s)
         self.store.trim_node_events()
+        self.store.trim_job_events()
 
     def prune(self, older_than_s: float) -> int:
         """Delete the jobs that finished more than `older_than_s` ago, their events and their

@@ -11,6 +11,9 @@ from gpupool.agent.store_db import Database
 
 #: the node events (the watchdog's) kept: the newest ones
 MAX_NODE_EVENTS = 10_000
+#: the events kept of one job: the newest ones. A job that runs for months (a service's replica,
+#: parked and woken thousands of times) would otherwise grow the store with every cycle
+MAX_JOB_EVENTS = 200
 
 
 class EventLog(Database):
@@ -76,6 +79,21 @@ class EventLog(Database):
                 "(SELECT id FROM node_events ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 (keep,),
             ).rowcount
+
+    def trim_job_events(self, keep: int = MAX_JOB_EVENTS) -> int:
+        """Delete all but the newest `keep` events of each job; how many went."""
+        with self.transaction() as db:
+            long_lived = db.execute(
+                "SELECT job_id FROM events GROUP BY job_id HAVING count(*) > ?", (keep,)
+            ).fetchall()
+            return sum(
+                db.execute(
+                    "DELETE FROM events WHERE job_id = ? AND id <= (SELECT id FROM events "
+                    "WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (row["job_id"], row["job_id"], keep),
+                ).rowcount
+                for row in long_lived
+            )
 
 
 def add_event(
