@@ -4,10 +4,11 @@ cancelled, and the next request resumes it (a copy back rather than a cold start
 A replica parks in steps, one per pass of the service loop: `parking` (the router sends it no new
 request; those in flight are answered), `suspending` (asked), `suspended` (elastic memory has
 moved its GPU memory to the host: the GPU is free for others), then, woken by a request,
-`resuming` (it waits for its GPUs to have room for its share again), and `starting` once its
-memory is back (health-checked like a new replica, ready when it answers). When it cannot come
-back (elastic memory refuses, its GPUs have no room, its job ended), it is stopped and a new
-replica starts, as without parking.
+`resuming` (it waits for its GPUs to have room for its share again: service_swap.py parks other
+services' idle replicas for it), and `starting` once its memory is back (health-checked like a
+new replica, ready when it answers). When it cannot come back (elastic memory refuses, its GPUs
+have no room and no swap can make it, its job ended), it is stopped and a new replica starts, as
+without parking.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Parking:
         except GpupoolError as err:
             stop(service, replica, f"could not be resumed ({err}): a new replica instead", now)
             return False
-        replica.state, replica.started = "resuming", now
+        replica.state, replica.started, replica.woken_at = "resuming", now, now
         service.event(f"{label} resuming from host memory for a request")
         return True
 
@@ -108,9 +109,23 @@ class Parking:
         label = f"replica {replica.index} (job {replica.job_id})"
         if not state:  # its memory is back (or its owner resumed it): health-checked, then ready
             replica.state, replica.started, replica.resumed = "starting", now, True
+            replica.waits = ""
             service.event(f"{label} resumed: its memory is back, checking its health")
         elif replica.state == "suspending" and state == "suspended":
             replica.state = "suspended"
             service.event(f"{label} suspended to host memory: the next request resumes it")
-        elif replica.state == "resuming" and waits:
-            stop(service, replica, f"could not resume ({waits}): a new replica instead", now)
+        elif replica.state == "resuming":
+            # no room yet: the swap parks other services' idle replicas, or stops this one
+            replica.waits = waits
+
+    def ready(self, service: Service, replica: Replica, now: float) -> None:
+        """A replica passed its first health check: if it came back from host memory for a
+        request, that was a swap in, and how long it took is counted."""
+        if not (replica.resumed and replica.woken_at):
+            return
+        took = now - replica.woken_at
+        service.swaps_in += 1
+        service.swap_in_s.observe(took)
+        service.last_swap_in_s = round(took, 3)
+        replica.woken_at = 0.0
+        service.event(f"replica {replica.index} (job {replica.job_id}) swapped in in {took:.2f}s")

@@ -1,0 +1,91 @@
+"""Swap: services whose memory together exceeds their GPUs' share them, as Ollama's models do.
+
+When a service's replica must start (its job waits in the queue for room) or come back from host
+memory (its resume waits for room), the idle replicas of other services are parked for it, least
+recently used first: such a service is marked swapped out, goes to zero replicas at its next
+pass, and its last replica is parked (service_parking.py: suspended to host memory) while the
+router holds the waiting request. One service is swapped out at a time, and the next only once
+the memory of the last is free, so no more is parked than the waiter needs. A swapped-out service
+comes back with its next request, swapping out others in turn.
+
+Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
+not `--keep-alive -1`, and idle (no request in flight or waiting). A resume that still has no room
+when nothing is left to swap out gives way to a new replica, as without swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from gpupool.agent.service_parking import Stop
+from gpupool.agent.service_replicas import Replica, Service
+
+#: states of a replica whose memory is on its way to the host (or gone with its job)
+LEAVING = ("ready", "parking", "suspending")
+
+
+def make_room(services: Sequence[Service], now: float, stop: Stop) -> None:
+    """Swap out one idle service for the first replica that waits for room, if any may go."""
+    if _under_way(services):
+        return
+    for service, replica in _waiters(services):
+        victims = _victims(services, service, replica)
+        if victims:
+            victim = victims[0]
+            victim.swapped_out_at, victim.swaps_out = now, victim.swaps_out + 1
+            victim.event(
+                f"swapped out for service {service.name}: parked to host memory, least "
+                "recently used first; its next request brings it back"
+            )
+            service.event(
+                f"replica {replica.index} (job {replica.job_id}) waits for room: "
+                f"swapping out service {victim.name}"
+            )
+            return
+        if replica.state == "resuming":  # nothing left to swap out: a new replica instead
+            why = f"could not resume ({replica.waits}): a new replica instead"
+            stop(service, replica, why, now)
+
+
+def _under_way(services: Sequence[Service]) -> bool:
+    """Whether memory is on its way out already (a swap, or a service parking by itself)."""
+    for service in services:
+        for replica in service.replicas.values():
+            if replica.state in ("parking", "suspending"):
+                return True
+            if service.swapped_out() and replica.state in LEAVING:
+                return True
+    return False
+
+
+def _waiters(services: Sequence[Service]) -> Iterator[tuple[Service, Replica]]:
+    """Replicas that wait for room: queued jobs the queue has looked at and could not place,
+    and resumes without room on their GPUs."""
+    for service in services:
+        for replica in service.replicas.values():
+            if replica.stopping is not None:
+                continue
+            queued = replica.state == "queued" and replica.note not in ("", "queued")
+            if queued or (replica.state == "resuming" and replica.waits):
+                yield service, replica
+
+
+def _victims(services: Sequence[Service], waiter: Service, replica: Replica) -> list[Service]:
+    """Idle services whose memory may go for `replica`, least recently used first (on its GPUs
+    when it has some)."""
+    found = []
+    for service in services:
+        if service is waiter or not service.spec.swappable or service.swapped_out():
+            continue
+        if service.traffic.load() > 0:
+            continue
+        live = [r for r in service.replicas.values() if r.stopping is None]
+        if not live or any(r.state != "ready" for r in live):
+            continue
+        if any(r.endpoint is not None and r.endpoint.in_flight for r in live):
+            continue
+        gpus = {g for r in live for g in r.gpus}
+        if replica.gpus and not gpus & set(replica.gpus):
+            continue
+        found.append(service)
+    return sorted(found, key=lambda s: (s.traffic.last_request, s.name))

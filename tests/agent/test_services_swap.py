@@ -1,0 +1,126 @@
+"""More models than fit on a GPU: services whose shares together exceed it swap, the idle one
+parked in host memory (least recently used first) for the one a request wants, while the router
+holds that request. A real daemon and router on a simulated 40 GB GPU, real replicas of the
+example model server, each with a 24 GiB share (one fits at a time)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+from tests.agent.daemon_support import cli, until
+from tests.agent.services_support import Routed, routed_on
+
+from gpupool.core.errors import InvalidRequest, Unschedulable
+
+routed = routed_on("1xA100-40GB")
+
+#: a share two of which do not fit the 40 GB GPU
+SHARE = {"memory": "24Gi", "min_replicas": 0, "max_replicas": 1, "window_s": 0.5}
+
+
+def replica(routed: Routed, name: str) -> dict[str, Any]:
+    (found,) = routed.service(name)["replica_list"]
+    return found
+
+
+def state_of(routed: Routed, name: str) -> str:
+    found = routed.service(name)["replica_list"]
+    return str(found[0]["state"]) if found else "none"
+
+
+def test_a_service_without_room_swaps_out_an_idle_one_and_back(routed: Routed) -> None:
+    routed.create("first", **SHARE)
+    job_first = routed.ready("first")["replica_list"][0]["job_id"]
+    routed.create("second", **SHARE)
+    # the second's replica waits in the queue: the first, idle, is parked for it
+    service = routed.ready("second", timeout=60)
+    job_second = service["replica_list"][0]["job_id"]
+    first = routed.service("first")
+    assert first["replica_list"][0]["state"] == "suspended", first
+    assert first["replica_list"][0]["job_id"] == job_first  # parked, not stopped
+    assert first["resident"] is False and first["swaps"]["out"] == 1, first
+    events = [e["detail"] for e in first["events"]]
+    assert any("swapped out for service second" in e for e in events), events
+    # a request for the parked one: the second (idle, least recently used) goes, it comes back
+    answer = httpx.get(f"{routed.base}/first/infer", timeout=90)
+    assert answer.status_code == 200, answer.text
+    first = routed.service("first")
+    assert [r["job_id"] for r in first["replica_list"]] == [job_first]  # the same job
+    assert first["resident"] is True
+    assert first["swaps"]["in"] == 1 and first["swaps"]["last_in_s"] > 0, first
+    assert until(lambda: state_of(routed, "second") == "suspended", timeout=30)
+    second = routed.service("second")
+    assert second["replica_list"][0]["job_id"] == job_second
+    assert second["swaps"]["out"] == 1 and second["resident"] is False
+    # and back again: a request for the second swaps the first out
+    answer = httpx.get(f"{routed.base}/second/infer", timeout=90)
+    assert answer.status_code == 200, answer.text
+    assert routed.service("second")["swaps"]["in"] == 1
+    assert until(lambda: state_of(routed, "first") == "suspended", timeout=30)
+    assert routed.service("first")["swaps"]["out"] == 2
+
+
+def test_keep_alive_minus_one_is_never_swapped_out(routed: Routed) -> None:
+    routed.create("pinned", **SHARE, keep_alive_s=-1)
+    job = routed.ready("pinned")["replica_list"][0]["job_id"]
+    routed.create("latecomer", **SHARE)
+    assert until(lambda: "GPU 0" in replica(routed, "latecomer")["note"], timeout=15)
+    time.sleep(2.0)  # a few passes of the service loop: nothing is swapped out for it
+    pinned = routed.service("pinned")
+    assert [(r["job_id"], r["state"]) for r in pinned["replica_list"]] == [(job, "ready")]
+    assert pinned["swaps"]["out"] == 0 and pinned["resident"] is True
+    assert replica(routed, "latecomer")["state"] == "queued"
+
+
+def test_keep_alive_zero_parks_right_after_the_last_request(routed: Routed) -> None:
+    # no stable window to wait (the default 30 s), no idle time (the default 5 min)
+    body = {**SHARE, "window_s": 30.0, "keep_alive_s": 0}
+    routed.create("brief", **body)
+    answer = httpx.get(f"{routed.base}/brief/infer", timeout=60)  # starts it on demand
+    assert answer.status_code == 200, answer.text
+    assert until(lambda: state_of(routed, "brief") == "suspended", timeout=15)
+    service = routed.service("brief")
+    assert service["spec"]["keep_alive_s"] == 0 and service["resident"] is False
+
+
+@pytest.mark.parametrize("value", [-2, -0.5, 31 * 86400])
+def test_keep_alive_nonsense_is_refused_in_one_line(routed: Routed, value: float) -> None:
+    body = {"name": "odd", "argv": ["true"], "keep_alive_s": value}
+    with pytest.raises(InvalidRequest, match="invalid --keep-alive: 0s to 30d, or -1"):
+        routed.daemon.call("POST", "/v1/services", json=body)
+    assert routed.daemon.call("GET", "/v1/services")["services"] == []
+
+
+def test_keep_alive_on_the_command_line(routed: Routed) -> None:
+    bad = cli(
+        "service", "create", "odd", "--keep-alive", "soon", "--", "true", url=routed.daemon.url
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--keep-alive" in bad.stderr, bad.stderr
+    made = cli(
+        "service",
+        "create",
+        "kept",
+        "--keep-alive",
+        "-1",
+        "--replicas",
+        "0..1",
+        "--memory",
+        "1Gi",
+        "--",
+        "true",
+        url=routed.daemon.url,
+    )
+    assert made.returncode == 0, made.stderr
+    assert routed.service("kept")["spec"]["keep_alive_s"] == -1
+
+
+def test_a_model_larger_than_the_gpu_is_refused_at_create(routed: Routed) -> None:
+    body = {"name": "huge", "argv": ["true"], "memory": "48Gi", "min_replicas": 0}
+    with pytest.raises(Unschedulable) as refused:
+        routed.daemon.call("POST", "/v1/services", json=body)
+    assert refused.value.http_status == 409 and "\n" not in str(refused.value), refused.value
+    assert routed.daemon.call("GET", "/v1/services")["services"] == []
