@@ -5,13 +5,18 @@ example model server, each with a 24 GiB share (one fits at a time)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.agent.daemon_support import cli, until
-from tests.agent.services_support import Routed, routed_on
+from tests.agent.conftest import _kill_jobs
+from tests.agent.daemon_support import Daemon, cli, until
+from tests.agent.services_support import Routed, free_port, routed_on
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 
@@ -124,3 +129,60 @@ def test_a_model_larger_than_the_gpu_is_refused_at_create(routed: Routed) -> Non
         routed.daemon.call("POST", "/v1/services", json=body)
     assert refused.value.http_status == 409 and "\n" not in str(refused.value), refused.value
     assert routed.daemon.call("GET", "/v1/services")["services"] == []
+
+
+@pytest.fixture
+def bounded(tmp_path: Path) -> Iterator[Routed]:
+    """A daemon whose parked replicas may hold 300 MiB of host memory: one model server's."""
+    port = free_port()
+    extra = ("--router", f"127.0.0.1:{port}", "--parked-memory", "300Mi")
+    daemon = Daemon(tmp_path, "1xA100-40GB", extra).start()
+    yield Routed(daemon, port)
+    daemon.stop()
+    _kill_jobs(daemon)
+
+
+def test_parked_memory_past_its_bound_evicts_the_least_recent_to_a_cold_start(
+    bounded: Routed,
+) -> None:
+    idle = {"memory": "2Gi", "min_replicas": 0, "max_replicas": 1, "idle_s": 1.0, "window_s": 0.5}
+    bounded.create("older", **idle)
+    job_older = bounded.ready("older")["replica_list"][0]["job_id"]
+    assert until(lambda: state_of(bounded, "older") == "suspended", timeout=15)
+    bounded.create("newer", **idle)
+    bounded.ready("newer")
+    answer = httpx.get(f"{bounded.base}/newer/infer", timeout=60)  # the more recently used
+    assert answer.status_code == 200, answer.text
+    # the newer parks too: two would hold 512 MiB, so the older is stopped
+    assert until(lambda: state_of(bounded, "newer") == "suspended", timeout=15)
+    assert until(lambda: bounded.daemon.job(job_older)["state"] == "cancelled", timeout=15)
+    assert bounded.service("older")["replica_list"] == []
+    events = [e["detail"] for e in bounded.service("older")["events"]]
+    assert any("evicted to a cold start" in e and "--parked-memory" in e for e in events)
+    assert bounded.service("older")["restarts"] == 0  # no failure of the service
+    answer = httpx.get(f"{bounded.base}/older/infer", timeout=60)  # a new replica, cold
+    assert answer.status_code == 200, answer.text
+    (replica,) = bounded.service("older")["replica_list"]
+    assert replica["job_id"] != job_older
+
+
+def test_parked_memory_nonsense_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "serve",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--simulate",
+            "1xA100-40GB",
+            "--parked-memory",
+            "lots",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "--parked-memory" in done.stderr, done.stderr

@@ -99,7 +99,10 @@ class ServiceLoop:
                 except GpupoolError as err:
                     service.problem = str(err)
         with self._lock:
-            service_swap.make_room(services, time.monotonic(), self._stop)
+            now = time.monotonic()
+            parking = self._parking
+            service_swap.bound_host(services, parking.host_limit, parking.holds, now, self._stop)
+            service_swap.make_room(services, now, self._stop)
         self._stop_orphans()
 
     def _pass(self, service: Service) -> None:

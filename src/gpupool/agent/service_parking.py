@@ -32,12 +32,16 @@ Stop = Callable[[Service, Replica, str, float], None]
 @dataclass(frozen=True)
 class Parking:
     """What parking needs of the agent's elastic memory, for a job id: suspend it, resume it,
-    and its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
-    room, "" if it does not)."""
+    its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
+    room, "" if it does not), and the bytes it holds; and the bound on parked bytes."""
 
     suspend: Callable[[int], object]
     resume: Callable[[int], object]
     state: Callable[[int], tuple[str, str]]
+    #: the bytes a job's memory takes, on its GPUs or in host memory
+    holds: Callable[[int], int] = lambda _job_id: 0
+    #: the host bytes parked replicas may hold together (service_swap.bound_host)
+    host_limit: int = 1 << 62
 
     def adopted(self, job_id: int) -> str | None:
         """The state of a replica adopted by a restarted daemon, if it was parked."""

@@ -11,14 +11,20 @@ comes back with its next request, swapping out others in turn.
 Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
 not `--keep-alive -1`, and idle (no request in flight or waiting). A resume that still has no room
 when nothing is left to swap out gives way to a new replica, as without swap.
+
+The host memory parked replicas hold together is bounded (`gpupool serve --parked-memory`): past
+it, the least recently used parked replica is stopped (its service cold-starts a new one at its
+next request), before a replica that would go past it moves its memory to the host, so parking
+never takes the host's memory from the daemon or a job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gpupool.agent.service_parking import Stop
-from gpupool.agent.service_replicas import Replica, Service
+from gpupool.agent.service_replicas import PARKED, Replica, Service
+from gpupool.core.units import format_bytes
 
 #: states of a replica whose memory is on its way to the host (or gone with its job)
 LEAVING = ("ready", "parking", "suspending")
@@ -89,3 +95,27 @@ def _victims(services: Sequence[Service], waiter: Service, replica: Replica) -> 
             continue
         found.append(service)
     return sorted(found, key=lambda s: (s.traffic.last_request, s.name))
+
+
+def bound_host(
+    services: Sequence[Service], limit: int, holds: Callable[[int], int], now: float, stop: Stop
+) -> None:
+    """Stop parked replicas, least recently used first, until those left hold at most `limit`
+    bytes (those parking count with what they will move)."""
+    parked = [
+        (service, replica, holds(replica.job_id))
+        for service in services
+        for replica in service.replicas.values()
+        if replica.stopping is None and replica.state in PARKED
+    ]
+    total = sum(size for _, _, size in parked)
+    parked.sort(key=lambda item: (item[0].traffic.last_request, item[1].state == "parking"))
+    for service, replica, size in parked:
+        if total <= limit:
+            return
+        total -= size
+        why = (
+            f"evicted to a cold start: parked replicas would hold {format_bytes(total + size)} "
+            f"of host memory, past --parked-memory {format_bytes(limit)}"
+        )
+        stop(service, replica, why, now)
