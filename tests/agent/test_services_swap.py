@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon, cli, until
+from tests.agent.daemon_support import Daemon, cli, scrape, until
 from tests.agent.services_support import Routed, free_port, routed_on
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
@@ -66,6 +66,26 @@ def test_a_service_without_room_swaps_out_an_idle_one_and_back(routed: Routed) -
     assert routed.service("second")["swaps"]["in"] == 1
     assert until(lambda: state_of(routed, "first") == "suspended", timeout=30)
     assert routed.service("first")["swaps"]["out"] == 2
+    # what was swapped, where an operator looks: service ls, /metrics
+    listed = cli("service", "ls", url=routed.daemon.url).stdout
+    (line,) = [line for line in listed.splitlines() if line.startswith("first ")]
+    assert "0 (1 suspended)" in line and "2 out, 1 in, last " in line, listed
+    samples = scrape(routed.daemon)
+    swaps = {
+        (labels["service"], labels["direction"]): value
+        for labels, value in samples["gpupool_service_swaps_total"]
+    }
+    assert swaps == {
+        ("first", "out"): 2,
+        ("first", "in"): 1,
+        ("second", "out"): 1,
+        ("second", "in"): 1,
+    }, swaps
+    took = dict(
+        (labels["service"], value)
+        for labels, value in samples["gpupool_service_swap_in_seconds_count"]
+    )
+    assert took == {"first": 1, "second": 1}, took
 
 
 def test_keep_alive_minus_one_is_never_swapped_out(routed: Routed) -> None:

@@ -9,8 +9,9 @@ the memory of the last is free, so no more is parked than the waiter needs. A sw
 comes back with its next request, swapping out others in turn.
 
 Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
-not `--keep-alive -1`, and idle (no request in flight or waiting). A resume that still has no room
-when nothing is left to swap out gives way to a new replica, as without swap.
+not `--keep-alive -1`, and idle (no request in flight or waiting; a resume waits while a service
+it may swap out is busy). A resume that has no room and nothing to swap out gives way to a new
+replica, as without swap.
 
 The host memory parked replicas hold together is bounded (`gpupool serve --parked-memory`): past
 it, the least recently used parked replica is stopped (its service cold-starts a new one at its
@@ -48,7 +49,8 @@ def make_room(services: Sequence[Service], now: float, stop: Stop) -> None:
                 f"swapping out service {victim.name}"
             )
             return
-        if replica.state == "resuming":  # nothing left to swap out: a new replica instead
+        if replica.state == "resuming" and not _candidates(services, service, replica):
+            # nothing to swap out, now or once idle: a new replica instead
             why = f"could not resume ({replica.waits}): a new replica instead"
             stop(service, replica, why, now)
 
@@ -77,24 +79,31 @@ def _waiters(services: Sequence[Service]) -> Iterator[tuple[Service, Replica]]:
 
 
 def _victims(services: Sequence[Service], waiter: Service, replica: Replica) -> list[Service]:
-    """Idle services whose memory may go for `replica`, least recently used first (on its GPUs
-    when it has some)."""
+    """Idle services whose memory may go for `replica`, least recently used first."""
+    found = [s for s in _candidates(services, waiter, replica) if _idle(s)]
+    return sorted(found, key=lambda s: (s.traffic.last_request, s.name))
+
+
+def _candidates(services: Sequence[Service], waiter: Service, replica: Replica) -> list[Service]:
+    """Services that may be swapped out for `replica` once idle: swappable, resident (on its
+    GPUs when it has some)."""
     found = []
     for service in services:
         if service is waiter or not service.spec.swappable or service.swapped_out():
             continue
-        if service.traffic.load() > 0:
-            continue
         live = [r for r in service.replicas.values() if r.stopping is None]
-        if not live or any(r.state != "ready" for r in live):
-            continue
-        if any(r.endpoint is not None and r.endpoint.in_flight for r in live):
-            continue
         gpus = {g for r in live for g in r.gpus}
-        if replica.gpus and not gpus & set(replica.gpus):
-            continue
-        found.append(service)
-    return sorted(found, key=lambda s: (s.traffic.last_request, s.name))
+        if live and not (replica.gpus and not gpus & set(replica.gpus)):
+            found.append(service)
+    return found
+
+
+def _idle(service: Service) -> bool:
+    """No request in flight or waiting, every replica ready (none starting or parking)."""
+    live = [r for r in service.replicas.values() if r.stopping is None]
+    if service.traffic.load() > 0 or any(r.state != "ready" for r in live):
+        return False
+    return not any(r.endpoint is not None and r.endpoint.in_flight for r in live)
 
 
 def bound_host(
