@@ -16,7 +16,7 @@ import httpx
 import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, scrape, until
-from tests.agent.services_support import Routed, free_port, routed_on
+from tests.agent.services_support import Routed, free_port, routed_on, start_routed
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 
@@ -206,3 +206,30 @@ def test_parked_memory_nonsense_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "--parked-memory" in done.stderr, done.stderr
+
+
+def test_a_daemon_killed_while_a_model_is_swapped_out_finds_it_again(
+    routed: Routed, tmp_path: Path
+) -> None:
+    routed.create("first", **SHARE, keep_alive_s=600)
+    job_first = routed.ready("first")["replica_list"][0]["job_id"]
+    routed.create("second", **SHARE)
+    job_second = routed.ready("second", timeout=60)["replica_list"][0]["job_id"]
+    assert state_of(routed, "first") == "suspended"
+    routed.daemon.kill()  # SIGKILL: nothing written on the way out
+    again = start_routed(tmp_path, "1xA100-40GB")  # the same state dir, a new router port
+    try:
+        time.sleep(1.0)  # a few passes of the new daemon's loop: it stays parked
+        first = again.service("first")
+        assert [(r["job_id"], r["state"]) for r in first["replica_list"]] == [
+            (job_first, "suspended")
+        ], first
+        assert first["spec"]["keep_alive_s"] == 600  # stored with the service
+        answer = httpx.get(f"{again.base}/first/infer", timeout=90)  # swapped in, not cold
+        assert answer.status_code == 200, answer.text
+        assert [r["job_id"] for r in again.service("first")["replica_list"]] == [job_first]
+        assert until(lambda: state_of(again, "second") == "suspended", timeout=30)
+        assert again.service("second")["replica_list"][0]["job_id"] == job_second
+    finally:
+        again.daemon.stop()
+        _kill_jobs(again.daemon)

@@ -87,7 +87,7 @@ class ServiceManager(ServiceLoop):
                 owner.replicas[row.job_id] = replica
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
                 if replica.state == "suspended":  # it stays parked until a request comes
-                    owner.since = now - owner.spec.idle_s
+                    owner.since = now - owner.spec.resident_s
         self._adopted = [r for s in self._services.values() for r in s.replicas.values()]
         self._settle_by = now + SETTLE_S
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)
