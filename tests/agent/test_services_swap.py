@@ -5,6 +5,7 @@ example model server, each with a 24 GiB share (one fits at a time)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +17,15 @@ import httpx
 import pytest
 from tests.agent.conftest import _kill_jobs
 from tests.agent.daemon_support import Daemon, cli, scrape, until
-from tests.agent.services_support import Routed, free_port, routed_on, start_routed
+from tests.agent.multiuser_support import group_daemon
+from tests.agent.services_support import (
+    MODEL_SERVER,
+    Routed,
+    free_port,
+    routed_on,
+    start_routed,
+)
+from tests.users import gpupool_as
 
 from gpupool.core.errors import InvalidRequest, Unschedulable
 
@@ -233,3 +242,30 @@ def test_a_daemon_killed_while_a_model_is_swapped_out_finds_it_again(
     finally:
         again.daemon.stop()
         _kill_jobs(again.daemon)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users: needs root")
+def test_two_users_services_swap_on_one_gpu_each_running_as_its_owner() -> None:
+    port = free_port()
+    with group_daemon("1xA100-40GB", extra=("--router", f"127.0.0.1:{port}")) as (daemon, users):
+        alice, bob = users
+        routed = Routed(daemon, port)
+        for user, name in ((alice, "alice-chat"), (bob, "bob-embed")):
+            done = gpupool_as(
+                user, "service", "create", name, "--memory", "24Gi", "--replicas", "0..1",
+                "--keep-alive", "10m", "--workdir", "/tmp", "--",
+                sys.executable, MODEL_SERVER, "--memory-mib", "128",
+                url=daemon.url,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        routed.ready("bob-embed", timeout=60)  # alice's, idle, was swapped out for it
+        assert until(lambda: state_of(routed, "alice-chat") == "suspended", timeout=30)
+        answer = httpx.get(f"{routed.base}/alice-chat/infer", timeout=90)
+        assert answer.status_code == 200, answer.text
+        assert until(lambda: state_of(routed, "bob-embed") == "suspended", timeout=30)
+        for name, user in (("alice-chat", alice), ("bob-embed", bob)):
+            service = routed.service(name)
+            assert service["swaps"]["out"] == 1, service
+            job = service["replica_list"][0]["job_id"]
+            assert daemon.job(job)["user"] == user.name  # each replica runs as its owner
+        assert routed.service("alice-chat")["swaps"]["in"] == 1
