@@ -20,6 +20,7 @@ from tests.agent.daemon_support import Daemon, cli, scrape, until
 from tests.agent.multiuser_support import group_daemon
 from tests.agent.services_support import (
     MODEL_SERVER,
+    Load,
     Routed,
     free_port,
     routed_on,
@@ -269,3 +270,25 @@ def test_two_users_services_swap_on_one_gpu_each_running_as_its_owner() -> None:
             job = service["replica_list"][0]["job_id"]
             assert daemon.job(job)["user"] == user.name  # each replica runs as its owner
         assert routed.service("alice-chat")["swaps"]["in"] == 1
+
+
+def test_under_traffic_the_busy_service_stays_and_the_idle_ones_swap(routed: Routed) -> None:
+    third = {**SHARE, "memory": "16Gi"}  # two of three fit the 40 GB GPU
+    routed.create("busy", **third)
+    busy = routed.ready("busy")["replica_list"][0]["job_id"]
+    with Load(f"{routed.base}/busy/infer", workers=2, pause=0.02).running() as load:
+        assert until(lambda: load.statuses[200] >= 10, timeout=30)  # busy from now on
+        for name in ("left", "right"):
+            routed.create(name, **third)
+        answers = [
+            httpx.get(f"{routed.base}/{name}/infer", timeout=90).status_code
+            for name in ("left", "right") * 3
+        ]
+    assert answers == [200] * 6, answers
+    assert set(load.statuses) == {200}, load.statuses
+    service = routed.service("busy")
+    assert [r["job_id"] for r in service["replica_list"]] == [busy]
+    assert service["swaps"]["out"] == 0, service  # never idle: never swapped out
+    for name in ("left", "right"):
+        swaps = routed.service(name)["swaps"]
+        assert swaps["out"] >= 2 and swaps["in"] >= 2, (name, swaps)

@@ -61,6 +61,7 @@ class ServiceLoop:
     _waiting: Waiting
     _access: Access
     _parking: Parking
+    _swapper: service_swap.Swapper
     traffic: Traffic
     _services: dict[str, Service]
     _orphans: list[Replica]
@@ -102,7 +103,7 @@ class ServiceLoop:
             now = time.monotonic()
             parking = self._parking
             service_swap.bound_host(services, parking.host_limit, parking.holds, now, self._stop)
-            service_swap.make_room(services, now, self._stop)
+            self._swapper.make_room(services, now, self._stop)
         self._stop_orphans()
 
     def _pass(self, service: Service) -> None:

@@ -23,6 +23,7 @@ from gpupool.agent.service_loop import Cancel, ServiceLoop, Submit, Waiting
 from gpupool.agent.service_parking import Parking
 from gpupool.agent.service_replicas import Replica, Service
 from gpupool.agent.service_store import ServiceStore, StoredService
+from gpupool.agent.service_swap import Swapper
 from gpupool.agent.service_traffic import Traffic
 from gpupool.agent.services import RESERVED_NAMES, ServiceSpec
 from gpupool.agent.store import Store
@@ -54,6 +55,7 @@ class ServiceManager(ServiceLoop):
         self._waiting = waiting
         self._access = access
         self._parking = parking
+        self._swapper = Swapper()
         self.traffic = Traffic()
         self._services: dict[str, Service] = {}
         #: replicas of deleted services, drained and stopped by the loop

@@ -53,8 +53,12 @@ class Parking:
         replica.state, replica.drain_since = "parking", now
         if replica.endpoint is not None:
             replica.endpoint.draining = True
+        why = "scaled to zero"
+        if service.swapped_out():  # for another service's request (service_swap.py)
+            service.swaps_out += 1
+            why = "swapped out"
         service.event(
-            f"replica {replica.index} (job {replica.job_id}) parking: scaled to zero, "
+            f"replica {replica.index} (job {replica.job_id}) parking: {why}, "
             "it is suspended to host memory once its requests are answered"
         )
 

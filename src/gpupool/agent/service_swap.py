@@ -29,30 +29,51 @@ from gpupool.core.units import format_bytes
 
 #: states of a replica whose memory is on its way to the host (or gone with its job)
 LEAVING = ("ready", "parking", "suspending")
+#: seconds the queue and elastic memory have, once a swap's memory is free, to let the waiter
+#: in before another service is swapped out for it (what they said before it is stale)
+SETTLE_S = 1.0
+#: seconds without a request before a service counts as idle: the router's counts reach the
+#: daemon every 0.1 s, so a service that just answered may still show none in flight
+MIN_IDLE_S = 0.5
 
 
-def make_room(services: Sequence[Service], now: float, stop: Stop) -> None:
-    """Swap out one idle service for the first replica that waits for room, if any may go."""
-    if _under_way(services):
-        return
-    for service, replica in _waiters(services):
-        victims = _victims(services, service, replica)
-        if victims:
-            victim = victims[0]
-            victim.swapped_out_at, victim.swaps_out = now, victim.swaps_out + 1
-            victim.event(
-                f"swapped out for service {service.name}: parked to host memory, least "
-                "recently used first; its next request brings it back"
-            )
-            service.event(
-                f"replica {replica.index} (job {replica.job_id}) waits for room: "
-                f"swapping out service {victim.name}"
-            )
+class Swapper:
+    """The service loop's swaps: one at a time, the next once the last has settled."""
+
+    def __init__(self) -> None:
+        #: time.monotonic() when memory was last seen on its way out
+        self._moving_at = float("-inf")
+
+    def make_room(self, services: Sequence[Service], now: float, stop: Stop) -> None:
+        """Swap out one idle service for the first replica that waits for room, if any may
+        go."""
+        if _under_way(services):
+            self._moving_at = now
             return
-        if replica.state == "resuming" and not _candidates(services, service, replica):
-            # nothing to swap out, now or once idle: a new replica instead
-            why = f"could not resume ({replica.waits}): a new replica instead"
-            stop(service, replica, why, now)
+        if now - self._moving_at < SETTLE_S:
+            return
+        for service, replica in _waiters(services):
+            victims = _victims(services, service, replica, now)
+            if victims:
+                _swap_out(victims[0], service, replica, now)
+                self._moving_at = now
+                return
+            if replica.state == "resuming" and not _candidates(services, service, replica):
+                # nothing to swap out, now or once idle: a new replica instead
+                why = f"could not resume ({replica.waits}): a new replica instead"
+                stop(service, replica, why, now)
+
+
+def _swap_out(victim: Service, waiter: Service, replica: Replica, now: float) -> None:
+    victim.swapped_out_at = now
+    victim.event(
+        f"swapped out for service {waiter.name}: parked to host memory, least recently used "
+        "first; its next request brings it back"
+    )
+    waiter.event(
+        f"replica {replica.index} (job {replica.job_id}) waits for room: swapping out service "
+        f"{victim.name}"
+    )
 
 
 def _under_way(services: Sequence[Service]) -> bool:
@@ -78,9 +99,11 @@ def _waiters(services: Sequence[Service]) -> Iterator[tuple[Service, Replica]]:
                 yield service, replica
 
 
-def _victims(services: Sequence[Service], waiter: Service, replica: Replica) -> list[Service]:
+def _victims(
+    services: Sequence[Service], waiter: Service, replica: Replica, now: float
+) -> list[Service]:
     """Idle services whose memory may go for `replica`, least recently used first."""
-    found = [s for s in _candidates(services, waiter, replica) if _idle(s)]
+    found = [s for s in _candidates(services, waiter, replica) if _idle(s, now)]
     return sorted(found, key=lambda s: (s.traffic.last_request, s.name))
 
 
@@ -98,10 +121,13 @@ def _candidates(services: Sequence[Service], waiter: Service, replica: Replica) 
     return found
 
 
-def _idle(service: Service) -> bool:
-    """No request in flight or waiting, every replica ready (none starting or parking)."""
+def _idle(service: Service, now: float) -> bool:
+    """No request for MIN_IDLE_S, none in flight or waiting, every replica ready (none
+    starting or parking)."""
     live = [r for r in service.replicas.values() if r.stopping is None]
-    if service.traffic.load() > 0 or any(r.state != "ready" for r in live):
+    if now - service.traffic.last_request < MIN_IDLE_S or service.traffic.load() > 0:
+        return False
+    if any(r.state != "ready" for r in live):
         return False
     return not any(r.endpoint is not None and r.endpoint.in_flight for r in live)
 
