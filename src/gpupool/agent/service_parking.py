@@ -23,6 +23,9 @@ from gpupool.core.errors import GpupoolError
 #: seconds a parking replica's requests in flight have been waited for, at least (the router
 #: may have picked it just before: that request counts in flight within a moment)
 MIN_PARK_DRAIN_S = 0.5
+#: the same for a replica swapped out for another service's request: idle for 0.5 s already,
+#: two of the router's reports of what it has in flight (every 0.1 s) are waited for
+SWAP_DRAIN_S = 0.2
 #: seconds between the service loop's passes while a replica resumes (a request waits for it)
 RESUMING_TICK_S = 0.02
 #: how `_stop` is called: service, replica, why, now
@@ -103,7 +106,9 @@ class Parking:
     def _suspend_drained(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
         busy = replica.endpoint is not None and replica.endpoint.in_flight > 0
         waited = now - replica.drain_since
-        if waited < MIN_PARK_DRAIN_S or (busy and waited < DEFAULT_DRAIN_S):
+        # swapped out, it had no request for service_swap.MIN_IDLE_S: a shorter wait will do
+        least = SWAP_DRAIN_S if service.swapped_out() else MIN_PARK_DRAIN_S
+        if waited < least or (busy and waited < DEFAULT_DRAIN_S):
             return
         try:
             self.suspend(replica.job_id)

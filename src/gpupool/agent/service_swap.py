@@ -4,8 +4,9 @@ When a service's replica must start (its job waits in the queue for room) or com
 memory (its resume waits for room), the idle replicas of other services are parked for it, least
 recently used first: such a service is marked swapped out, goes to zero replicas at its next
 pass, and its last replica is parked (service_parking.py: suspended to host memory) while the
-router holds the waiting request. One service is swapped out at a time, and the next only once
-the memory of the last is free, so no more is parked than the waiter needs. A swapped-out service
+router holds the waiting request. One service is swapped out at a time for each waiter, and its
+next only once the memory of the last is free, so no more is parked than the waiter needs; the
+waiters are served in parallel. A swapped-out service
 comes back with its next request, swapping out others in turn.
 
 Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
@@ -29,36 +30,44 @@ from gpupool.core.units import format_bytes
 
 #: states of a replica whose memory is on its way to the host (or gone with its job)
 LEAVING = ("ready", "parking", "suspending")
-#: seconds the queue and elastic memory have, once a swap's memory is free, to let the waiter
-#: in before another service is swapped out for it (what they said before it is stale)
-SETTLE_S = 1.0
+#: seconds the queue and elastic memory have, once a swap's memory is free, to let its waiter
+#: in before another service is swapped out for it (what they said before is stale)
+SETTLE_S = 0.5
 #: seconds without a request before a service counts as idle: the router's counts reach the
 #: daemon every 0.1 s, so a service that just answered may still show none in flight
 MIN_IDLE_S = 0.5
 
 
 class Swapper:
-    """The service loop's swaps: one at a time, the next once the last has settled."""
+    """The service loop's swaps: one service swapped out at a time for each waiting replica
+    (waiters in parallel), its next one once the last one's memory is free and settled."""
 
     def __init__(self) -> None:
-        #: time.monotonic() when memory was last seen on its way out
-        self._moving_at = float("-inf")
+        #: waiting replica (job id) -> the service swapped out for it, and when that one's
+        #: memory was last seen on its way out
+        self._for: dict[int, tuple[str, float]] = {}
 
     def make_room(self, services: Sequence[Service], now: float, stop: Stop) -> None:
-        """Swap out one idle service for the first replica that waits for room, if any may
-        go."""
-        if _under_way(services):
-            self._moving_at = now
-            return
-        if now - self._moving_at < SETTLE_S:
-            return
-        for service, replica in _waiters(services):
+        """For each replica that waits for room, swap out an idle service if none is on its
+        way out for it already; a resume with nothing to swap out gives way."""
+        by_name = {s.name: s for s in services}
+        waiting = list(_waiters(services))
+        jobs = {replica.job_id for _, replica in waiting}
+        self._for = {job: claim for job, claim in self._for.items() if job in jobs}
+        for service, replica in waiting:
+            claim = self._for.get(replica.job_id)
+            if claim is not None:
+                victim = by_name.get(claim[0])
+                if victim is not None and _leaving(victim):
+                    self._for[replica.job_id] = (claim[0], now)
+                    continue
+                if now - claim[1] < SETTLE_S:
+                    continue
             victims = _victims(services, service, replica, now)
             if victims:
                 _swap_out(victims[0], service, replica, now)
-                self._moving_at = now
-                return
-            if replica.state == "resuming" and not _candidates(services, service, replica):
+                self._for[replica.job_id] = (victims[0].name, now)
+            elif replica.state == "resuming" and not _candidates(services, service, replica):
                 # nothing to swap out, now or once idle: a new replica instead
                 why = f"could not resume ({replica.waits}): a new replica instead"
                 stop(service, replica, why, now)
@@ -76,15 +85,9 @@ def _swap_out(victim: Service, waiter: Service, replica: Replica, now: float) ->
     )
 
 
-def _under_way(services: Sequence[Service]) -> bool:
-    """Whether memory is on its way out already (a swap, or a service parking by itself)."""
-    for service in services:
-        for replica in service.replicas.values():
-            if replica.state in ("parking", "suspending"):
-                return True
-            if service.swapped_out() and replica.state in LEAVING:
-                return True
-    return False
+def _leaving(service: Service) -> bool:
+    """Whether a swapped-out service's memory is still on its way to the host."""
+    return service.swapped_out() and any(r.state in LEAVING for r in service.replicas.values())
 
 
 def _waiters(services: Sequence[Service]) -> Iterator[tuple[Service, Replica]]:
