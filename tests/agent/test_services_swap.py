@@ -5,6 +5,7 @@ example model server, each with a 24 GiB share (one fits at a time)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from tests.agent.conftest import _kill_jobs
-from tests.agent.daemon_support import Daemon, cli, scrape, until
+from tests.agent.daemon_support import EXAMPLES, Daemon, cli, scrape, until
 from tests.agent.multiuser_support import group_daemon
 from tests.agent.services_support import (
     MODEL_SERVER,
@@ -32,6 +34,7 @@ from gpupool.core.errors import InvalidRequest, Unschedulable
 
 routed = routed_on("1xA100-40GB")
 
+OPENAI_SERVER = str(EXAMPLES / "openai_server.py")
 #: a share two of which do not fit the 40 GB GPU
 SHARE = {"memory": "24Gi", "min_replicas": 0, "max_replicas": 1, "window_s": 0.5}
 
@@ -292,3 +295,24 @@ def test_under_traffic_the_busy_service_stays_and_the_idle_ones_swap(routed: Rou
     for name in ("left", "right"):
         swaps = routed.service(name)["swaps"]
         assert swaps["out"] >= 2 and swaps["in"] >= 2, (name, swaps)
+
+
+def test_a_swapped_out_openai_model_streams_a_chat_token_by_token(routed: Routed) -> None:
+    # the example OpenAI server holding its weights on the simulated GPU: a real share
+    for name in ("chat-a", "chat-b"):
+        argv = [sys.executable, OPENAI_SERVER, name, "0.05", "--memory-mib", "256"]
+        routed.create(name, argv=argv, **SHARE)
+    routed.ready("chat-b", timeout=60)
+    assert until(lambda: state_of(routed, "chat-a") == "suspended", timeout=30)
+    api = openai.OpenAI(base_url=f"{routed.base}/v1", api_key="none", max_retries=0)
+    began = time.monotonic()
+    stream = api.chat.completions.create(
+        model="chat-a", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    arrived = [(time.monotonic() - began, c.choices[0].delta.content) for c in stream]
+    assert [word for _, word in arrived] == ["hello", "from", "chat-a"] * 2 + ["hello", "from"]
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(arrived)]
+    assert min(gaps) >= 0.04, arrived  # each token sent as it was made (0.05 s apart)
+    service = routed.service("chat-a")
+    assert service["swaps"]["in"] == 1 and service["resident"] is True, service
+    assert arrived[0][0] >= service["swaps"]["last_in_s"]  # the first token waited for the swap
