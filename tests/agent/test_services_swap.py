@@ -5,7 +5,6 @@ example model server, each with a 24 GiB share (one fits at a time)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -311,8 +310,8 @@ def test_a_swapped_out_openai_model_streams_a_chat_token_by_token(routed: Routed
     )
     arrived = [(time.monotonic() - began, c.choices[0].delta.content) for c in stream]
     assert [word for _, word in arrived] == ["hello", "from", "chat-a"] * 2 + ["hello", "from"]
-    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(arrived)]
-    assert min(gaps) >= 0.04, arrived  # each token sent as it was made (0.05 s apart)
+    # sent as they were made, 0.05 s apart (a read may take two at once on a busy machine)
+    assert arrived[-1][0] - arrived[0][0] >= 0.25, arrived
     service = routed.service("chat-a")
     assert service["swaps"]["in"] == 1 and service["resident"] is True, service
     assert arrived[0][0] >= service["swaps"]["last_in_s"]  # the first token waited for the swap

@@ -58,8 +58,7 @@ class Parking:
             replica.endpoint.draining = True
         why = "scaled to zero"
         if service.swapped_out():  # for another service's request (service_swap.py)
-            service.swaps_out += 1
-            why = "swapped out"
+            replica.swapping_out, why = True, "swapped out"
         service.event(
             f"replica {replica.index} (job {replica.job_id}) parking: {why}, "
             "it is suspended to host memory once its requests are answered"
@@ -69,6 +68,7 @@ class Parking:
         """A request wants the parked `replica`: whether it comes back (else it is stopped and
         the caller starts a new replica)."""
         label = f"replica {replica.index} (job {replica.job_id})"
+        replica.swapping_out = False
         if replica.state == "parking":  # still answering: it serves again at once
             replica.state = "ready"
             if replica.endpoint is not None:
@@ -126,6 +126,8 @@ class Parking:
             service.event(f"{label} resumed: its memory is back, checking its health")
         elif replica.state == "suspending" and state == "suspended":
             replica.state = "suspended"
+            if replica.swapping_out:  # counted once its memory is out (not if kept)
+                service.swaps_out += 1
             service.event(f"{label} suspended to host memory: the next request resumes it")
         elif replica.state == "resuming":
             # no room yet: the swap parks other services' idle replicas, or stops this one

@@ -69,6 +69,8 @@ class Replica:
     waits: str = ""
     #: time.monotonic() when a request woke it from host memory (its swap-in time's start)
     woken_at: float = 0.0
+    #: parked for another service's request: a swap out once its memory is out
+    swapping_out: bool = False
 
     def __post_init__(self) -> None:
         self.created = self.created or self.started

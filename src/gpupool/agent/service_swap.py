@@ -61,7 +61,10 @@ class Swapper:
                 if victim is not None and _leaving(victim):
                     self._for[replica.job_id] = (claim[0], now)
                     continue
-                if now - claim[1] < SETTLE_S:
+                # its memory came free: the waiter's word may be stale for a moment (a victim
+                # taken back by a request of its own before it parked freed nothing)
+                freed = victim is None or victim.swapped_out()
+                if freed and now - claim[1] < SETTLE_S:
                     continue
             victims = _victims(services, service, replica, now)
             if victims:
