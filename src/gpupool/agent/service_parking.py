@@ -116,6 +116,8 @@ class Parking:
             stop(service, replica, f"scaled to zero (not suspended: {err})", now)
             return
         replica.state, replica.endpoint = "suspending", None
+        if replica.swapping_out:  # counted once its memory moves (not if it was kept)
+            service.swaps_out += 1
 
     def _follow(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
         state, waits = self.state(replica.job_id)
@@ -126,8 +128,6 @@ class Parking:
             service.event(f"{label} resumed: its memory is back, checking its health")
         elif replica.state == "suspending" and state == "suspended":
             replica.state = "suspended"
-            if replica.swapping_out:  # counted once its memory is out (not if kept)
-                service.swaps_out += 1
             service.event(f"{label} suspended to host memory: the next request resumes it")
         elif replica.state == "resuming":
             # no room yet: the swap parks other services' idle replicas, or stops this one
