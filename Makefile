@@ -48,6 +48,7 @@ browser:
 demo: $(STAMP) native
 	sh examples/pool-demo.sh $(BIN)
 	$(BIN)/python examples/inference_demo.py $(BIN)
+	$(BIN)/python examples/swap_demo.py $(BIN)
 	@printf '\n\033[1m== Placement: the trace replayed through four policies ==\033[0m\n'
 	$(BIN)/gpupool demo
 

@@ -31,9 +31,11 @@ def free_port() -> int:
 class Pool:
     """`gpupool serve --simulate SPEC --router` in `root`, until the block ends."""
 
-    def __init__(self, root: Path, spec: str | None) -> None:
-        """`spec`: the simulated node's GPUs (None: this machine's real GPUs)."""
+    def __init__(self, root: Path, spec: str | None, extra: tuple[str, ...] = ()) -> None:
+        """`spec`: the simulated node's GPUs (None: this machine's real GPUs); `extra`: more
+        options of `gpupool serve`."""
         self.root = root
+        self.extra = extra
         self.port = free_port()
         self.url = f"unix://{root / 'state' / 'gpupool.sock'}"
         self.spec = spec
@@ -48,7 +50,7 @@ class Pool:
         if self.spec:  # a simulated node: made at the first start, reused at the next ones
             args += ["--node-dir", str(node)] + ([] if node.exists() else ["--simulate", self.spec])
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpupool", "serve", "--cancel-grace", "2", *args],
+            [sys.executable, "-m", "gpupool", "serve", "--cancel-grace", "2", *args, *self.extra],
             stdout=self.log,
             stderr=self.log,
             env=env,

@@ -1,4 +1,5 @@
-"""`gpupool service ls` and the dashboard's Services panel name the mode when it is not shim."""
+"""`gpupool service ls`, `top` and the dashboard's Services panel: the mode where it is not
+shim, and a service's swaps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from gpupool.api.dashboard_services import services_html
 from gpupool.cli.service_view import HEADER, rows
+from gpupool.cli.top_view import _service_line
 
 
 def service(name: str, mode: str) -> dict[str, Any]:
@@ -38,3 +40,16 @@ def test_the_dashboards_services_panel_names_mps_too() -> None:
     chat, embed = shown.split('data-service="chat"')[1].split('data-service="embed"')
     assert "8Gi 25% high</td>" in chat
     assert "8Gi 25% high mps</td>" in embed
+
+
+def test_swaps_and_parking_show_in_the_listing_the_top_line_and_the_dashboard() -> None:
+    swapped = {
+        **service("chat", "shim"),
+        "resident": False,
+        "swaps": {"out": 2, "in": 1, "in_seconds_sum": 0.41, "last_in_s": 0.41},
+    }
+    (line,) = rows([swapped])
+    assert line[HEADER.index("SWAPS")] == "2 out, 1 in, last 0.41s"
+    assert rows([service("embed", "shim")])[0][HEADER.index("SWAPS")] == "-"  # an older daemon
+    assert "swaps 2 out, 1 in, last 0.41s" in _service_line(swapped).plain
+    assert "<td>2 / 1 (0.41 s) parked</td>" in services_html({"services": [swapped]})

@@ -38,6 +38,7 @@ from gpupool.agent.view import NodeView
 from gpupool.agent.watchdog import Watchdog
 from gpupool.core.errors import ConfigError, GpupoolError, InvalidRequest, Unschedulable
 from gpupool.core.resources import Mode
+from gpupool.core.settings import DAEMON
 from gpupool.core.units import format_bytes
 from gpupool.devices.backend import GpuBackend
 from gpupool.devices.snapshot import NodeSnapshot
@@ -136,6 +137,8 @@ class Agent(QueueLoop):
                 lambda job_id: self.suspend(job_id, daemon, "gpupool (a service scaled to zero)"),
                 lambda job_id: self.resume(job_id, daemon, "gpupool (a request to its service)"),
                 self._elastic_state,
+                self._holds,
+                _parked_memory(config),
             ),
         )
         self.view.services = self.services
@@ -305,6 +308,16 @@ class Agent(QueueLoop):
         waits = [w for w in shown.get("waiting", []) if w.startswith("waiting to resume")]
         return "suspended", "; ".join(waits)
 
+    def _holds(self, job_id: int) -> int:
+        """The bytes a running shim job has allocated, on its GPUs or moved to host memory
+        (its region counts an allocation as used wherever it lies)."""
+        try:
+            job = self.store.job(job_id)
+        except GpupoolError:
+            return 0
+        state = self.elastic.read(job) if job.spec.mode is Mode.SHIM else None
+        return sum(state.used) if state is not None else 0
+
     def resize(
         self, job_id: int, uid: int, memory: str | None, compute: int | None
     ) -> tuple[Job, str]:
@@ -349,3 +362,10 @@ def _store_of(jobs: Path, database: Path) -> Store:
         store.close()
         raise
     return store
+
+
+def _parked_memory(config: AgentConfig) -> int:
+    """The host bytes services' parked replicas may hold together (`serve --parked-memory`)."""
+    if config.parked_memory is not None:
+        return config.parked_memory
+    return int(node.host_memory() * DAEMON.parked_memory_fraction)

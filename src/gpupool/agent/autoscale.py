@@ -3,7 +3,8 @@ concurrency target, as Knative's autoscaler does.
 
 Up at once: the load now, divided by the target, rounded up. Down only after a stable window:
 the most load seen over the last `window_s`, so a lull between bursts takes nothing away. To
-zero (MIN 0) once no request came for `idle_s`; a request waiting for a replica brings one back.
+zero (MIN 0) once no request came for `idle_s` (or its `keep_alive_s`, which needs no stable
+window: Ollama's keep_alive); a request waiting for a replica brings one back.
 """
 
 from __future__ import annotations
@@ -47,13 +48,16 @@ class Autoscaler:
             why = f"at most {wanted * spec.concurrency} requests over {spec.window_s:g}s"
         else:
             wanted, why = current, ""
-        idle = load == 0 and queued == 0 and now - last_request >= spec.idle_s
+        idle = load == 0 and queued == 0 and now - last_request >= spec.resident_s
+        if idle and spec.keep_alive_s is not None:
+            wanted = 0  # resident for keep_alive_s after the last request, not a window more
         floor = spec.min_replicas if spec.min_replicas or idle else 1
         if queued:
             floor = max(floor, 1)
         chosen = min(spec.max_replicas, max(floor, wanted))
         if chosen == 0:
-            why = f"no request for {spec.idle_s:g}s (--idle)" if spec.min_replicas == 0 else ""
+            option = "--idle" if spec.keep_alive_s is None else "--keep-alive"
+            why = f"no request for {spec.resident_s:g}s ({option})" if not spec.min_replicas else ""
         elif chosen > wanted:
             why = f"MIN {spec.min_replicas}" if chosen == spec.min_replicas else "in use"
         elif chosen < wanted:
@@ -62,3 +66,10 @@ class Autoscaler:
             self._changed_at = now
             self._last = chosen
         return Decision(chosen, why)
+
+    def swapped_out(self, now: float, why: str) -> Decision:
+        """Zero replicas at once: its memory was taken for another service's request."""
+        self._samples.clear()
+        if self._last != 0:
+            self._changed_at, self._last = now, 0
+        return Decision(0, why)

@@ -46,6 +46,9 @@ class AgentConfig:
     #: what a high job that does not fit does to low jobs: "none" (it waits), or "suspend"
     #: (suspends them to host memory; they resume, in queue order, when room returns)
     preempt: str = "none"
+    #: bytes of host memory services' parked replicas may hold together; None: the share
+    #: DAEMON.parked_memory_fraction of the host's memory
+    parked_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_log_size and self.max_log_size < MIN_LOG_SIZE:

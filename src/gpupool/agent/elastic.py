@@ -74,7 +74,7 @@ class ElasticJobs:
     def region(self, job: Job) -> Path | None:
         return find_shared_region(self._jobdir(job.id).path)
 
-    def _read(self, job: Job) -> region_io.ShareMemory | None:
+    def read(self, job: Job) -> region_io.ShareMemory | None:
         path = self.region(job)
         if path is None:
             return None
@@ -186,7 +186,7 @@ class ElasticJobs:
             # only the regions there is something to read in: a job asked to suspend or resume,
             # or with a burst (a node's other jobs cost the loop nothing)
             states = {
-                job.id: self._read(job)
+                job.id: self.read(job)
                 for job in running
                 if job.spec.mode is Mode.SHIM and (job.id in rows or job.spec.memory_burst)
             }

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
-from gpupool.agent import service_health
+from gpupool.agent import service_health, service_swap
 from gpupool.agent.access import Access
 from gpupool.agent.jobs import Job, JobSpec, State
 from gpupool.agent.logs import Failures
@@ -61,6 +61,7 @@ class ServiceLoop:
     _waiting: Waiting
     _access: Access
     _parking: Parking
+    _swapper: service_swap.Swapper
     traffic: Traffic
     _services: dict[str, Service]
     _orphans: list[Replica]
@@ -98,6 +99,11 @@ class ServiceLoop:
                     self._pass(service)
                 except GpupoolError as err:
                     service.problem = str(err)
+        with self._lock:
+            now = time.monotonic()
+            parking = self._parking
+            service_swap.bound_host(services, parking.host_limit, parking.holds, now, self._stop)
+            self._swapper.make_room(services, now, self._stop)
         self._stop_orphans()
 
     def _pass(self, service: Service) -> None:
@@ -107,7 +113,12 @@ class ServiceLoop:
         self._check_health(service, now)
         traffic = service.traffic
         last = max(traffic.last_request, service.since)
-        decision = service.scaler.decide(service.spec, traffic.load(), traffic.queued, last, now)
+        if service.swapped_out():
+            decision = service.scaler.swapped_out(now, "swapped out for another service's request")
+        else:
+            decision = service.scaler.decide(
+                service.spec, traffic.load(), traffic.queued, last, now
+            )
         if decision.replicas != service.desired:
             service.event(f"desired {service.desired} -> {decision.replicas}: {decision.why}")
         service.desired, service.why = decision.replicas, decision.why
@@ -185,6 +196,7 @@ class ServiceLoop:
                 if replica.endpoint is not None:
                     replica.endpoint.healthy_at = now  # the router takes it back if broken
                 if replica.state == "starting":
+                    self._parking.ready(service, replica, now)
                     replica.state = "ready"
                     replica.endpoint = Endpoint(
                         replica.job_id, replica.index, replica.port, replica.generation

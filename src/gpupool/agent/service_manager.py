@@ -23,6 +23,7 @@ from gpupool.agent.service_loop import Cancel, ServiceLoop, Submit, Waiting
 from gpupool.agent.service_parking import Parking
 from gpupool.agent.service_replicas import Replica, Service
 from gpupool.agent.service_store import ServiceStore, StoredService
+from gpupool.agent.service_swap import Swapper
 from gpupool.agent.service_traffic import Traffic
 from gpupool.agent.services import RESERVED_NAMES, ServiceSpec
 from gpupool.agent.store import Store
@@ -54,6 +55,7 @@ class ServiceManager(ServiceLoop):
         self._waiting = waiting
         self._access = access
         self._parking = parking
+        self._swapper = Swapper()
         self.traffic = Traffic()
         self._services: dict[str, Service] = {}
         #: replicas of deleted services, drained and stopped by the loop
@@ -87,7 +89,7 @@ class ServiceManager(ServiceLoop):
                 owner.replicas[row.job_id] = replica
                 owner.event(f"replica {row.index} (job {row.job_id}) adopted by a restarted daemon")
                 if replica.state == "suspended":  # it stays parked until a request comes
-                    owner.since = now - owner.spec.idle_s
+                    owner.since = now - owner.spec.resident_s
         self._adopted = [r for s in self._services.values() for r in s.replicas.values()]
         self._settle_by = now + SETTLE_S
         self._thread = threading.Thread(target=self._loop, name="gpupool-services", daemon=True)

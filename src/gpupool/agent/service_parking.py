@@ -4,10 +4,11 @@ cancelled, and the next request resumes it (a copy back rather than a cold start
 A replica parks in steps, one per pass of the service loop: `parking` (the router sends it no new
 request; those in flight are answered), `suspending` (asked), `suspended` (elastic memory has
 moved its GPU memory to the host: the GPU is free for others), then, woken by a request,
-`resuming` (it waits for its GPUs to have room for its share again), and `starting` once its
-memory is back (health-checked like a new replica, ready when it answers). When it cannot come
-back (elastic memory refuses, its GPUs have no room, its job ended), it is stopped and a new
-replica starts, as without parking.
+`resuming` (it waits for its GPUs to have room for its share again: service_swap.py parks other
+services' idle replicas for it), and `starting` once its memory is back (health-checked like a
+new replica, ready when it answers). When it cannot come back (elastic memory refuses, its GPUs
+have no room and no swap can make it, its job ended), it is stopped and a new replica starts, as
+without parking.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from gpupool.core.errors import GpupoolError
 #: seconds a parking replica's requests in flight have been waited for, at least (the router
 #: may have picked it just before: that request counts in flight within a moment)
 MIN_PARK_DRAIN_S = 0.5
+#: the same for a replica swapped out for another service's request: idle for 0.5 s already,
+#: two of the router's reports of what it has in flight (every 0.1 s) are waited for
+SWAP_DRAIN_S = 0.2
 #: seconds between the service loop's passes while a replica resumes (a request waits for it)
 RESUMING_TICK_S = 0.02
 #: how `_stop` is called: service, replica, why, now
@@ -31,12 +35,16 @@ Stop = Callable[[Service, Replica, str, float], None]
 @dataclass(frozen=True)
 class Parking:
     """What parking needs of the agent's elastic memory, for a job id: suspend it, resume it,
-    and its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
-    room, "" if it does not)."""
+    its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
+    room, "" if it does not), and the bytes it holds; and the bound on parked bytes."""
 
     suspend: Callable[[int], object]
     resume: Callable[[int], object]
     state: Callable[[int], tuple[str, str]]
+    #: the bytes a job's memory takes, on its GPUs or in host memory
+    holds: Callable[[int], int] = lambda _job_id: 0
+    #: the host bytes parked replicas may hold together (service_swap.bound_host)
+    host_limit: int = 1 << 62
 
     def adopted(self, job_id: int) -> str | None:
         """The state of a replica adopted by a restarted daemon, if it was parked."""
@@ -48,8 +56,11 @@ class Parking:
         replica.state, replica.drain_since = "parking", now
         if replica.endpoint is not None:
             replica.endpoint.draining = True
+        why = "scaled to zero"
+        if service.swapped_out():  # for another service's request (service_swap.py)
+            replica.swapping_out, why = True, "swapped out"
         service.event(
-            f"replica {replica.index} (job {replica.job_id}) parking: scaled to zero, "
+            f"replica {replica.index} (job {replica.job_id}) parking: {why}, "
             "it is suspended to host memory once its requests are answered"
         )
 
@@ -57,6 +68,7 @@ class Parking:
         """A request wants the parked `replica`: whether it comes back (else it is stopped and
         the caller starts a new replica)."""
         label = f"replica {replica.index} (job {replica.job_id})"
+        replica.swapping_out = False
         if replica.state == "parking":  # still answering: it serves again at once
             replica.state = "ready"
             if replica.endpoint is not None:
@@ -68,7 +80,7 @@ class Parking:
         except GpupoolError as err:
             stop(service, replica, f"could not be resumed ({err}): a new replica instead", now)
             return False
-        replica.state, replica.started = "resuming", now
+        replica.state, replica.started, replica.woken_at = "resuming", now, now
         service.event(f"{label} resuming from host memory for a request")
         return True
 
@@ -94,7 +106,9 @@ class Parking:
     def _suspend_drained(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
         busy = replica.endpoint is not None and replica.endpoint.in_flight > 0
         waited = now - replica.drain_since
-        if waited < MIN_PARK_DRAIN_S or (busy and waited < DEFAULT_DRAIN_S):
+        # swapped out, it had no request for service_swap.MIN_IDLE_S: a shorter wait will do
+        least = SWAP_DRAIN_S if service.swapped_out() else MIN_PARK_DRAIN_S
+        if waited < least or (busy and waited < DEFAULT_DRAIN_S):
             return
         try:
             self.suspend(replica.job_id)
@@ -102,15 +116,31 @@ class Parking:
             stop(service, replica, f"scaled to zero (not suspended: {err})", now)
             return
         replica.state, replica.endpoint = "suspending", None
+        if replica.swapping_out:  # counted once its memory moves (not if it was kept)
+            service.swaps_out += 1
 
     def _follow(self, service: Service, replica: Replica, now: float, stop: Stop) -> None:
         state, waits = self.state(replica.job_id)
         label = f"replica {replica.index} (job {replica.job_id})"
         if not state:  # its memory is back (or its owner resumed it): health-checked, then ready
             replica.state, replica.started, replica.resumed = "starting", now, True
+            replica.waits = ""
             service.event(f"{label} resumed: its memory is back, checking its health")
         elif replica.state == "suspending" and state == "suspended":
             replica.state = "suspended"
             service.event(f"{label} suspended to host memory: the next request resumes it")
-        elif replica.state == "resuming" and waits:
-            stop(service, replica, f"could not resume ({waits}): a new replica instead", now)
+        elif replica.state == "resuming":
+            # no room yet: the swap parks other services' idle replicas, or stops this one
+            replica.waits = waits
+
+    def ready(self, service: Service, replica: Replica, now: float) -> None:
+        """A replica passed its first health check: if it came back from host memory for a
+        request, that was a swap in, and how long it took is counted."""
+        if not (replica.resumed and replica.woken_at):
+            return
+        took = now - replica.woken_at
+        service.swaps_in += 1
+        service.swap_in_s.observe(took)
+        service.last_swap_in_s = round(took, 3)
+        replica.woken_at = 0.0
+        service.event(f"replica {replica.index} (job {replica.job_id}) swapped in in {took:.2f}s")

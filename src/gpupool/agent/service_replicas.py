@@ -12,6 +12,7 @@ from typing import Any
 from gpupool.agent.autoscale import Autoscaler
 from gpupool.agent.jobs import Job
 from gpupool.agent.logs import about_service
+from gpupool.agent.observe import Histogram
 from gpupool.agent.service_store import StoredService
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic
 from gpupool.agent.services import ServiceSpec
@@ -27,6 +28,8 @@ MAX_BACKOFF_S = 30.0
 #: the states of a replica parked by a service scaled to zero (service_parking.py): not serving,
 #: and not counted against the replicas the service wants
 PARKED = ("parking", "suspending", "suspended")
+#: seconds a swap-in takes: a small model's copy back (tens of ms) to a large one's (a minute)
+SWAP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 def backoff(failures: int) -> float:
@@ -62,6 +65,12 @@ class Replica:
     resumed: bool = False
     #: its health check under way: None when it passed, else why not
     check: Future[str | None] | None = None
+    #: why its resume waits for room ("" if it does not): a swap may free it (service_swap.py)
+    waits: str = ""
+    #: time.monotonic() when a request woke it from host memory (its swap-in time's start)
+    woken_at: float = 0.0
+    #: parked for another service's request: a swap out once its memory is out
+    swapping_out: bool = False
 
     def __post_init__(self) -> None:
         self.created = self.created or self.started
@@ -105,6 +114,15 @@ class Service:
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     #: the job of the last replica that ended, by replica index (its logs stay readable)
     ended: dict[int, int] = field(default_factory=dict)
+    #: time.monotonic() when it was swapped out for another service's request: it stays at
+    #: zero until a request of its own comes after it (service_swap.py)
+    swapped_out_at: float = 0.0
+    #: parked for another service's request, and resumed from host memory for its own
+    swaps_out: int = 0
+    swaps_in: int = 0
+    #: seconds from a request's wake to the resumed replica's first passing health check
+    swap_in_s: Histogram = field(default_factory=lambda: Histogram(SWAP_BUCKETS))
+    last_swap_in_s: float | None = None
 
     @property
     def spec(self) -> ServiceSpec:
@@ -117,6 +135,14 @@ class Service:
     def event(self, text: str) -> None:
         self.events.append((time.time(), text))
         about_service(self.name, self.stored.uid).info("%s", text)
+
+    def swapped_out(self) -> bool:
+        """Parked for another service and not asked for since."""
+        return self.swapped_out_at > self.traffic.last_request
+
+    def resident(self) -> bool:
+        """Whether a replica holds GPU memory (anything but parked, or nothing at all)."""
+        return any(r.state not in ("suspended", "resuming") for r in self.replicas.values())
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.stopping is None and r.state not in PARKED]
@@ -162,6 +188,14 @@ class Service:
             "gpus": sorted({g for r in self.replicas.values() for g in r.gpus}),
             "problem": self.problem,
             "created_at": self.stored.created_at,
+            "keep_alive_s": spec.keep_alive_s,
+            "resident": self.resident(),
+            "swaps": {
+                "out": self.swaps_out,
+                "in": self.swaps_in,
+                "in_seconds_sum": round(self.swap_in_s.raw()[1], 6),
+                "last_in_s": self.last_swap_in_s,
+            },
         }
 
     def describe(self, may_see: Callable[[int], bool]) -> dict[str, Any]:

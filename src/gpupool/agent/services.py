@@ -38,6 +38,8 @@ DEFAULT_DRAIN_S = 30.0
 #: its GPU, in microseconds: a request that arrives while another online service's runs waits
 #: for at most this and the kernel in flight, not for the batch jobs' 20 ms window
 LATENCY_SLICE_US = 2000
+#: `--keep-alive -1`: resident for good, never parked, never swapped out for another service
+KEEP_RESIDENT = -1.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,25 @@ class ServiceSpec:
     workdir: str = "/"
     #: the model names it answers for at the router's OpenAI API; none given: its own name
     models: tuple[str, ...] = ()
+    #: seconds an idle replica stays resident after its last request (Ollama's keep_alive):
+    #: None as `idle_s`; 0 parks it at once; KEEP_RESIDENT never (nor swaps it out)
+    keep_alive_s: float | None = None
+
+    @property
+    def resident_s(self) -> float:
+        """Seconds without a request after which a service with MIN 0 goes to zero (inf:
+        never)."""
+        if self.keep_alive_s is None:
+            return self.idle_s
+        return float("inf") if self.keep_alive_s == KEEP_RESIDENT else self.keep_alive_s
+
+    @property
+    def swappable(self) -> bool:
+        """Whether its idle replicas may be parked for another service's (MIN 0, mode shim, not
+        kept resident)."""
+        return (
+            self.min_replicas == 0 and self.mode is Mode.SHIM and self.keep_alive_s != KEEP_RESIDENT
+        )
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -97,6 +118,9 @@ class ServiceSpec:
         for what, seconds in (("--idle", self.idle_s), ("--window", self.window_s)):
             if not 0 <= seconds <= 30 * 86400:  # NaN too
                 raise InvalidRequest(f"invalid {what}: 0s to 30d")
+        keep = self.keep_alive_s
+        if keep is not None and keep != KEEP_RESIDENT and not 0 <= keep <= 30 * 86400:
+            raise InvalidRequest("invalid --keep-alive: 0s to 30d, or -1 (resident for good)")
         if not 1 <= self.ready_timeout_s <= 86400:
             raise InvalidRequest("invalid --ready-timeout: 1s to 1d")
         if not HEALTH_PATH.fullmatch(self.health):
@@ -149,6 +173,7 @@ class ServiceSpec:
             "env": dict(self.env),
             "workdir": self.workdir,
             "models": list(self.models),
+            "keep_alive_s": self.keep_alive_s,
         }
 
     @classmethod
@@ -170,7 +195,12 @@ class ServiceSpec:
             env=dict(data["env"]),
             workdir=data["workdir"],
             models=tuple(data.get("models", ())),  # none in a spec stored before models
+            keep_alive_s=_optional_float(data.get("keep_alive_s")),
         )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _check_models(models: tuple[str, ...]) -> None:

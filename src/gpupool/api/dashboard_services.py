@@ -1,4 +1,4 @@
-"""The web dashboard's Services panel: each service's replicas, traffic and problem."""
+"""The web dashboard's Services panel: each service's replicas, traffic, swaps and problem."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ def services_data(view: NodeView) -> list[dict[str, Any]]:
 def _mode(service: dict[str, Any]) -> str:
     """The sharing mode where it is not the default, as `service ls` shows it."""
     return "" if service["mode"] == "shim" else f" {escape(service['mode'])}"
+
+
+def _swaps(service: dict[str, Any]) -> str:
+    """`2 / 1 (0.41 s)`: parked for other services, back for its own requests, the last swap
+    in's time; whether it is resident now (`parked` when its replica is in host memory)."""
+    counts = service.get("swaps") or {}
+    last = counts.get("last_in_s")
+    text = f"{counts.get('out', 0)} / {counts.get('in', 0)}"
+    text += f" ({last:.2f} s)" if last is not None else ""
+    return text + ("" if service.get("resident", True) else " parked")
 
 
 def services_html(data: dict[str, Any]) -> str:
@@ -36,7 +46,7 @@ def services_html(data: dict[str, Any]) -> str:
             f"<td>{service['requests_total']}</td><td>{service['errors_total']}</td>"
             f"<td>{escape(service['memory'] or '')} {service['compute']}% "
             f"{escape(service['priority'])}{_mode(service)}</td><td>{gpus}</td>"
-            f"<td>{escape(service['problem'] or '')}</td></tr>"
+            f"<td>{_swaps(service)}</td><td>{escape(service['problem'] or '')}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -51,6 +61,7 @@ def services_html(data: dict[str, Any]) -> str:
             "5xx",
             "share per replica",
             "GPUs",
+            "swaps out / in (last in)",
             "problem",
         )
     )

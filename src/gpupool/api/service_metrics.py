@@ -1,4 +1,5 @@
-"""Per-service metrics on /metrics: requests by status, latency, in flight, waiting, replicas.
+"""Per-service metrics on /metrics: requests by status, latency, in flight, waiting, replicas,
+swaps and swap-in times.
 
 Read from the service manager's traffic table at each scrape, like the rest of /metrics
 (api/metrics.py): a deleted service is simply absent from the next scrape. The latency histogram
@@ -85,8 +86,23 @@ def families(services: ServiceManager | None) -> list[Family | Histogram]:
         "Time from a request's arrival at the router to the end of its answer",
         HistogramReading((), 0.0, 0),
     )
+    swaps = Family(
+        "gpupool_service_swaps",
+        "Swaps by service and direction: out, its idle replica parked in host memory for another "
+        "service's request; in, brought back for a request of its own",
+        "counter",
+        ("service", "direction"),
+    )
+    swap_in = ServiceHistogram(
+        "gpupool_service_swap_in_seconds",
+        "Time from a request's wake of a parked replica to its first passing health check",
+        HistogramReading((), 0.0, 0),
+    )
     for service in services.services():
         name = service.name
+        swaps.add((name, "out"), service.swaps_out)
+        swaps.add((name, "in"), service.swaps_in)
+        swap_in.readings.append((name, service.swap_in_s.read()))
         traffic = service.traffic
         for code, count in sorted(traffic.statuses.items()):
             requests.add((name, str(code)), count)
@@ -102,4 +118,4 @@ def families(services: ServiceManager | None) -> list[Family | Histogram]:
             replicas.add((name, state), count)
         replicas.add((name, "desired"), service.desired)
         latency.readings.append((name, traffic.latency.read()))
-    return [requests, in_flight, queued, replicas, latency]
+    return [requests, in_flight, queued, replicas, latency, swaps, swap_in]

@@ -44,6 +44,7 @@ class ServiceBody(BaseModel):
     env: dict[str, str] = {}
     workdir: str = "/"
     models: list[str] = Field([], max_length=64)
+    keep_alive_s: float | None = Field(None, allow_inf_nan=False)
 
 
 class UpdateBody(BaseModel):
@@ -64,6 +65,7 @@ class UpdateBody(BaseModel):
     env: dict[str, str] | None = None
     workdir: str | None = None
     models: list[str] | None = Field(None, max_length=64)
+    keep_alive_s: float | None = Field(None, allow_inf_nan=False)
 
 
 class ScaleBody(BaseModel):
@@ -109,6 +111,7 @@ def spec_of(body: ServiceBody) -> ServiceSpec:
         env=dict(body.env),
         workdir=body.workdir,
         models=tuple(body.models),
+        keep_alive_s=body.keep_alive_s,
     )
 
 

@@ -184,6 +184,14 @@ def register(app: typer.Typer) -> None:
             help="Memory set aside per job and GPU for its CUDA context, beyond its share "
             "(default 512Mi on real GPUs, 0 on a simulated node).",
         ),
+        parked_memory: str | None = typer.Option(
+            None,
+            "--parked-memory",
+            metavar="SIZE",
+            help="Host memory services' parked replicas may hold together; past it the least "
+            "recently used is stopped, to start cold at its next request (default: half the "
+            "host's memory).",
+        ),
         watchdog: str | None = typer.Option(
             None,
             "--watchdog",
@@ -275,6 +283,7 @@ def register(app: typer.Typer) -> None:
         check_policy(policy)
         reserve = _size(context_reserve, "--context-reserve")
         log_cap = _size(max_log_size, "--max-log-size")
+        parked = _size(parked_memory, "--parked-memory")
         keep_s = _duration(keep_finished, "--keep-finished")
         action = Action.parse(
             watchdog or settings.WATCHDOG.read(os.environ) or AgentConfig.watchdog
@@ -300,6 +309,7 @@ def register(app: typer.Typer) -> None:
             keep_finished_s=settings.DAEMON.keep_finished_s if keep_s is None else keep_s,
             access=access,
             preempt=preempt,
+            parked_memory=parked,
         )
         lock = statedir.hold(root)
         statedir.share(root, socket_gid)

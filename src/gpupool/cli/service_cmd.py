@@ -38,6 +38,16 @@ def _seconds(text: str | None, option: str) -> float | None:
         raise InvalidRequest(f"{option}: {err}") from None
 
 
+def _keep_alive(text: str) -> float:
+    """`--keep-alive`: a duration, `0` (park at once) or `-1` (resident for good)."""
+    if text.strip() in ("0", "-1"):
+        return float(text)
+    try:
+        return parse_duration(text)
+    except InvalidRequest as err:
+        raise InvalidRequest(f"--keep-alive: {err}; or 0 (parked at once), -1 (for good)") from None
+
+
 def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     """The options create and update share, those given, into `body`."""
     plain.share_into(args, body)
@@ -50,6 +60,8 @@ def _share(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
         seconds = _seconds(getattr(args, key), option)
         if seconds is not None:
             body[f"{key}_s"] = seconds
+    if args.keep_alive is not None:
+        body["keep_alive_s"] = _keep_alive(args.keep_alive)
     ready = _seconds(args.ready_timeout, "--ready-timeout")
     if ready is not None:
         body["ready_timeout_s"] = ready
@@ -181,6 +193,13 @@ def _share_options(parser: argparse.ArgumentParser) -> None:
         "--idle",
         metavar="DURATION",
         help="With MIN 0: no request for this long and it goes to zero replicas (default 5m).",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        metavar="DURATION",
+        help="With MIN 0: how long an idle replica stays on its GPU after its last request "
+        "when no other service needs the memory (then it is parked in host memory); 0: parked "
+        "at once; -1: resident for good, never parked nor swapped out (default: --idle).",
     )
     parser.add_argument(
         "--window",

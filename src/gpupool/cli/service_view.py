@@ -9,7 +9,7 @@ from gpupool.cli import texttable
 from gpupool.cli.lines import say
 
 HEADER = ["NAME", "USER", "READY", "DESIRED", "MIN..MAX", "IN-FLIGHT", "QUEUED", "REQUESTS"]
-HEADER += ["5XX", "SHARE", "GPUS", "MODELS", "PROBLEM"]
+HEADER += ["5XX", "SHARE", "GPUS", "MODELS", "SWAPS", "PROBLEM"]
 
 
 def _share(service: dict[str, Any]) -> str:
@@ -35,6 +35,17 @@ def _models(service: dict[str, Any]) -> str:
     return ",".join(service.get("models") or [service["name"]])
 
 
+def swaps(service: dict[str, Any]) -> str:
+    """`-`, or `2 out, 1 in, last 0.41s`: parked for other services, back for its own requests,
+    and how long the last swap in took (a daemon from before swaps sends none: `-`)."""
+    counts = service.get("swaps") or {}
+    out, back = counts.get("out", 0), counts.get("in", 0)
+    if not out and not back:
+        return "-"
+    last = counts.get("last_in_s")
+    return f"{out} out, {back} in" + (f", last {last:.2f}s" if last is not None else "")
+
+
 def rows(services: list[dict[str, Any]]) -> list[list[str]]:
     table = []
     for service in services:
@@ -53,6 +64,7 @@ def rows(services: list[dict[str, Any]]) -> list[list[str]]:
                 _share_and_mode(service),
                 ",".join(str(g) for g in service["gpus"]) or "-",
                 _models(service)[:60],
+                swaps(service),
                 (service["problem"] or "")[:60],
             ]
         )
@@ -80,6 +92,9 @@ def print_service(service: dict[str, Any]) -> None:
         + (f" ({service['why']})" if service["why"] else "")
         + (f"; {suspended} suspended in host memory" if suspended else "")
     )
+    keep = spec.get("keep_alive_s")
+    resident = "for good" if keep == -1 else (f"{keep:g}s" if keep is not None else "--idle")
+    say(f"  swaps:       {swaps(service)} (keep alive {resident})")
     say(
         f"  share:       {_share(service)} per replica, mode {service['mode']}, concurrency "
         f"{service['concurrency']}, idle {spec['idle_s']:g}s, window {spec['window_s']:g}s"

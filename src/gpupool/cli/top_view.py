@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from gpupool.cli import service_view
 from gpupool.core.units import format_bytes
 
 COLOURS = ("blue", "dark_orange", "green", "magenta", "yellow", "cyan", "red", "bright_black")
@@ -72,6 +73,8 @@ def _service_line(service: dict[str, Any]) -> Text:
     line.append(f"waiting {service['requests_total']:>7} req")
     if service["errors_total"]:
         line.append(f" {service['errors_total']} 5xx", style="red")
+    if service.get("swaps", {}).get("out") or service.get("swaps", {}).get("in"):
+        line.append(f"  swaps {service_view.swaps(service)}")
     if service["problem"]:
         line.append("  !", style="bold red")
     return line

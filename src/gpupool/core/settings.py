@@ -201,6 +201,9 @@ class DaemonDefaults:
     max_log_size: int = 1 << 30
     #: seconds after which a finished job, its events and its directory are deleted
     keep_finished_s: float = 14 * 86400
+    #: the share of the host's memory that services' parked replicas may hold together
+    #: (`serve --parked-memory` sets bytes); past it the least recently used is stopped
+    parked_memory_fraction: float = 0.5
 
 
 DAEMON = DaemonDefaults()
