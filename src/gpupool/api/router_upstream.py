@@ -11,6 +11,7 @@ request, maybe another client's, never reads what was meant for this one.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from dataclasses import dataclass
 
@@ -36,7 +37,10 @@ class UpstreamFailed(Exception):
 
 
 class UpstreamRefused(UpstreamFailed):
-    """The replica could not be reached (or was not its owner's): the request never left."""
+    """The request never reached the replica: the connection was refused (or its listener was
+    not the owner's), or the replica closed it with the request unread (a kept-alive connection
+    it closed as idle just as the request was sent, a connection still in its listen queue when
+    it stopped). Sent again to a ready replica, never answered 502."""
 
 
 @dataclass
@@ -72,14 +76,15 @@ class Upstreams:
             for _, writer in self._pools.pop(port):
                 writer.close()
 
-    async def connect(self, endpoint: Endpoint, owner: int) -> Connection:
+    async def connect(self, endpoint: Endpoint, owner: int) -> tuple[Connection, bool]:
         """A kept-alive connection to `endpoint` (one the replica closed, or sent something
-        unasked on, is dropped), or a new one whose other end `owner` holds."""
+        unasked on, is dropped), or a new one whose other end `owner` holds; and whether it
+        was kept-alive."""
         pool = self._pools.setdefault(endpoint.port, [])
         while pool:
             reader, writer = pool.pop()
             if not reader.at_eof() and not writer.is_closing() and not _unread(reader):
-                return reader, writer
+                return (reader, writer), True
             writer.close()
         try:
             reader, writer = await asyncio.open_connection(
@@ -93,7 +98,7 @@ class Upstreams:
             writer.close()
             endpoint.refused()
             raise UpstreamRefused(f"port {endpoint.port}: {why}")
-        return reader, writer
+        return (reader, writer), False
 
     async def forward(
         self, request: Request, endpoint: Endpoint, owner: int, client: Connection, keep: bool
@@ -102,8 +107,17 @@ class Upstreams:
         connection may stay open). UpstreamFailed when the replica fails before its answer
         began; BadMessage (408) when the client's streamed body does not come in time."""
         writer = client[1]
-        up_reader, up_writer = await self.connect(endpoint, owner)
-        answer = await _exchange(request, endpoint, (up_reader, up_writer), client)
+        (up_reader, up_writer), reused = await self.connect(endpoint, owner)
+        try:
+            answer = await _exchange(request, endpoint, (up_reader, up_writer), client)
+        except UpstreamFailed as err:
+            unread = not request.body.left and _unread_by_replica(up_reader, up_writer, err, reused)
+            up_writer.close()
+            if not unread:
+                raise
+            if not reused:  # a replica stopping: the others take its requests
+                endpoint.refused()
+            raise UpstreamRefused(f"replica on port {endpoint.port} took nothing: {err}") from err
         status = int(answer.second) if answer.second.isdigit() else 502
         try:
             length = 0 if request.head.first == b"HEAD" or status in (204, 304) else None
@@ -152,14 +166,33 @@ async def _exchange(
             writer.write(answer.encode())  # 102, 103 and the like
             answer = await read_head(up_reader)
     except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
-        up_writer.close()
         if isinstance(err, BadMessage) and err.status == 408:
             raise
         raise UpstreamFailed(f"replica on port {endpoint.port} failed: {err}") from err
     if answer is None:
-        up_writer.close()
         raise UpstreamFailed(f"replica on port {endpoint.port} closed the connection")
     return answer
+
+
+def _unread_by_replica(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, err: UpstreamFailed, reused: bool
+) -> bool:
+    """Whether the replica closed the connection without reading the request: no byte of an
+    answer came, and the connection was reset (a kernel resets a connection closed with data
+    unread, or still in a listen queue when its listener closed) rather than ended after the
+    request was read, which is how a replica that took the request and died ends it."""
+    if _unread(reader):
+        return False
+    cause = err.__cause__
+    if isinstance(cause, (ConnectionResetError, BrokenPipeError)):
+        return True
+    if cause is not None or not reused:
+        return False
+    # a kept-alive connection's end came with no answer: the replica closed it as idle (its
+    # end crossed the request) if the request was then reset, not read
+    sock = writer.get_extra_info("socket")
+    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock is not None else 0
+    return code in (errno.ECONNRESET, errno.EPIPE)
 
 
 async def _not_owners(sock: socket.socket, owner: int) -> str | None:
