@@ -20,6 +20,8 @@ from tests.agent.services_support import Load, Routed, routed_on
 routed = routed_on()
 REPLICA = str(Path(__file__).with_name("matrix_replica.py"))
 SERVERS = ["stdlib", "uvicorn", "aiohttp", "gunicorn"]
+#: how httpx tells a connection cut inside an answer
+CUT = {"RemoteProtocolError", "ReadError"}
 #: requests each replica takes at once: the load below is twice what one replica takes
 CONCURRENCY = 2
 
@@ -85,8 +87,9 @@ def test_a_killed_replica_fails_only_what_it_had_taken_and_says_so(
         assert until(lambda: routed.service("k")["restarts"] >= 1, timeout=30)
         routed.ready("k", 2)
         time.sleep(1.0)
-    failed = load.statuses[502]
-    assert set(load.statuses) <= {200, 502}, load.statuses
+    # a 502, or a cut connection where the replica's answer had begun: both counted as 502
+    failed = sum(n for status, n in load.statuses.items() if status != 200)
+    assert set(load.statuses) <= {200, 502, *CUT}, load.statuses
     assert failed <= CONCURRENCY, load.statuses  # only what the killed replica had taken
     total = sum(load.statuses.values()) + 1
     expected = {"200": total - failed} | ({"502": failed} if failed else {})

@@ -57,6 +57,8 @@ from gpupool.api.router_upstream import (
 QUEUE_LIMIT = 256
 #: seconds a request waits for a replica (a cold start included) before 503
 WAIT_S = 60.0
+#: seconds between tries of a request that reached no replica, times the tries so far
+UNREACHED_PAUSE_S = 0.01
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
 #: seconds a refused request's connection is read (and what comes dropped) before it closes
@@ -298,7 +300,10 @@ class Router:
         writer = client[1]
         service.last_request = time.monotonic()
         deadline = service.last_request + WAIT_S
+        unreached = 0
         while True:
+            if unreached > 1:  # a replica that resets every connection is not tried in a spin
+                await asyncio.sleep(min(UNREACHED_PAUSE_S * unreached, 0.5))
             found = await self._endpoint(service)
             if isinstance(found, str):
                 if found == "gone":
@@ -310,8 +315,9 @@ class Router:
             try:
                 return await self._send(service, found, request, began, client, keep, shape)
             except UpstreamRefused as err:
+                unreached += 1
                 # it never reached that replica: another one takes it, or it waits for one (a
-                # replica that took nothing was marked broken, or its stale connection dropped)
+                # refused replica is marked broken; a stale or reset connection was dropped)
                 if time.monotonic() >= deadline:
                     service.statuses[503] += 1
                     writer.write(shape(503, str(err), close=True, extra=_RETRY))
