@@ -40,7 +40,6 @@ from gpupool.api.router_http import (
     REASONS,
     BadMessage,
     Head,
-    check_request_line,
     json_answer,
     read_head,
 )
@@ -212,7 +211,6 @@ class Router:
                 head = await read_head(reader)
             if head is None:
                 return
-            check_request_line(head)
             length = request_length(head)
             if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
                 writer.write(_CONTINUE)

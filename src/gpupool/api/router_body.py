@@ -120,7 +120,7 @@ async def _trailers(reader: asyncio.StreamReader) -> None:
         lines += line
         if len(lines) > MAX_HEAD:
             raise BadMessage("the trailers are too large")
-    parse_head(b"trailers x y\r\n" + lines + b"\r\n")
+    parse_head(b"POST / HTTP/1.1\r\n" + lines + b"\r\n")
 
 
 async def relay_exactly(
