@@ -1,5 +1,6 @@
 """A replica on a server no one here wrote, as people run them: argv[1] names it (stdlib:
-http.server's ThreadingHTTPServer speaking HTTP/1.0, a connection per request; uvicorn: an ASGI
+http.server's ThreadingHTTPServer speaking HTTP/1.0, a connection per request; stdlib-single:
+its HTTPServer, one request at a time; uvicorn: an ASGI
 app, HTTP/1.1 keep-alive; aiohttp: its web server, keep-alive; gunicorn: sync workers, which
 close every connection). GET /health answers 200; GET /infer?delay=S answers, after S seconds,
 `{"port", "pid"}`
@@ -11,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -112,6 +113,8 @@ def main() -> None:
     kind = sys.argv[1]
     if kind == "stdlib":
         ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+    elif kind == "stdlib-single":  # one request at a time: the next wait in its listen queue
+        HTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
     elif kind == "uvicorn":
         import uvicorn
 

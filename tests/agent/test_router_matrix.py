@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,3 +114,33 @@ def test_a_kept_alive_connection_the_replica_closes_as_idle_loses_no_request(
     total = sum(load.statuses.values())
     counted = until(lambda: routed.service("idle")["statuses"] == {"200": total}, timeout=10)
     assert counted, routed.service("idle")["statuses"]
+
+
+def test_a_request_a_killed_replica_never_took_goes_to_its_replacement(routed: Routed) -> None:
+    # http.server's HTTPServer takes one request at a time: the router's second request waits
+    # in its listen queue, unread, when the replica is killed in the middle of the first
+    argv = [sys.executable, REPLICA, "stdlib-single"]
+    routed.create("one", argv=argv, health="/health", concurrency=2)
+    routed.ready("one")
+    pid = httpx.get(f"{routed.base}/one/infer", timeout=30).json()["pid"]
+    answers: dict[str, int] = {}
+
+    def ask(name: str, delay: float) -> None:
+        url = f"{routed.base}/one/infer?delay={delay}"
+        answers[name] = httpx.get(url, timeout=60).status_code
+
+    taken = threading.Thread(target=ask, args=("taken", 3.0))
+    taken.start()
+    assert until(lambda: routed.service("one")["in_flight"] == 1, timeout=10)
+    queued = threading.Thread(target=ask, args=("queued", 0.0))
+    queued.start()
+    assert until(lambda: routed.service("one")["in_flight"] == 2, timeout=10)
+    time.sleep(0.3)  # the second request is in the replica's listen queue
+    os.kill(pid, signal.SIGKILL)
+    taken.join(60)
+    queued.join(60)
+    # the first was taken and failed (502, counted); the second never reached the replica: it
+    # waited for the replacement and was answered
+    assert answers == {"taken": 502, "queued": 200}
+    counted = until(lambda: routed.service("one")["statuses"] == {"200": 2, "502": 1})
+    assert counted, routed.service("one")["statuses"]
