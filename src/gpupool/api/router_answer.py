@@ -58,8 +58,8 @@ class Answer:
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        version = b"HTTP/" + self._parser.get_http_version().encode()
-        head = Head(version, str(status).encode(), self._reason, self._headers)
+        # passed on in the router's own version, whatever the replica's (RFC 9110 6.2)
+        head = Head(b"HTTP/1.1", str(status).encode(), self._reason, self._headers)
         if 100 <= status < 200:
             self._informational.append(head)
         elif self._final is None:

@@ -120,11 +120,10 @@ class Upstreams:
             if not unread:
                 raise
             raise UpstreamRefused(f"replica on port {endpoint.port} took nothing: {err}") from err
-        # the router speaks HTTP/1.1 to its clients, whatever the replica speaks (RFC 9110
-        # 6.2); an answer that ends with its connection ends the client's too
+        # an answer that ends with its connection ends the client's too
         client_keep = keep and answer.framed
         extra = [] if client_keep else [(b"Connection", b"close")]
-        writer.write(Head(b"HTTP/1.1", head.second, head.third, head.headers).encode(extra))
+        writer.write(head.encode(extra))
         try:
             await answer.relay(writer)
         except (OSError, asyncio.IncompleteReadError, BadMessage):
