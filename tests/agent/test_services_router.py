@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -31,6 +33,23 @@ def test_a_token_stream_is_passed_through_chunk_by_chunk(routed: Routed) -> None
     last_token = next(at for at, piece in reads if b"token 4" in piece)
     assert last_token - first_token > 0.75, reads
     assert len(reads) >= 5
+
+
+def test_a_client_gone_mid_stream_frees_the_replica_slot_at_once(routed: Routed) -> None:
+    routed.create("gen", "--token-s", "0.2", concurrency=1)
+    routed.ready("gen")
+    sock = socket.create_connection(("127.0.0.1", routed.port), timeout=30)
+    sock.sendall(b"GET /gen/stream?tokens=100 HTTP/1.1\r\nHost: x\r\n\r\n")  # 20 s of tokens
+    seen = b""
+    while b"token 1" not in seen:
+        seen += sock.recv(65536)
+    sock.close()  # gone mid-stream
+    began = time.monotonic()
+    # the router cuts the replica's request at its next token (the replica stops writing) and
+    # gives its one slot to the next request, long before the stream would have ended
+    assert until(lambda: routed.service("gen")["in_flight"] == 0, timeout=10)
+    assert httpx.get(f"{routed.base}/gen/ping", timeout=30).status_code == 200
+    assert time.monotonic() - began < 10
 
 
 def test_a_crashed_replica_fails_its_requests_with_502_and_is_restarted(routed: Routed) -> None:

@@ -7,9 +7,11 @@ request goes, its `/NAME` prefix stripped, to the replica of NAME with the fewes
 flight that is below the service's concurrency; the answer is copied back as it arrives (a
 token stream's first byte is never held). With no such replica the request waits in a bounded
 queue while the autoscaler adds one (a wake from zero too); past the queue's bound, or after
-WAIT_S, it gets 503 with Retry-After. A replica that fails mid-request gets its request a 502
-(or, once the answer has begun, a cut connection), counted like every other answer. Connections
-to replicas are kept alive and reused (router_upstream.py).
+WAIT_S, it gets 503 with Retry-After. A request that never reached a replica (a refused
+connection, a kept-alive connection the replica had closed, one it reset unread as it stopped)
+goes to another ready replica, or waits for one; only a replica that took a request and then
+failed gets it a 502 (or, once the answer has begun, a cut connection), counted like every other
+answer. Connections to replicas are kept alive and reused (router_upstream.py).
 
 A request takes a replica slot only once its head and body are in (router_body.py), so a client
 that trickles them holds a connection of its own, never a replica; how many connections, and for
@@ -38,7 +40,6 @@ from gpupool.api.router_http import (
     REASONS,
     BadMessage,
     Head,
-    check_request_line,
     json_answer,
     read_head,
 )
@@ -55,8 +56,8 @@ from gpupool.api.router_upstream import (
 QUEUE_LIMIT = 256
 #: seconds a request waits for a replica (a cold start included) before 503
 WAIT_S = 60.0
-#: replicas tried for a request that none could be reached for, before 502
-REFUSED_TRIES = 3
+#: seconds between tries of a request that reached no replica, times the tries so far
+UNREACHED_PAUSE_S = 0.01
 #: seconds the router waits for requests in flight when it stops
 STOP_GRACE_S = 10.0
 #: seconds a refused request's connection is read (and what comes dropped) before it closes
@@ -210,7 +211,6 @@ class Router:
                 head = await read_head(reader)
             if head is None:
                 return
-            check_request_line(head)
             length = request_length(head)
             if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
                 writer.write(_CONTINUE)
@@ -297,7 +297,11 @@ class Router:
         connection stays open."""
         writer = client[1]
         service.last_request = time.monotonic()
-        for attempt in range(1, REFUSED_TRIES + 1):
+        deadline = service.last_request + WAIT_S
+        unreached = 0
+        while True:
+            if unreached > 1:  # a replica that resets every connection is not tried in a spin
+                await asyncio.sleep(min(UNREACHED_PAUSE_S * unreached, 0.5))
             found = await self._endpoint(service)
             if isinstance(found, str):
                 if found == "gone":
@@ -309,11 +313,13 @@ class Router:
             try:
                 return await self._send(service, found, request, began, client, keep, shape)
             except UpstreamRefused as err:
-                # nothing reached that replica: the request goes to another one (or waits)
-                if attempt == REFUSED_TRIES:
-                    service.statuses[502] += 1
-                    writer.write(shape(502, str(err), close=True))
-        return False
+                unreached += 1
+                # it never reached that replica: another one takes it, or it waits for one (a
+                # refused replica is marked broken; a stale or reset connection was dropped)
+                if time.monotonic() >= deadline:
+                    service.statuses[503] += 1
+                    writer.write(shape(503, str(err), close=True, extra=_RETRY))
+                    return False
 
     async def _service(self, find: Callable[[], ServiceTraffic | None]) -> ServiceTraffic | None:
         """What `find` finds in the table; until the router has one, a request it finds

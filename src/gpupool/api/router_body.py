@@ -1,5 +1,5 @@
-"""Message bodies for the router: a request's read whole before it takes a replica, an answer's
-relayed as it comes.
+"""Request bodies for the router: read whole before the request takes a replica (an answer's
+body is router_answer.py's).
 
 A request's body is read (chunked ones decoded) into memory up to BODY_BUFFER before the router
 takes a replica slot for it, so a client that trickles its body holds a connection, never a
@@ -84,22 +84,20 @@ async def read_request_body(reader: asyncio.StreamReader, length: int | None) ->
 
 async def _dechunk(reader: asyncio.StreamReader) -> bytes:
     data = bytearray()
-    while size := (await _chunk_line(reader))[0]:
+    while size := await _chunk_size(reader):
         if len(data) + size > BODY_BUFFER:
             raise BadMessage(f"a chunked body larger than {BODY_BUFFER} bytes", 413)
         data += await reader.readexactly(size)
         await _crlf(reader)
-    await _trailers(reader, None)
+    await _trailers(reader)
     return bytes(data)
 
 
-async def _chunk_line(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """The next chunk's size, and its line as sent."""
-    line = await _line(reader)
-    found = _CHUNK_SIZE.fullmatch(line)
+async def _chunk_size(reader: asyncio.StreamReader) -> int:
+    found = _CHUNK_SIZE.fullmatch(await _line(reader))
     if found is None:
         raise BadMessage("malformed chunk size line")
-    return int(found.group(1), 16), line
+    return int(found.group(1), 16)
 
 
 async def _line(reader: asyncio.StreamReader) -> bytes:
@@ -109,78 +107,33 @@ async def _line(reader: asyncio.StreamReader) -> bytes:
         raise BadMessage("a chunk line or trailer is too large") from err
 
 
-async def _crlf(reader: asyncio.StreamReader) -> bytes:
-    end = await reader.readexactly(2)
-    if end != b"\r\n":
+async def _crlf(reader: asyncio.StreamReader) -> None:
+    if await reader.readexactly(2) != b"\r\n":
         raise BadMessage("a chunk not followed by CRLF")
-    return end
 
 
-async def _trailers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None) -> None:
-    """The trailer section up to its blank line, checked as a head's fields; passed on to
-    `writer` if given (an answer's), else dropped (a request's goes with a Content-Length)."""
+async def _trailers(reader: asyncio.StreamReader) -> None:
+    """The trailer section up to its blank line, checked as a head's fields, and dropped (the
+    request goes on with a Content-Length)."""
     lines = b""
     while (line := await _line(reader)) != b"\r\n":
         lines += line
         if len(lines) > MAX_HEAD:
             raise BadMessage("the trailers are too large")
-    parse_head(b"trailers x y\r\n" + lines + b"\r\n")
-    if writer is not None:
-        writer.write(lines + b"\r\n")
+    parse_head(b"POST / HTTP/1.1\r\n" + lines + b"\r\n")
 
 
 async def relay_exactly(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int, drain: bool = True
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int
 ) -> None:
-    """Copy `length` bytes as they arrive (the last piece not drained unless `drain`);
-    IncompleteReadError if the connection ends first."""
+    """Copy `length` bytes as they arrive; IncompleteReadError if the connection ends first."""
     while length:
         piece = await reader.read(min(length, PIECE))
         if not piece:
             raise asyncio.IncompleteReadError(b"", length)
         length -= len(piece)
         writer.write(piece)
-        if length or drain:
-            await sent(writer)
-
-
-def answer_length(answer: Head) -> int | None:
-    """An answer's framing: its Content-Length, -1 for chunked, None for up to the connection's
-    end (a coding other than chunked last, or neither header); BadMessage for a bad length."""
-    codings = answer.values(b"transfer-encoding")
-    if codings:
-        return -1 if codings[-1] == b"chunked" else None
-    lengths = {v for k, v in answer.headers if k.lower() == b"content-length"}
-    if not lengths:
-        return None
-    length = next(iter(lengths))
-    if len(lengths) > 1 or not _DIGITS.fullmatch(length):
-        raise BadMessage("invalid Content-Length")
-    return int(length)
-
-
-async def relay_answer(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int | None
-) -> None:
-    """Copy an answer's body as it arrives, framed by `length` (answer_length's): chunked as
-    chunked (each chunk passed on the moment it comes), so many bytes, or up to the end."""
-    if length == -1:
-        while True:
-            size, line = await _chunk_line(reader)
-            writer.write(line)
-            if not size:
-                break
-            await relay_exactly(reader, writer, size, drain=False)
-            writer.write(await _crlf(reader))
-            await sent(writer)
-        await _trailers(reader, writer)
         await sent(writer)
-    elif length is not None:
-        await relay_exactly(reader, writer, length)
-    else:
-        while piece := await reader.read(PIECE):
-            writer.write(piece)
-            await sent(writer)
 
 
 async def sent(writer: asyncio.StreamWriter) -> None:

@@ -1,19 +1,21 @@
-"""HTTP/1.1 heads for the router: request and response heads, read and checked strictly.
+"""HTTP/1.1 request heads for the router, parsed by llhttp (httptools) and checked strictly.
 
 Only what a proxy must know is parsed: the start line and the headers. What a replica could read
 otherwise than the router is refused rather than guessed at (RFC 9112 section 11): a bare CR or
 LF, a folded header line (obs-fold), a header name that is not a token, a control character in a
-value, a request line that is not `METHOD TARGET HTTP/1.x`. A head longer than MAX_HEAD or with
-more than MAX_HEADERS headers is refused with 431. Bodies are in router_body.py.
+value or the target, a request line that is not `METHOD TARGET HTTP/1.x`. A head longer than
+MAX_HEAD or with more than MAX_HEADERS headers is refused with 431. Request bodies are in
+router_body.py, replicas' answers in router_answer.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import httptools
 
 #: the largest request or response head accepted (the StreamReader's limit)
 MAX_HEAD = 64 * 1024
@@ -32,9 +34,6 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: a control character other than a tab (DEL included): never valid in a field value or target
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
 
 
@@ -85,37 +84,48 @@ class Head:
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+class _HeadFound:
+    """llhttp's callbacks for one request head."""
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+
+    def on_url(self, data: bytes) -> None:
+        self.target += data
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) == MAX_HEADERS:
+            raise BadMessage(f"more than {MAX_HEADERS} header lines", 431)
+        self.headers.append((name, value.rstrip(b" \t")))
+
+    def on_headers_complete(self) -> None:
+        self.complete = True
+
+
 def parse_head(data: bytes) -> Head:
-    """A head as read up to its blank line; BadMessage for anything but plain lines."""
-    lines = data[:-4].split(b"\r\n")
-    if any(b"\r" in line or b"\n" in line for line in lines):
-        raise BadMessage("a bare CR or LF in the head")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise BadMessage(f"more than {MAX_HEADERS} header lines", 431)
-    words = lines[0].split(b" ", 2)
-    if len(words) != 3:
-        raise BadMessage("malformed start line")
-    return Head(words[0], words[1], words[2], [_field(line) for line in lines[1:]])
-
-
-def _field(line: bytes) -> tuple[bytes, bytes]:
-    if line[:1] in (b" ", b"\t"):
-        raise BadMessage("a folded header line (obs-fold)")
-    name, sep, value = line.partition(b":")
-    if not sep or not _TOKEN.fullmatch(name):
-        raise BadMessage("malformed header line")
-    value = value.strip(b" \t")
-    if _CONTROL.search(value):
-        raise BadMessage("a control character in a header value")
-    return name, value
-
-
-def check_request_line(head: Head) -> None:
-    """BadMessage unless the start line is `METHOD TARGET HTTP/1.0|1.1`."""
-    if not _TOKEN.fullmatch(head.first) or head.third not in _VERSIONS:
+    """A request head as read up to its blank line, parsed by llhttp (strict: no bare CR or LF,
+    no folded line, header names tokens, no control character in a value or the target, one
+    Content-Length, not with Transfer-Encoding); BadMessage for anything else, and for a start
+    line other than `METHOD TARGET HTTP/1.0|1.1` with single spaces."""
+    found = _HeadFound()
+    parser = httptools.HttpRequestParser(found)
+    try:
+        parser.feed_data(data)
+    except httptools.HttpParserUpgrade:
+        pass  # an Upgrade head is whole; the router drops Upgrade and answers in HTTP/1.1
+    except httptools.HttpParserCallbackError as err:
+        refused = err.__context__  # what the callback raised: too many headers
+        raise (refused if isinstance(refused, BadMessage) else BadMessage(str(err))) from None
+    except httptools.HttpParserError as err:
+        raise BadMessage(f"malformed head: {err}") from None
+    version = b"HTTP/" + parser.get_http_version().encode()
+    if not found.complete or version not in _VERSIONS:
         raise BadMessage("malformed request line")
-    if not head.second or _CONTROL.search(head.second) or b" " in head.second:
-        raise BadMessage("malformed request target")
+    if data.partition(b"\r\n")[0].count(b" ") != 2:
+        raise BadMessage("malformed request line")
+    return Head(parser.get_method(), found.target, version, found.headers)
 
 
 async def read_head(reader: asyncio.StreamReader) -> Head | None:

@@ -1,22 +1,26 @@
 """The router's side towards replicas: kept-alive connections, each checked to be the service
 owner's, and one request's exchange, its answer copied back as it arrives.
 
-An upstream connection goes back to the pool only when its exchange ended cleanly framed: an
-HTTP/1.1 answer without `Connection: close`, framed by Content-Length or chunks (not both) and
-read to its end, with nothing more after it. Anything else (an HTTP/1.0 answer, one that ends
-with the connection, a replica that sent more than it was asked for) closes it, so a next
-request, maybe another client's, never reads what was meant for this one.
+An upstream connection goes back to the pool only when its exchange ended cleanly framed, as
+llhttp read it (router_answer.py): an answer that keeps the connection alive, read to its end,
+with nothing more after it. Anything else (an HTTP/1.0 answer, one that ends with the
+connection, a replica that sent more than it was asked for) closes it, so a next request, maybe
+another client's, never reads what was meant for this one. A request that never reached the
+replica (a kept-alive connection it had closed, one it reset unread) is UpstreamRefused: the
+router sends it to another replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from dataclasses import dataclass
 
 from gpupool.agent.service_traffic import Endpoint
-from gpupool.api.router_body import Body, answer_length, relay_answer, relay_exactly, sent
-from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, read_head
+from gpupool.api.router_answer import Answer
+from gpupool.api.router_body import Body, relay_exactly
+from gpupool.api.router_http import MAX_HEAD, BadMessage, Head
 from gpupool.isolation.sock_owner import PeerUnknown, accepting_uid
 
 #: idle connections kept per replica
@@ -36,7 +40,10 @@ class UpstreamFailed(Exception):
 
 
 class UpstreamRefused(UpstreamFailed):
-    """The replica could not be reached (or was not its owner's): the request never left."""
+    """The request never reached the replica: the connection was refused (or its listener was
+    not the owner's), or the replica closed it with the request unread (a kept-alive connection
+    it closed as idle just as the request was sent, a connection still in its listen queue when
+    it stopped). Sent again to a ready replica, never answered 502."""
 
 
 @dataclass
@@ -72,14 +79,15 @@ class Upstreams:
             for _, writer in self._pools.pop(port):
                 writer.close()
 
-    async def connect(self, endpoint: Endpoint, owner: int) -> Connection:
+    async def connect(self, endpoint: Endpoint, owner: int) -> tuple[Connection, bool]:
         """A kept-alive connection to `endpoint` (one the replica closed, or sent something
-        unasked on, is dropped), or a new one whose other end `owner` holds."""
+        unasked on, is dropped), or a new one whose other end `owner` holds; and whether it
+        was kept-alive."""
         pool = self._pools.setdefault(endpoint.port, [])
         while pool:
             reader, writer = pool.pop()
             if not reader.at_eof() and not writer.is_closing() and not _unread(reader):
-                return reader, writer
+                return (reader, writer), True
             writer.close()
         try:
             reader, writer = await asyncio.open_connection(
@@ -93,7 +101,7 @@ class Upstreams:
             writer.close()
             endpoint.refused()
             raise UpstreamRefused(f"port {endpoint.port}: {why}")
-        return reader, writer
+        return (reader, writer), False
 
     async def forward(
         self, request: Request, endpoint: Endpoint, owner: int, client: Connection, keep: bool
@@ -102,42 +110,44 @@ class Upstreams:
         connection may stay open). UpstreamFailed when the replica fails before its answer
         began; BadMessage (408) when the client's streamed body does not come in time."""
         writer = client[1]
-        up_reader, up_writer = await self.connect(endpoint, owner)
-        answer = await _exchange(request, endpoint, (up_reader, up_writer), client)
-        status = int(answer.second) if answer.second.isdigit() else 502
+        (up_reader, up_writer), reused = await self.connect(endpoint, owner)
+        answer = Answer(up_reader, head_only=request.head.first == b"HEAD")
         try:
-            length = 0 if request.head.first == b"HEAD" or status in (204, 304) else None
-            length = length if length is not None else answer_length(answer)
-        except BadMessage as err:
+            head = await _exchange(request, endpoint, answer, up_writer, client)
+        except UpstreamFailed as err:
+            unread = not request.body.left and _unread_by_replica(answer, up_writer, err, reused)
             up_writer.close()
-            raise UpstreamFailed(f"replica on port {endpoint.port}: {err}") from err
-        reusable = answer.first == b"HTTP/1.1" and b"close" not in answer.tokens(b"connection")
-        reusable = reusable and length is not None and not _both(answer)
-        client_keep = keep and length is not None
+            if not unread:
+                raise
+            raise UpstreamRefused(f"replica on port {endpoint.port} took nothing: {err}") from err
+        # an answer that ends with its connection ends the client's too
+        client_keep = keep and answer.framed
         extra = [] if client_keep else [(b"Connection", b"close")]
-        drop = frozenset({b"content-length"}) if length == -1 else frozenset()
-        writer.write(answer.encode(extra, drop))
+        writer.write(head.encode(extra))
         try:
-            await relay_answer(up_reader, writer, length)
-            await sent(writer)
+            await answer.relay(writer)
         except (OSError, asyncio.IncompleteReadError, BadMessage):
             # cut mid-answer: the client sees the connection end, counted as a 502
             up_writer.close()
             raise ConnectionResetError("the answer was cut") from None
         pool = self._pools.setdefault(endpoint.port, [])
-        if reusable and not _unread(up_reader) and len(pool) < POOL_SIZE:
+        if answer.reusable and not _unread(up_reader) and len(pool) < POOL_SIZE:
             pool.append((up_reader, up_writer))
         else:
             up_writer.close()
-        return status, client_keep
+        return int(head.second), client_keep
 
 
 async def _exchange(
-    request: Request, endpoint: Endpoint, upstream: Connection, client: Connection
+    request: Request,
+    endpoint: Endpoint,
+    answer: Answer,
+    up_writer: asyncio.StreamWriter,
+    client: Connection,
 ) -> Head:
     """Send the request (its head and body; the rest of a streamed body by its deadline) and
     read the answer's head (1xx ones passed on); UpstreamFailed when the replica fails first."""
-    (up_reader, up_writer), (reader, writer) = upstream, client
+    reader, writer = client
     try:
         up_writer.write(request.encode())
         if request.body.left:
@@ -147,19 +157,35 @@ async def _exchange(
             except TimeoutError:
                 up_writer.close()
                 raise BadMessage("the body did not come in time", 408) from None
-        answer = await read_head(up_reader)
-        while answer is not None and answer.second.startswith(b"1"):
-            writer.write(answer.encode())  # 102, 103 and the like
-            answer = await read_head(up_reader)
+        head = await answer.head(writer)
     except (OSError, asyncio.IncompleteReadError, BadMessage) as err:
-        up_writer.close()
         if isinstance(err, BadMessage) and err.status == 408:
             raise
         raise UpstreamFailed(f"replica on port {endpoint.port} failed: {err}") from err
-    if answer is None:
-        up_writer.close()
+    if head is None:
         raise UpstreamFailed(f"replica on port {endpoint.port} closed the connection")
-    return answer
+    return head
+
+
+def _unread_by_replica(
+    answer: Answer, writer: asyncio.StreamWriter, err: UpstreamFailed, reused: bool
+) -> bool:
+    """Whether the replica closed the connection without reading the request: no byte of an
+    answer came, and the connection was reset (a kernel resets a connection closed with data
+    unread, or still in a listen queue when its listener closed) rather than ended after the
+    request was read, which is how a replica that took the request and died ends it."""
+    if answer.received:
+        return False
+    cause = err.__cause__
+    if isinstance(cause, (ConnectionResetError, BrokenPipeError)):
+        return True
+    if cause is not None or not reused:
+        return False
+    # a kept-alive connection's end came with no answer: the replica closed it as idle (its
+    # end crossed the request) if the request was then reset, not read
+    sock = writer.get_extra_info("socket")
+    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock is not None else 0
+    return code in (errno.ECONNRESET, errno.EPIPE)
 
 
 async def _not_owners(sock: socket.socket, owner: int) -> str | None:
@@ -177,11 +203,6 @@ async def _not_owners(sock: socket.socket, owner: int) -> str | None:
             return None
         return f"the listener belongs to uid {uid}, not to the service's owner (uid {owner})"
     return why
-
-
-def _both(answer: Head) -> bool:
-    """Both Transfer-Encoding and Content-Length: read as chunked, but never trusted again."""
-    return bool(answer.values(b"transfer-encoding")) and answer.get(b"content-length") is not None
 
 
 def _unread(reader: asyncio.StreamReader) -> int:
