@@ -56,7 +56,10 @@ def bin_events(arrived_milli: np.ndarray, cluster: int, pct: int) -> np.ndarray:
 
 
 def bound_at(
-    nodes: Sequence[NodeSpec], order: Sequence[Request], pct: int
+    nodes: Sequence[NodeSpec],
+    order: Sequence[Request],
+    pct: int,
+    must_place: frozenset[int] = frozenset(),
 ) -> tuple[float, Bound | None]:
     """(lower bound on unallocated GPU % at arrived % `pct`, the LP's result for the prefix)."""
     cluster = trace.cluster_gpu_milli(nodes)
@@ -64,13 +67,17 @@ def bound_at(
     events = bin_events(arrived, cluster, pct)
     if not events.size:
         return float("nan"), None
-    result = placement_bound(nodes, order[: int(events[-1]) + 1])
+    result = placement_bound(nodes, order[: int(events[-1]) + 1], must_place)
     allocated = np.minimum(arrived[events], result.upper)
     return 100.0 - float(allocated.mean()) / cluster * 100.0, result
 
 
 def run(
-    trace_dir: Path, workloads: Sequence[str], seeds: Sequence[int], arrived: Sequence[int]
+    trace_dir: Path,
+    workloads: Sequence[str],
+    seeds: Sequence[int],
+    arrived: Sequence[int],
+    must_place: frozenset[int] = frozenset(),
 ) -> dict[str, dict[int, list[tuple[float, Bound | None]]]]:
     nodes = trace.load_nodes(trace_dir)
     cluster = trace.cluster_gpu_milli(nodes)
@@ -81,7 +88,7 @@ def run(
         for seed in seeds:
             order = procedure.arrival_order(pods, cluster, seed)
             for pct in arrived:
-                found[workload][pct].append(bound_at(nodes, order, pct))
+                found[workload][pct].append(bound_at(nodes, order, pct, must_place))
                 _progress(workload, seed, pct, found[workload][pct][-1])
     return found
 
@@ -99,6 +106,30 @@ def _progress(workload: str, seed: int, pct: int, got: tuple[float, Bound | None
     )
 
 
+def explain(title: str, result: Bound, cluster: int) -> list[str]:
+    """Where the LP's solution leaves GPU milli unallocated: the pods it leaves out, by GPU
+    size, and per node type the GPUs it leaves empty or part-filled (% of the cluster)."""
+
+    def pct(milli: float) -> str:
+        return f"{milli / cluster * 100:.3f}"
+
+    by_size: dict[tuple[int, int], float] = {}
+    for shape, count in result.left_out.items():
+        key = (shape.gpus, shape.milli)
+        by_size[key] = by_size.get(key, 0.0) + count * shape.value
+    lines = [f"{title}: pods left out (GPUs x milli: % of cluster)"]
+    lines += [f"  {g} x {m}: {pct(v)}" for (g, m), v in sorted(by_size.items()) if v >= 1]
+    lines.append(f"{title}: idle per node type (CPU, memory GiB, GPUs, model: empty, part)")
+    for kind, (empty, part) in result.idle.items():
+        if empty + part >= 1:
+            memory = kind.memory >> 30
+            lines.append(
+                f"  {kind.cpu // 1000}, {memory}, {kind.gpus}, {kind.model}: "
+                f"{pct(max(empty, 0.0))}, {pct(max(part, 0.0))}"
+            )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir", type=Path, default=trace.default_trace_dir())
@@ -106,6 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arrived", default=",".join(map(str, DEFAULT_ARRIVED)))
     parser.add_argument("--seeds", default="42")
     parser.add_argument("--json", action="store_true", help="print {workload: {arrived: bound}}")
+    parser.add_argument(
+        "--explain", action="store_true", help="where the bound leaves GPUs idle (first seed)"
+    )
+    parser.add_argument(
+        "--must-place",
+        default="",
+        help="what-if: every fractional pod of these milli sizes is placed (not a bound for "
+        "policies that may leave one out)",
+    )
     args = parser.parse_args(argv)
     if args.trace_dir is None:
         parser.error("the trace was not found: give --trace-dir")
@@ -117,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in workloads:
             trace.workload_path(args.trace_dir, name)
         arrived = parse_int_range(args.arrived, "arrived %")
-        found = run(args.trace_dir, workloads, parse_int_range(args.seeds, "seeds"), arrived)
+        forced = frozenset(parse_int_range(args.must_place, "milli")) if args.must_place else None
+        seeds = parse_int_range(args.seeds, "seeds")
+        found = run(args.trace_dir, workloads, seeds, arrived, forced or frozenset())
     except GpupoolError as err:
         parser.error(str(err))
     means = {
@@ -132,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for workload, per in means.items():
             cells = "  ".join(f"@{p}: {v:.2f}" for p, v in per.items())
             print(f"{workload:12s} {cells}")
+    if args.explain:
+        cluster = trace.cluster_gpu_milli(trace.load_nodes(args.trace_dir))
+        for workload, per in found.items():
+            for pct, runs in per.items():
+                if runs[0][1] is not None:
+                    print("\n".join(explain(f"{workload} @{pct}", runs[0][1], cluster)))
     print(f"{time.perf_counter() - started:.0f} s in all", file=sys.stderr)
     return 0
 

@@ -159,6 +159,8 @@ class _Model:
     sizes: list[list[int]]
     #: (type index, pattern as size -> count) of each g column, after the x columns
     patterns: list[tuple[int, dict[int, int]]] = field(default_factory=list)
+    #: fractional sizes whose every pod must be placed (a what-if, not a bound for every policy)
+    must_place: frozenset[int] = frozenset()
 
 
 def _model(nodes: Sequence[NodeSpec], pods: Sequence[Request]) -> _Model:
@@ -201,6 +203,8 @@ def _rows(model: _Model) -> tuple[_Rows, list[int], dict[tuple[int, int], int]]:
         rows.add({j: 1.0}, model.supply[t] * shape.most_per_node(kind))
     for i, coefs in by_shape.items():
         rows.add(coefs, model.demand[i])
+        if model.shape_list[i].is_share and model.shape_list[i].milli in model.must_place:
+            rows.add({j: -c for j, c in coefs.items()}, -model.demand[i])
     gpu_rows, slot_rows = [], {}
     for t, kind in enumerate(model.kinds):
         columns = by_type[t]
@@ -244,10 +248,15 @@ def best_pattern(sizes: Sequence[int], prices: Sequence[float]) -> tuple[float, 
     return best[MILLI_PER_GPU], dict(pattern)
 
 
-def placement_bound(nodes: Sequence[NodeSpec], pods: Sequence[Request]) -> Bound:
-    """The upper bound on the GPU milli `pods` can allocate on `nodes` (see the docstring)."""
+def placement_bound(
+    nodes: Sequence[NodeSpec], pods: Sequence[Request], must_place: frozenset[int] = frozenset()
+) -> Bound:
+    """The upper bound on the GPU milli `pods` can allocate on `nodes` (see the docstring).
+    With `must_place`, every fractional pod of those sizes is placed: the bound of placements
+    that never leave one out (infeasible: NaN)."""
     started = time.perf_counter()
     model = _model(nodes, pods)
+    model.must_place = must_place
     upper, rounds = (
         float(sum(s.value * c for s, c in zip(model.shape_list, model.demand, strict=True))),
         0,
@@ -258,6 +267,8 @@ def placement_bound(nodes: Sequence[NodeSpec], pods: Sequence[Request]) -> Bound
         rounds += 1
         rows, gpu_rows, slot_rows = _rows(model)
         result = _solve(model, rows)
+        if result.status != 0:  # only a what-if's forced pods can make it infeasible
+            return Bound(float("nan"), rounds, time.perf_counter() - started)
         duals = np.maximum(-result.ineqlin.marginals, 0.0)
         excess_total, fresh = 0.0, []
         for t, kind in enumerate(model.kinds):

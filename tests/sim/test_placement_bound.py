@@ -4,6 +4,7 @@ equal to it on small clusters whose optimum is known."""
 from __future__ import annotations
 
 import importlib
+import math
 import random
 import sys
 from pathlib import Path
@@ -153,3 +154,19 @@ def test_bound_is_below_every_replay_of_the_synthetic_cluster() -> None:
         bound, _ = bench.bound_at(nodes, order, pct)
         assert 0 <= bound <= min(run.at(pct) for run in runs) + 1e-9
         assert bound >= 100 - pct - 1  # never below the ideal (arrived milli) by more than a bin
+
+
+def test_must_place_forces_every_pod_of_a_size_in(lp: ModuleType) -> None:
+    nodes, pods = [node("a", 1)], [pod(810), pod(1000)]
+    assert lp.placement_bound(nodes, pods).upper == pytest.approx(1000)
+    forced = lp.placement_bound(nodes, pods, must_place=frozenset({810}))
+    assert forced.upper == pytest.approx(810)
+    assert math.isnan(lp.placement_bound(nodes, [pod(810)] * 2, frozenset({810})).upper)
+
+
+def test_explain_names_the_pods_left_out_and_the_part_filled_gpus(lp: ModuleType) -> None:
+    bench = load("placement_bound")
+    result = lp.placement_bound([node("a", 2)], [pod(810)] * 3)
+    lines = bench.explain("tiny", result, 2000)
+    assert "  1 x 810: 40.500" in lines  # one 810 left out: 810 of 2000 milli
+    assert "  64, 256, 2, A: 0.000, 19.000" in lines  # two GPUs, 190 idle on each
