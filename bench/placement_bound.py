@@ -69,7 +69,8 @@ def bound_at(
         return float("nan"), None
     result = placement_bound(nodes, order[: int(events[-1]) + 1], must_place)
     allocated = np.minimum(arrived[events], result.upper)
-    return 100.0 - float(allocated.mean()) / cluster * 100.0, result
+    # never below 0: the LP's value may pass the cluster's milli by its solver's tolerance
+    return max(0.0, 100.0 - float(allocated.mean()) / cluster * 100.0), result
 
 
 def run(
