@@ -1,0 +1,114 @@
+/*
+ * gpupool's SPANK plugin: every task of a Slurm job that holds a gpupool share runs with the
+ * share's files in place of the host's, in a mount namespace of its own.
+ *
+ * The job's Prolog (`gpupool slurm prolog`, root) writes SHARES/<job id>/etc/ld.so.preload
+ * (the interception library) and SHARES/<job id>/etc/gpupool/shim.conf (the share's settings),
+ * and SHARES/<job id>/env (the variables the job's programs need to find its GPUs). Here, in
+ * each task as root before it becomes the user's (task_init_privileged), the task gets a
+ * private mount namespace with a read-only overlay of that etc/ over /etc: the dynamic loader
+ * preloads the library into every program of the task, whatever its environment, and the
+ * library reads its settings from the read-only file, not from the environment. A job can
+ * neither unset the library nor change its share; forked and setsid processes stay in the
+ * namespace. Nothing on the host changes. A job with no share directory (no GPU gres) is left
+ * alone; a job whose share cannot be put in place does not start (fail closed).
+ *
+ * plugstack.conf: required /path/to/gpupool-spank.so shares=/var/lib/gpupool/slurm
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(gpupool, 1);
+
+#define ENV_LINE_MAX 4096
+
+static const char *shares_dir = "/var/lib/gpupool/slurm";
+
+static void read_args(int ac, char **av) {
+    for (int i = 0; i < ac; i++) {
+        if (strncmp(av[i], "shares=", 7) == 0) shares_dir = av[i] + 7;
+    }
+}
+
+/* SHARES/<job>/<leaf> into `out`; 0 when the job has a share directory, 1 when not, -1 on error */
+static int job_path(spank_t sp, const char *leaf, char *out, size_t size) {
+    uint32_t job_id = 0;
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
+        slurm_error("gpupool: cannot read the job id");
+        return -1;
+    }
+    int n = snprintf(out, size, "%s/%u/%s", shares_dir, job_id, leaf);
+    if (n < 0 || (size_t)n >= size) {
+        slurm_error("gpupool: the share directory's path is too long");
+        return -1;
+    }
+    struct stat st;
+    if (lstat(out, &st) != 0) {
+        if (errno == ENOENT) return 1;
+        slurm_error("gpupool: %s: %s", out, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av) {
+    (void)sp;
+    read_args(ac, av);
+    return ESPANK_SUCCESS;
+}
+
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av) {
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp)) return ESPANK_SUCCESS;
+    char etc[PATH_MAX];
+    int found = job_path(sp, "etc", etc, sizeof etc);
+    if (found != 0) return found > 0 ? ESPANK_SUCCESS : ESPANK_ERROR;
+    char options[PATH_MAX + 32];
+    snprintf(options, sizeof options, "lowerdir=%s:/etc", etc);
+    /* this task alone: its own namespace, whose mounts never propagate back to the host */
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        slurm_error("gpupool: cannot make the task's mount namespace: %s", strerror(errno));
+        return ESPANK_ERROR;
+    }
+    /* two lower layers and no upper one: read-only, the share's files over the host's */
+    if (mount("overlay", "/etc", "overlay", MS_RDONLY, options) != 0) {
+        slurm_error("gpupool: cannot put the share's files over /etc: %s", strerror(errno));
+        return ESPANK_ERROR;
+    }
+    return ESPANK_SUCCESS;
+}
+
+/* the share's variables, set after the user's own so that they win */
+int slurm_spank_task_init(spank_t sp, int ac, char **av) {
+    (void)ac;
+    (void)av;
+    char path[PATH_MAX];
+    int found = job_path(sp, "env", path, sizeof path);
+    if (found != 0) return found > 0 ? ESPANK_SUCCESS : ESPANK_ERROR;
+    FILE *file = fopen(path, "re");
+    if (file == NULL) {
+        slurm_error("gpupool: cannot read %s: %s", path, strerror(errno));
+        return ESPANK_ERROR;
+    }
+    char line[ENV_LINE_MAX];
+    int rc = ESPANK_SUCCESS;
+    while (fgets(line, sizeof line, file) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (eq == NULL) continue;
+        *eq = '\0';
+        if (spank_setenv(sp, line, eq + 1, 1) != ESPANK_SUCCESS) rc = ESPANK_ERROR;
+    }
+    fclose(file);
+    return rc;
+}

@@ -1,0 +1,213 @@
+"""A Slurm job's gpupool share: what its gres gives it on this node, and the files that hold it.
+
+Slurm's own accounting is the admission: the Prolog (root, on the node, before the job's first
+task) reads what slurmctld gave the job (`scontrol show job -d`: `GRES=shard:3(IDX:0)`), never
+the job's environment, which is the user's. With M shards per GPU, K shards are K/M of the
+GPU's memory (a hard limit) and K/M of its compute (a cap at the node's compute arbiter, the
+same one the daemon's jobs and Kubernetes pods are held by); `gpu:N` is whole GPUs.
+
+The share's files go to SHARES/<job id>/: `etc/ld.so.preload` and `etc/gpupool/shim.conf`, which
+the SPANK plugin lays over each task's /etc in a mount namespace of its own (so no program of
+the job can drop the library or change its share), `env` (the variables the job's programs need
+to find their GPUs), `region/` (the job user's accounting region) and `share.json` (what the
+node's tools show, and what the Epilog ends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpupool.agent.arbiters import NodeArbiter
+from gpupool.core import settings
+from gpupool.core.errors import ConfigError, GpupoolError, InvalidRequest
+from gpupool.core.units import MILLI_PER_GPU
+from gpupool.devices.backend import GpuBackend
+from gpupool.isolation.arbiter_control import node_arbiter_dir
+from gpupool.isolation.launch import ShareLimits, share_env
+from gpupool.isolation.libraries import SHIM_LIBRARY, SIM_DIR
+from gpupool.k8s import hostfiles
+from gpupool.k8s.inventory import GpuInfo, from_snapshot
+
+SHARE_RECORD = "share.json"
+#: `GRES=shard:3(IDX:0)` or `GRES=gpu:2(IDX:0-1)` on the job's line for a node
+_GRES = re.compile(r"\b(shard|gpu):(?:[^:(,\s]+:)?(\d+)\(IDX:([0-9,-]+)\)")
+_NODES = re.compile(r"^\s*Nodes=(\S+)\s.*GRES=(\S+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class SlurmShare:
+    """One job's share on this node, as share.json holds it."""
+
+    slurm_job_id: int
+    user: str
+    uid: int
+    gpus: tuple[int, ...]
+    #: shards per GPU (0 for whole GPUs)
+    shards: int
+    shards_per_gpu: int
+    memory: int
+    compute_milli: int
+    share_id: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "gpus": list(self.gpus)}
+
+
+def _indices(text: str) -> tuple[int, ...]:
+    found: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found += range(int(low), int(high or low) + 1)
+    return tuple(found)
+
+
+def job_gres(scontrol_text: str, node: str) -> tuple[str, int, tuple[int, ...]] | None:
+    """(kind, count, GPU indices) of the job's GPU gres on `node`, from `scontrol show job -d`;
+    None when it holds none there."""
+    lines = _NODES.findall(scontrol_text)
+    mine = [gres for nodes, gres in lines if nodes == node] or (
+        [lines[0][1]] if len(lines) == 1 else []
+    )
+    for gres in mine:
+        found = _GRES.search(gres)
+        if found is not None:
+            return found.group(1), int(found.group(2)), _indices(found.group(3))
+    return None
+
+
+def read_gres(job_id: int, node: str) -> tuple[str, int, tuple[int, ...]] | None:
+    """What slurmctld gave job `job_id` on `node` (scontrol as root: not the job's word)."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "job", "-d", str(job_id)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ConfigError(f"cannot ask slurmctld about job {job_id}: {err}") from err
+    return job_gres(done.stdout, node)
+
+
+def share_of(
+    job_id: int,
+    user: str,
+    uid: int,
+    gres: tuple[str, int, tuple[int, ...]],
+    gpus: Mapping[int, GpuInfo],
+    shards_per_gpu: int,
+) -> SlurmShare:
+    """The share `gres` means on this node's GPUs (InvalidRequest if the node has not them)."""
+    kind, count, indices = gres
+    missing = [i for i in indices if i not in gpus]
+    if missing:
+        raise InvalidRequest(
+            f"job {job_id}: Slurm gave it GPU {missing[0]}, which this node does not have: "
+            "gres.conf disagrees with the node's GPUs"
+        )
+    if kind == "gpu":
+        memory = min(gpus[i].memory for i in indices)
+        return SlurmShare(job_id, user, uid, indices, 0, shards_per_gpu, memory, MILLI_PER_GPU)
+    if len(indices) != 1:
+        raise InvalidRequest(f"job {job_id}: shards on {len(indices)} GPUs: use one GPU's shards")
+    if not 0 < count <= shards_per_gpu:
+        raise InvalidRequest(
+            f"job {job_id}: {count} shards of a GPU that has {shards_per_gpu}: "
+            "gres.conf disagrees with the node's gpupool settings"
+        )
+    memory = gpus[indices[0]].memory * count // shards_per_gpu
+    compute = MILLI_PER_GPU * count // shards_per_gpu
+    return SlurmShare(job_id, user, uid, indices, count, shards_per_gpu, memory, compute)
+
+
+def node_gpus(backend: GpuBackend) -> dict[int, GpuInfo]:
+    return {gpu.index: gpu for gpu in from_snapshot(backend.snapshot())}
+
+
+def _write(path: Path, text: str, mode: int, group: int = 0) -> None:
+    path.write_text(text)
+    os.chown(path, 0, group)
+    os.chmod(path, mode)
+
+
+def write_share(
+    shares_dir: Path,
+    share: SlurmShare,
+    gid: int,
+    gpus: Mapping[int, GpuInfo],
+    state_dir: Path,
+    sim_node: Path | None,
+) -> SlurmShare:
+    """Register the share with the node's arbiter and write its files (see the module's doc)."""
+    lib = hostfiles.install(shares_dir / "lib")
+    job_dir = shares_dir / str(share.slurm_job_id)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    (job_dir / "etc" / "gpupool").mkdir(parents=True, mode=0o755)
+    os.chmod(job_dir, 0o711)  # the paths inside are known: each file guards itself
+    region = job_dir / "region"
+    region.mkdir(mode=0o700)
+    os.chown(region, share.uid, gid)
+    limits = ShareLimits(share.gpus, share.memory, share.compute_milli)
+    env = share_env(limits, [gpus[i].memory for i in share.gpus], region / "region")
+    if limits.arbitrated:
+        arbiter = NodeArbiter(node_arbiter_dir(sim_node), state_dir)
+        name = arbiter.share_of(f"slurm {share.slurm_job_id}")
+        try:
+            arbiter.register(limits.registration(name, share.uid, {i: gpus[i].uuid for i in gpus}))
+        finally:
+            arbiter.close()
+        env[settings.ARBITER_DIR.name] = str(arbiter.directory)
+        env[settings.ARBITER_SHARE.name] = name.setting
+        share = SlurmShare(**{**asdict(share), "share_id": name.share_id})
+    conf = "".join(f"{k}={v}\n" for k, v in env.items() if k.startswith("GPUPOOL_"))
+    # the job's group reads it, nobody writes it: its arbiter key is the job's alone
+    _write(job_dir / "etc" / "gpupool" / "shim.conf", conf, 0o440, gid)
+    _write(job_dir / "etc" / "ld.so.preload", f"{lib / SHIM_LIBRARY}\n", 0o444)
+    visible = {k: v for k, v in env.items() if k.startswith("CUDA_")}
+    if sim_node is not None:
+        visible[settings.SIM_NODE.name] = str(sim_node)
+        visible["LD_LIBRARY_PATH"] = str(lib / SIM_DIR)
+    _write(job_dir / "env", "".join(f"{k}={v}\n" for k, v in visible.items()), 0o444)
+    _write(job_dir / SHARE_RECORD, json.dumps(share.to_json()), 0o444)
+    return share
+
+
+def end_share(shares_dir: Path, job_id: int, state_dir: Path, sim_node: Path | None) -> bool:
+    """Unregister job `job_id`'s share and remove its files; whether it had one."""
+    job_dir = shares_dir / str(job_id)
+    share = read_share(job_dir)
+    if share is not None and share.share_id:
+        arbiter = NodeArbiter(node_arbiter_dir(sim_node), state_dir)
+        try:
+            arbiter.keep(tuple)  # connected (the daemon registers its own jobs again)
+            arbiter.unregister(arbiter.share_of(f"slurm {job_id}").share_id)
+        except GpupoolError:
+            pass  # an arbiter that went away took its shares along
+        finally:
+            arbiter.close()
+    existed = job_dir.exists()
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return existed
+
+
+def read_share(job_dir: Path) -> SlurmShare | None:
+    try:
+        data = json.loads((job_dir / SHARE_RECORD).read_text())
+        data["gpus"] = tuple(data["gpus"])
+        return SlurmShare(**data)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def list_shares(shares_dir: Path) -> list[SlurmShare]:
+    """Every job's share on this node, by Slurm job id."""
+    found = [read_share(p) for p in shares_dir.glob("[0-9]*")]
+    return sorted((s for s in found if s is not None), key=lambda s: s.slurm_job_id)

@@ -1,0 +1,158 @@
+"""Slurm shares on a real dev cluster (munged, slurmctld, slurmd) wired to a gpupool daemon on a
+simulated node, with jobs of real, distinct Unix users through srun and sbatch."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.users import User, check_interpreter, remove_tree, run_as, users, world_dir
+
+PROBE = str(Path(__file__).with_name("probe.py"))
+GIB = 1 << 30
+#: the simulated GPU: 40 GiB, 10 shards
+SPEC = "1xA100-40GB"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("slurmd", path="/usr/sbin:/usr/bin") is None
+    or not Path("/usr/include/slurm/spank.h").exists(),
+    reason="no Slurm here: `make slurm` as root installs slurmd, slurmctld, munge, libslurm-dev",
+)
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = {"SLURM_CONF": str(root / "slurm.conf")}
+
+    def srun(self, user: User, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return run_as(user, ["srun", *argv], env=self.env, timeout=timeout)
+
+    def sbatch(self, user: User, gres: str, script: str) -> int:
+        done = run_as(
+            user,
+            ["sbatch", "--parsable", f"--gres={gres}", "--output=/dev/null", "--wrap", script],
+            env=self.env,
+        )
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().split(";")[0])
+
+    def state(self, job: int) -> str:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", str(job), "-o", "%T"],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", **self.env},
+            check=False,
+        )
+        return done.stdout.strip()
+
+    def shares(self) -> set[str]:
+        return {p.name for p in (self.root / "shares").iterdir() if p.name != "lib"}
+
+
+def _gpupool(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "gpupool", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    root = world_dir()
+    try:
+        _gpupool("slurm", "dev-cluster", "up", str(root), "--simulate", SPEC, "--shards", "10")
+        yield Cluster(root)
+    finally:
+        _gpupool("slurm", "dev-cluster", "down", str(root))
+        remove_tree(root)
+
+
+@pytest.fixture(scope="module")
+def people() -> Iterator[list[User]]:
+    with users(3, prefix="gps") as made:
+        check_interpreter(made[0])
+        yield made
+
+
+def _wait(what: str, ready: object, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if callable(ready) and ready():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _values(text: str) -> dict[str, str]:
+    pairs = (word.split("=", 1) for line in text.splitlines() for word in line.split())
+    return {k: v for k, v in (p for p in pairs if len(p) == 2)}
+
+
+def test_shards_are_the_device_total_and_oom_past_them(
+    cluster: Cluster, people: list[User]
+) -> None:
+    done = cluster.srun(people[0], "--gres=shard:3", sys.executable, PROBE, "100")
+    assert done.returncode == 0, done.stderr
+    assert _values(done.stdout) == {"total": str(40 * GIB * 3 // 10), "alloc": "ok"}
+    past = cluster.srun(people[0], "--gres=shard:3", sys.executable, PROBE, str(13 * 1024))
+    assert "alloc=oom" in past.stdout, past.stdout + past.stderr
+    whole = cluster.srun(people[0], "--gres=gpu:1", sys.executable, PROBE, str(30 * 1024))
+    assert _values(whole.stdout) == {"total": str(40 * GIB), "alloc": "ok"}
+
+
+def test_a_job_cannot_drop_or_enlarge_its_share(cluster: Cluster, people: list[User]) -> None:
+    hostile = people[2]
+    tricks = [
+        "env", "-u", "LD_PRELOAD", "GPUPOOL_MEMORY_LIMIT_0=40Gi", "GPUPOOL_COMPUTE_LIMIT=100",
+        "GPUPOOL_CONFIG_FILE=/dev/null", "setsid", sys.executable, PROBE, str(13 * 1024),
+    ]  # fmt: skip
+    done = cluster.srun(hostile, "--gres=shard:3", *tricks)
+    assert _values(done.stdout).get("total") == str(40 * GIB * 3 // 10), done.stderr
+    assert "alloc=oom" in done.stdout
+    # its environment named no library at all: the loader preloads it from the job's /etc
+    unset = cluster.srun(hostile, "--gres=shard:3", "sh", "-c", "cat /etc/ld.so.preload")
+    assert "libgpupool-cuda.so" in unset.stdout
+    # and nothing of it reached the host
+    assert (
+        not Path("/etc/ld.so.preload").exists()
+        or "gpupool" not in Path("/etc/ld.so.preload").read_text()
+    )
+
+
+def test_shares_busy_together_get_their_shards(cluster: Cluster, people: list[User]) -> None:
+    argv = [sys.executable, PROBE, "1", "6"]
+    env = cluster.env
+    small = subprocess.Popen(
+        ["srun", "--gres=shard:3", *argv],
+        user=people[0].uid,
+        group=people[0].gid,
+        env={"PATH": "/usr/bin:/bin", **env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    large = cluster.srun(people[1], "--gres=shard:7", *argv)
+    out, _ = small.communicate(timeout=60)
+    kernels = int(_values(out)["kernels"]), int(_values(large.stdout)["kernels"])
+    percent = 100 * kernels[0] / sum(kernels)
+    assert abs(percent - 30) <= 5, kernels
+
+
+def test_scancel_mid_run_leaves_no_share(cluster: Cluster, people: list[User]) -> None:
+    job = cluster.sbatch(people[0], "shard:2", f"{sys.executable} {PROBE} 1 60")
+    _wait("the job's share", lambda: str(job) in cluster.shares())
+    subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
+    _wait("the share's end", lambda: str(job) not in cluster.shares())
+
+
+def test_a_pending_job_starts_when_another_ends(cluster: Cluster, people: list[User]) -> None:
+    first = cluster.sbatch(people[0], "shard:7", f"{sys.executable} {PROBE} 1 4")
+    _wait("the first job to run", lambda: cluster.state(first) == "RUNNING")
+    second = cluster.sbatch(people[1], "shard:7", f"{sys.executable} {PROBE} 1 1")
+    time.sleep(1.5)
+    assert cluster.state(second) == "PENDING"  # 7 + 7 shards of 10: Slurm keeps it queued
+    _wait("the second job to start", lambda: cluster.state(second) in ("RUNNING", ""), 60)
+    _wait("both shares' end", lambda: not cluster.shares(), 60)
