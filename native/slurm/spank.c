@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <slurm/spank.h>
 
@@ -60,30 +61,58 @@ static int job_path(spank_t sp, const char *leaf, char *out, size_t size) {
     return 0;
 }
 
+/* the Prolog refused the job a share (it asked what the node cannot give): say why, on the
+ * job's stderr, and let no task start; -1 also when that cannot be read */
+static int refused(spank_t sp) {
+    char path[PATH_MAX];
+    int found = job_path(sp, "refused", path, sizeof path);
+    if (found != 0) return found > 0 ? 0 : -1;
+    char why[512] = "";
+    FILE *file = fopen(path, "re");
+    if (file != NULL) {
+        if (fgets(why, sizeof why, file) == NULL) why[0] = '\0';
+        fclose(file);
+    }
+    why[strcspn(why, "\n")] = '\0';
+    slurm_error("gpupool: %s", why);
+    return -1;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av) {
     (void)sp;
     read_args(ac, av);
     return ESPANK_SUCCESS;
 }
 
+/* slurmstepd logs a failed task_init_privileged and starts the task all the same: a task that
+ * cannot be held to its share ends here, in its own process (forked for it), before its program */
+static int fail_closed(spank_t sp) {
+    pid_t task = 0;
+    /* the task's pid is set in slurmstepd after the fork: the task's own process reads -1 */
+    if (spank_get_item(sp, S_TASK_PID, &task) == ESPANK_SUCCESS && (task == -1 || task == getpid()))
+        _exit(1);
+    return ESPANK_ERROR;
+}
+
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av) {
     (void)ac;
     (void)av;
     if (!spank_remote(sp)) return ESPANK_SUCCESS;
+    if (refused(sp) != 0) return fail_closed(sp);
     char etc[PATH_MAX];
     int found = job_path(sp, "etc", etc, sizeof etc);
-    if (found != 0) return found > 0 ? ESPANK_SUCCESS : ESPANK_ERROR;
+    if (found != 0) return found > 0 ? ESPANK_SUCCESS : fail_closed(sp);
     char options[PATH_MAX + 32];
     snprintf(options, sizeof options, "lowerdir=%s:/etc", etc);
     /* this task alone: its own namespace, whose mounts never propagate back to the host */
     if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
         slurm_error("gpupool: cannot make the task's mount namespace: %s", strerror(errno));
-        return ESPANK_ERROR;
+        return fail_closed(sp);
     }
     /* two lower layers and no upper one: read-only, the share's files over the host's */
     if (mount("overlay", "/etc", "overlay", MS_RDONLY, options) != 0) {
         slurm_error("gpupool: cannot put the share's files over /etc: %s", strerror(errno));
-        return ESPANK_ERROR;
+        return fail_closed(sp);
     }
     return ESPANK_SUCCESS;
 }

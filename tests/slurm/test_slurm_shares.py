@@ -3,6 +3,7 @@ simulated node, with jobs of real, distinct Unix users through srun and sbatch."
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -156,3 +157,35 @@ def test_a_pending_job_starts_when_another_ends(cluster: Cluster, people: list[U
     assert cluster.state(second) == "PENDING"  # 7 + 7 shards of 10: Slurm keeps it queued
     _wait("the second job to start", lambda: cluster.state(second) in ("RUNNING", ""), 60)
     _wait("both shares' end", lambda: not cluster.shares(), 60)
+
+
+def test_ps_shows_the_job_share_with_its_slurm_job_id(cluster: Cluster, people: list[User]) -> None:
+    job = cluster.sbatch(people[1], "shard:4", f"{sys.executable} {PROBE} 1 30")
+    _wait("the job's share", lambda: str(job) in cluster.shares())
+    url = f"unix://{cluster.root / 'state' / 'gpupool.sock'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "ps", "--json", "--url", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (share,) = [s for s in json.loads(done.stdout)["slurm"] if s["slurm_job_id"] == job]
+    assert (share["user"], share["gpus"], share["shards"]) == (people[1].name, [0], 4)
+    assert share["memory"] == 40 * GIB * 4 // 10 and share["compute_milli"] == 400
+    subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
+    _wait("the share's end", lambda: str(job) not in cluster.shares())
+
+
+def test_a_node_whose_gres_disagrees_refuses_the_job_in_one_line(
+    cluster: Cluster, people: list[User]
+) -> None:
+    prolog = cluster.root / "prolog"
+    text = prolog.read_text()
+    prolog.write_text(text.replace("--shards 10", "--shards 2"))  # gres.conf says 10 per GPU
+    try:
+        done = cluster.srun(people[0], "--gres=shard:3", "sh", "-c", "echo RAN")
+    finally:
+        prolog.write_text(text)
+    assert "RAN" not in done.stdout and done.returncode != 0
+    assert "3 shards of a GPU that has 2: gres.conf disagrees" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -15,6 +15,7 @@ import hmac
 import os
 from collections.abc import Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -31,6 +32,7 @@ from gpupool.api import (
     elastic_routes,
     error_bodies,
     service_routes,
+    slurm_routes,
     watchdog_routes,
 )
 from gpupool.api.dashboard import Sessions, dashboard_router
@@ -113,10 +115,12 @@ def create_app(
     *,
     allowed_hosts: Iterable[str] = (),
     secure_cookies: bool = False,
+    slurm_shares: Path | None = None,
 ) -> Guard:
     """The app for `agent`, behind its guard. `token` guards TCP connections (None: TCP refuses
     everyone); `allowed_hosts`: names besides localhost a Host header may carry (the --listen
-    host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure."""
+    host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure;
+    `slurm_shares`: where a Slurm node's Prolog writes its jobs' shares (GET /v1/slurm)."""
     view = agent.view
     access = view.access
     secret = None if token is None else token.encode()
@@ -202,6 +206,8 @@ def create_app(
     admin_routes.register(app, agent, caller)
     elastic_routes.register(app, agent, caller)
     service_routes.register(app, agent, caller)
+    if slurm_shares is not None:
+        slurm_routes.register(app, slurm_shares, caller)
     app.include_router(metrics_router(view, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(view, secret, sessions, caller))

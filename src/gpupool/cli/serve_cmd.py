@@ -245,6 +245,13 @@ def register(app: typer.Typer) -> None:
             envvar=settings.MIG_KEEP_INSTANCES.name,
             help="Leave the MIG instances made for jobs in place after them (default: destroy).",
         ),
+        slurm_shares: Path | None = typer.Option(
+            None,
+            "--slurm-shares",
+            metavar="DIR",
+            help="On a Slurm node: where its Prolog writes the jobs' shares (gpupool slurm "
+            "prolog --shares), so that ps, /v1/slurm and the metrics show them (docs/slurm.md).",
+        ),
         log_format: str = typer.Option(
             settings.LOG_FORMAT.default,
             "--log-format",
@@ -328,7 +335,13 @@ def register(app: typer.Typer) -> None:
                 f"exempt {exemptions}, state {root})"
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
-            app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
+            app = create_app(
+                agent,
+                token,
+                allowed_hosts=hosts,
+                secure_cookies=tls is not None,
+                slurm_shares=slurm_shares,
+            )
             # the router is a process of its own, which outlives this one (router_link.py)
             link = RouterLink(agent.services, root, router)
             try:

@@ -10,7 +10,7 @@ import typer
 
 from gpupool.cli import options
 from gpupool.cli.lines import say
-from gpupool.core.errors import ConfigError
+from gpupool.core.errors import ConfigError, InvalidRequest
 
 slurm_app = typer.Typer(help="Slurm: a node's Prolog and Epilog, and a dev cluster.")
 cluster_app = typer.Typer(help="A Slurm cluster on this machine wired to gpupool, for tests.")
@@ -51,7 +51,14 @@ def prolog(
     uid = int(os.environ.get("SLURM_JOB_UID", "-1"))
     entry = pwd.getpwuid(uid)
     gpus = slurm_shares.node_gpus(open_backend(None, node_dir))
-    share = slurm_shares.share_of(job_id, entry.pw_name, uid, gres, gpus, shards)
+    try:
+        share = slurm_shares.share_of(job_id, entry.pw_name, uid, gres, gpus, shards)
+    except InvalidRequest as err:
+        # the job's tasks refuse to start with this line on their stderr (the SPANK plugin);
+        # a failed Prolog would drain the node for the job's mistake
+        slurm_shares.refuse(shares, job_id, str(err))
+        say(f"job {job_id}: refused: {err}")
+        return
     share = slurm_shares.write_share(shares, share, entry.pw_gid, gpus, state_dir, node_dir)
     say(f"job {job_id}: {share.shards or 'whole'} shard(s) of GPU(s) {list(share.gpus)}")
 

@@ -146,6 +146,19 @@ def _wait(what: str, ready: object, root: Path) -> None:
     raise ConfigError(f"the dev cluster's {what} did not come up: see {root}/log/")
 
 
+def _answers(serve: subprocess.Popen[bytes], path: Path) -> bool:
+    """Whether the daemon listens on `path`; ConfigError with its last line if it ended."""
+    if serve.poll() is not None:
+        lines = (path.parent.parent / "log" / "gpupool.log").read_text().splitlines()
+        raise ConfigError(f"the dev cluster's gpupool daemon ended: {lines[-1] if lines else ''}")
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def _node_idle(root: Path) -> bool:
     done = subprocess.run(
         ["scontrol", "show", "node", NODE],
@@ -187,11 +200,12 @@ def up(root: Path, simulate: str, shards: int, nodes: int = 1) -> None:
     (root / "log").mkdir(mode=0o711, exist_ok=True)
     serve = _start(
         [sys.executable, "-m", "gpupool", "serve", "--simulate", simulate,
-         "--state-dir", str(root / "state"), "--node-dir", str(root / "node")],
+         "--state-dir", str(root / "state"), "--node-dir", str(root / "node"),
+         "--slurm-shares", str(root / "shares")],
         root / "log" / "gpupool.log",
     )  # fmt: skip
     _write(root / "gpupool.pid", f"{serve.pid}\n")
-    _wait("gpupool daemon", lambda: (root / "state" / "gpupool.sock").exists(), root)
+    _wait("gpupool daemon", lambda: _answers(serve, root / "state" / "gpupool.sock"), root)
     gpus = len(node_gpus(open_backend(None, root / "node")))
     write_config(root, gpus, shards)
     _start_munge(root)

@@ -36,6 +36,8 @@ from gpupool.k8s import hostfiles
 from gpupool.k8s.inventory import GpuInfo, from_snapshot
 
 SHARE_RECORD = "share.json"
+#: in a job's directory instead of its share: why it has none (the SPANK plugin says it)
+REFUSED = "refused"
 #: `GRES=shard:3(IDX:0)` or `GRES=gpu:2(IDX:0-1)` on the job's line for a node
 _GRES = re.compile(r"\b(shard|gpu):(?:[^:(,\s]+:)?(\d+)\(IDX:([0-9,-]+)\)")
 _NODES = re.compile(r"^\s*Nodes=(\S+)\s.*GRES=(\S+)", re.MULTILINE)
@@ -178,6 +180,14 @@ def write_share(
     _write(job_dir / "env", "".join(f"{k}={v}\n" for k, v in visible.items()), 0o444)
     _write(job_dir / SHARE_RECORD, json.dumps(share.to_json()), 0o444)
     return share
+
+
+def refuse(shares_dir: Path, job_id: int, why: str) -> None:
+    """Record that job `job_id` gets no share on this node, and why: its tasks do not start."""
+    job_dir = shares_dir / str(job_id)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True, mode=0o755)
+    _write(job_dir / REFUSED, f"{why}\n", 0o444)
 
 
 def end_share(shares_dir: Path, job_id: int, state_dir: Path, sim_node: Path | None) -> bool:
