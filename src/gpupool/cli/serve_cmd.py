@@ -7,6 +7,7 @@ import grp
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,6 +16,10 @@ from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes, parse_duration
 from gpupool.scheduler.names import POLICY_NAMES, check_policy
+
+if TYPE_CHECKING:
+    from gpupool.agent.agent import Agent
+    from gpupool.slurm.node import SlurmNode
 
 #: the socket group a root daemon uses when --socket-group is not given and the group exists
 DEFAULT_SOCKET_GROUP = "gpupool"
@@ -60,6 +65,15 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
             f"(at most {MAX_TOKEN_FILE} bytes), e.g. from: openssl rand -hex 32"
         )
     return token.decode("ascii")
+
+
+def _slurm_node(agent: Agent, shares: Path | None) -> SlurmNode | None:
+    """The Slurm node's shares, held by this daemon's arbiter, with --slurm-shares."""
+    from gpupool.slurm.node import SlurmNode
+
+    if shares is None:
+        return None
+    return SlurmNode(shares.resolve(), agent.arbiter, agent.launch_node.sim_node)
 
 
 def _socket_gid(name: str | None) -> tuple[int | None, str]:
@@ -340,7 +354,7 @@ def register(app: typer.Typer) -> None:
                 token,
                 allowed_hosts=hosts,
                 secure_cookies=tls is not None,
-                slurm_shares=slurm_shares,
+                slurm=_slurm_node(agent, slurm_shares),
             )
             # the router is a process of its own, which outlives this one (router_link.py)
             link = RouterLink(agent.services, root, router)

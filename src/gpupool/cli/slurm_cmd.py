@@ -1,28 +1,20 @@
-"""`gpupool slurm ...`: the Prolog and Epilog of a Slurm node, and a dev cluster on this machine."""
+"""`gpupool slurm ...`: the Prolog and Epilog of a Slurm node, and a dev cluster on this machine.
+
+It parses with argparse, not typer (cli/plain.py says why): the Prolog runs before each job's
+first task, so its start is part of every job's start.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
-import pwd
 from pathlib import Path
-
-import typer
 
 from gpupool.cli import options
 from gpupool.cli.lines import say
-from gpupool.core.errors import ConfigError, InvalidRequest
+from gpupool.core.errors import ConfigError
 
-slurm_app = typer.Typer(help="Slurm: a node's Prolog and Epilog, and a dev cluster.")
-cluster_app = typer.Typer(help="A Slurm cluster on this machine wired to gpupool, for tests.")
-slurm_app.add_typer(cluster_app, name="dev-cluster")
-
-SHARES = typer.Option(
-    Path("/var/lib/gpupool/slurm"), "--shares", help="Where the jobs' share files go."
-)
-STATE = typer.Option(
-    Path("/var/lib/gpupool"), "--state-dir", help="The node daemon's state directory."
-)
-SHARDS = typer.Option(10, "--shards", help="Shards per GPU, as gres.conf counts them.", min=1)
+HELP = "Slurm: a node's Prolog and Epilog, and a dev cluster."
 
 
 def _job() -> tuple[int, str]:
@@ -33,75 +25,90 @@ def _job() -> tuple[int, str]:
         raise ConfigError("run by slurmd as its Prolog or Epilog: no SLURM_JOB_ID") from err
 
 
-@slurm_app.command("prolog")
-def prolog(
-    shares: Path = SHARES,
-    state_dir: Path = STATE,
-    node_dir: Path | None = options.typer_option(options.NODE_DIR),
-    shards: int = SHARDS,
-) -> None:
-    """The Prolog: make the job's share from what Slurm gave it on this node."""
-    from gpupool.devices.factory import open_backend
-    from gpupool.slurm import shares as slurm_shares
+def _prolog(args: argparse.Namespace) -> int:
+    from gpupool.api.client import Client
+    from gpupool.slurm.gres import read_gres
 
     job_id, node = _job()
-    gres = slurm_shares.read_gres(job_id, node)
+    gres = read_gres(job_id, node)
     if gres is None:
-        return  # no GPU gres: the job runs as Slurm started it
-    uid = int(os.environ.get("SLURM_JOB_UID", "-1"))
-    entry = pwd.getpwuid(uid)
-    gpus = slurm_shares.node_gpus(open_backend(None, node_dir))
-    try:
-        share = slurm_shares.share_of(job_id, entry.pw_name, uid, gres, gpus, shards)
-    except InvalidRequest as err:
-        # the job's tasks refuse to start with this line on their stderr (the SPANK plugin);
-        # a failed Prolog would drain the node for the job's mistake
-        slurm_shares.refuse(shares, job_id, str(err))
-        say(f"job {job_id}: refused: {err}")
-        return
-    share = slurm_shares.write_share(shares, share, entry.pw_gid, gpus, state_dir, node_dir)
-    say(f"job {job_id}: {share.shards or 'whole'} shard(s) of GPU(s) {list(share.gpus)}")
+        return 0  # no GPU gres: the job runs as Slurm started it
+    kind, count, gpus = gres
+    body = {
+        "job_id": job_id,
+        "uid": int(os.environ.get("SLURM_JOB_UID", "-1")),
+        "kind": kind,
+        "count": count,
+        "gpus": list(gpus),
+        "shards_per_gpu": args.shards,
+    }
+    with Client(args.url) as client:
+        answer = client.call("POST", "/v1/slurm/prolog", json=body)
+    if "refused" in answer:
+        # its tasks refuse to start with this line on their stderr (the SPANK plugin); a failed
+        # Prolog would drain the node for the job's mistake
+        say(f"job {job_id}: refused: {answer['refused']}")
+    else:
+        share = answer["share"]
+        say(f"job {job_id}: {share['shards'] or 'whole'} shard(s) of GPU(s) {share['gpus']}")
+    return 0
 
 
-@slurm_app.command("epilog")
-def epilog(
-    shares: Path = SHARES,
-    state_dir: Path = STATE,
-    node_dir: Path | None = options.typer_option(options.NODE_DIR),
-    shards: int = SHARDS,
-) -> None:
-    """The Epilog: end the job's share (however the job ended)."""
-    from gpupool.slurm import shares as slurm_shares
+def _epilog(args: argparse.Namespace) -> int:
+    from gpupool.api.client import Client
 
-    del shards  # the same flags as the Prolog's, so that one line serves both
     job_id, _ = _job()
-    if slurm_shares.end_share(shares, job_id, state_dir, node_dir):
-        say(f"job {job_id}: share ended")
+    with Client(args.url) as client:
+        if client.call("POST", "/v1/slurm/epilog", json={"job_id": job_id})["ended"]:
+            say(f"job {job_id}: share ended")
+    return 0
 
 
-@cluster_app.command("up")
-def cluster_up(
-    directory: Path = typer.Argument(..., help="Where the cluster's files go."),
-    simulate: str = typer.Option(..., "--simulate", help=options.SIMULATE.help),
-    shards: int = typer.Option(10, "--shards", help="Shards per GPU."),
-    nodes: int = typer.Option(1, "--nodes", help="Slurm nodes (one per host here)."),
-) -> None:
-    """Start munged, slurmctld, slurmd and a gpupool daemon on simulated GPUs in DIRECTORY."""
+def _up(args: argparse.Namespace) -> int:
     from gpupool.slurm import devcluster
 
-    devcluster.up(directory, simulate, shards, nodes)
-    say(f"dev cluster up: source {directory.resolve() / 'env'}")
+    devcluster.up(args.directory, args.simulate, args.shards, args.nodes)
+    say(f"dev cluster up: source {args.directory.resolve() / 'env'}")
+    return 0
 
 
-@cluster_app.command("down")
-def cluster_down(directory: Path = typer.Argument(..., help="The cluster's directory.")) -> None:
-    """Cancel every job and stop the dev cluster in DIRECTORY."""
+def _down(args: argparse.Namespace) -> int:
     from gpupool.slurm import devcluster
 
-    stopped = devcluster.down(directory)
+    stopped = devcluster.down(args.directory)
     say(f"dev cluster down: stopped {', '.join(stopped) or 'nothing'}")
+    return 0
 
 
-def register(app: typer.Typer) -> None:
-    """Add `slurm` to the app."""
-    app.add_typer(slurm_app, name="slurm")
+def _hook_options(command: argparse.ArgumentParser) -> None:
+    options.add(command, options.URL)
+    command.add_argument(
+        "--shards", type=int, default=10, metavar="M", help="Shards per GPU, as in gres.conf."
+    )
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `gpupool slurm`, each subcommand's run function as `run`."""
+    command = argparse.ArgumentParser(prog=f"gpupool {name}", description=HELP)
+    command.set_defaults(run=lambda _args: 2)
+    sub = command.add_subparsers(dest="action", metavar="COMMAND", required=True)
+    prolog = sub.add_parser("prolog", help="The Prolog: make the job's share from its gres.")
+    prolog.set_defaults(run=_prolog)
+    epilog = sub.add_parser("epilog", help="The Epilog: end the job's share.")
+    epilog.set_defaults(run=_epilog)
+    for hook in (prolog, epilog):
+        _hook_options(hook)
+    cluster = sub.add_parser("dev-cluster", help="A Slurm cluster on this machine, for tests.")
+    actions = cluster.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
+    up = actions.add_parser("up", help="Start munged, slurmctld, slurmd and a gpupool daemon.")
+    up.add_argument("directory", type=Path, metavar="DIR", help="Where the cluster's files go.")
+    up.add_argument(
+        "--simulate", required=True, metavar="SPEC", help="The simulated GPUs: 1xA100-40GB."
+    )
+    up.add_argument("--shards", type=int, default=10, metavar="M", help="Shards per GPU.")
+    up.add_argument("--nodes", type=int, default=1, metavar="N", help="Slurm nodes (1 here).")
+    up.set_defaults(run=_up)
+    down = actions.add_parser("down", help="Cancel every job and stop the dev cluster.")
+    down.add_argument("directory", type=Path, metavar="DIR", help="The cluster's directory.")
+    down.set_defaults(run=_down)
+    return command

@@ -115,7 +115,7 @@ def write_config(root: Path, gpus: int, shards: int) -> None:
     if not spank.exists():
         raise ConfigError(f"no {spank}: install libslurm-dev and run `make native`")
     _write(root / "plugstack.conf", f"required {spank} shares={root}/shares\n")
-    flags = f"--shares {root}/shares --state-dir {root}/state --node-dir {root}/node"
+    flags = f"--url unix://{root}/state/gpupool.sock"
     for hook in ("prolog", "epilog"):
         _write(
             root / hook,
@@ -206,7 +206,7 @@ def up(root: Path, simulate: str, shards: int, nodes: int = 1) -> None:
     )  # fmt: skip
     _write(root / "gpupool.pid", f"{serve.pid}\n")
     _wait("gpupool daemon", lambda: _answers(serve, root / "state" / "gpupool.sock"), root)
-    gpus = len(node_gpus(open_backend(None, root / "node")))
+    gpus = len(node_gpus(open_backend(None, root / "node").snapshot()))
     write_config(root, gpus, shards)
     _start_munge(root)
     conf = str(root / "slurm.conf")

@@ -15,32 +15,28 @@ node's tools show, and what the Epilog ends).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core import settings
-from gpupool.core.errors import ConfigError, GpupoolError, InvalidRequest
+from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import MILLI_PER_GPU
-from gpupool.devices.backend import GpuBackend
-from gpupool.isolation.arbiter_control import node_arbiter_dir
+from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.launch import ShareLimits, share_env
 from gpupool.isolation.libraries import SHIM_LIBRARY, SIM_DIR
 from gpupool.k8s import hostfiles
 from gpupool.k8s.inventory import GpuInfo, from_snapshot
+from gpupool.slurm.gres import Gres
 
 SHARE_RECORD = "share.json"
 #: in a job's directory instead of its share: why it has none (the SPANK plugin says it)
 REFUSED = "refused"
-#: `GRES=shard:3(IDX:0)` or `GRES=gpu:2(IDX:0-1)` on the job's line for a node
-_GRES = re.compile(r"\b(shard|gpu):(?:[^:(,\s]+:)?(\d+)\(IDX:([0-9,-]+)\)")
-_NODES = re.compile(r"^\s*Nodes=(\S+)\s.*GRES=(\S+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -62,48 +58,11 @@ class SlurmShare:
         return {**asdict(self), "gpus": list(self.gpus)}
 
 
-def _indices(text: str) -> tuple[int, ...]:
-    found: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        found += range(int(low), int(high or low) + 1)
-    return tuple(found)
-
-
-def job_gres(scontrol_text: str, node: str) -> tuple[str, int, tuple[int, ...]] | None:
-    """(kind, count, GPU indices) of the job's GPU gres on `node`, from `scontrol show job -d`;
-    None when it holds none there."""
-    lines = _NODES.findall(scontrol_text)
-    mine = [gres for nodes, gres in lines if nodes == node] or (
-        [lines[0][1]] if len(lines) == 1 else []
-    )
-    for gres in mine:
-        found = _GRES.search(gres)
-        if found is not None:
-            return found.group(1), int(found.group(2)), _indices(found.group(3))
-    return None
-
-
-def read_gres(job_id: int, node: str) -> tuple[str, int, tuple[int, ...]] | None:
-    """What slurmctld gave job `job_id` on `node` (scontrol as root: not the job's word)."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "show", "job", "-d", str(job_id)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        raise ConfigError(f"cannot ask slurmctld about job {job_id}: {err}") from err
-    return job_gres(done.stdout, node)
-
-
 def share_of(
     job_id: int,
     user: str,
     uid: int,
-    gres: tuple[str, int, tuple[int, ...]],
+    gres: Gres,
     gpus: Mapping[int, GpuInfo],
     shards_per_gpu: int,
 ) -> SlurmShare:
@@ -130,8 +89,8 @@ def share_of(
     return SlurmShare(job_id, user, uid, indices, count, shards_per_gpu, memory, compute)
 
 
-def node_gpus(backend: GpuBackend) -> dict[int, GpuInfo]:
-    return {gpu.index: gpu for gpu in from_snapshot(backend.snapshot())}
+def node_gpus(snapshot: NodeSnapshot) -> dict[int, GpuInfo]:
+    return {gpu.index: gpu for gpu in from_snapshot(snapshot)}
 
 
 def _write(path: Path, text: str, mode: int, group: int = 0) -> None:
@@ -145,10 +104,11 @@ def write_share(
     share: SlurmShare,
     gid: int,
     gpus: Mapping[int, GpuInfo],
-    state_dir: Path,
+    arbiter: NodeArbiter,
     sim_node: Path | None,
 ) -> SlurmShare:
-    """Register the share with the node's arbiter and write its files (see the module's doc)."""
+    """Register the share with the node's arbiter (the daemon's) and write its files (see the
+    module's doc)."""
     lib = hostfiles.install(shares_dir / "lib")
     job_dir = shares_dir / str(share.slurm_job_id)
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -160,12 +120,8 @@ def write_share(
     limits = ShareLimits(share.gpus, share.memory, share.compute_milli)
     env = share_env(limits, [gpus[i].memory for i in share.gpus], region / "region")
     if limits.arbitrated:
-        arbiter = NodeArbiter(node_arbiter_dir(sim_node), state_dir)
         name = arbiter.share_of(f"slurm {share.slurm_job_id}")
-        try:
-            arbiter.register(limits.registration(name, share.uid, {i: gpus[i].uuid for i in gpus}))
-        finally:
-            arbiter.close()
+        arbiter.register(limits.registration(name, share.uid, {i: gpus[i].uuid for i in gpus}))
         env[settings.ARBITER_DIR.name] = str(arbiter.directory)
         env[settings.ARBITER_SHARE.name] = name.setting
         share = SlurmShare(**{**asdict(share), "share_id": name.share_id})
@@ -190,19 +146,14 @@ def refuse(shares_dir: Path, job_id: int, why: str) -> None:
     _write(job_dir / REFUSED, f"{why}\n", 0o444)
 
 
-def end_share(shares_dir: Path, job_id: int, state_dir: Path, sim_node: Path | None) -> bool:
+def end_share(shares_dir: Path, job_id: int, arbiter: NodeArbiter) -> bool:
     """Unregister job `job_id`'s share and remove its files; whether it had one."""
     job_dir = shares_dir / str(job_id)
     share = read_share(job_dir)
     if share is not None and share.share_id:
-        arbiter = NodeArbiter(node_arbiter_dir(sim_node), state_dir)
-        try:
-            arbiter.keep(tuple)  # connected (the daemon registers its own jobs again)
-            arbiter.unregister(arbiter.share_of(f"slurm {job_id}").share_id)
-        except GpupoolError:
-            pass  # an arbiter that went away took its shares along
-        finally:
-            arbiter.close()
+        # an arbiter that went away took its shares along
+        with contextlib.suppress(GpupoolError):
+            arbiter.unregister(share.share_id)
     existed = job_dir.exists()
     shutil.rmtree(job_dir, ignore_errors=True)
     return existed

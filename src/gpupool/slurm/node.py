@@ -1,0 +1,56 @@
+"""The node daemon's side of Slurm: it makes and ends the jobs' shares for the node's Prolog and
+Epilog, with its own compute arbiter connection and its last GPU snapshot, so that a job's start
+pays for one small request rather than for a process that loads gpupool and opens the GPUs."""
+
+from __future__ import annotations
+
+import pwd
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpupool.agent.arbiters import NodeArbiter
+from gpupool.core.errors import DaemonError, InvalidRequest
+from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.slurm import shares
+from gpupool.slurm.gres import Gres
+
+
+@dataclass
+class SlurmNode:
+    """Where the jobs' shares go, and what holds them."""
+
+    shares_dir: Path
+    arbiter: NodeArbiter
+    sim_node: Path | None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(
+        self, job_id: int, uid: int, gres: Gres, shards_per_gpu: int, snapshot: NodeSnapshot | None
+    ) -> dict[str, object]:
+        """Make job `job_id`'s share; {"share": ...}, or {"refused": why} when the node cannot
+        hold it (its tasks then refuse to start, saying why)."""
+        if snapshot is None:
+            raise DaemonError("the daemon has not read its GPUs yet: try again")
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError as err:
+            raise InvalidRequest(f"job {job_id}: no user of uid {uid} on this node") from err
+        gpus = shares.node_gpus(snapshot)
+        with self._lock:
+            try:
+                share = shares.share_of(job_id, entry.pw_name, uid, gres, gpus, shards_per_gpu)
+            except InvalidRequest as err:
+                shares.refuse(self.shares_dir, job_id, str(err))
+                return {"refused": str(err)}
+            share = shares.write_share(
+                self.shares_dir, share, entry.pw_gid, gpus, self.arbiter, self.sim_node
+            )
+        return {"share": share.to_json()}
+
+    def end(self, job_id: int) -> bool:
+        with self._lock:
+            return shares.end_share(self.shares_dir, job_id, self.arbiter)
+
+    def listing(self) -> list[dict[str, object]]:
+        return [share.to_json() for share in shares.list_shares(self.shares_dir)]
