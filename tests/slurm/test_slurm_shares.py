@@ -3,8 +3,11 @@ simulated node, with jobs of real, distinct Unix users through srun and sbatch."
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from tests.users import User, check_interpreter, remove_tree, run_as, users, world_dir
+
+from gpupool.isolation.arbiter import read_shares
 
 PROBE = str(Path(__file__).with_name("probe.py"))
 GIB = 1 << 30
@@ -109,7 +114,7 @@ def test_a_job_cannot_drop_or_enlarge_its_share(cluster: Cluster, people: list[U
     hostile = people[2]
     tricks = [
         "env", "-u", "LD_PRELOAD", "GPUPOOL_MEMORY_LIMIT_0=40Gi", "GPUPOOL_COMPUTE_LIMIT=100",
-        "GPUPOOL_CONFIG_FILE=/dev/null", "setsid", sys.executable, PROBE, str(13 * 1024),
+        "GPUPOOL_CONFIG_FILE=/dev/null", "setsid", "-w", sys.executable, PROBE, str(13 * 1024),
     ]  # fmt: skip
     done = cluster.srun(hostile, "--gres=shard:3", *tricks)
     assert _values(done.stdout).get("total") == str(40 * GIB * 3 // 10), done.stderr
@@ -189,3 +194,44 @@ def test_a_node_whose_gres_disagrees_refuses_the_job_in_one_line(
     assert "RAN" not in done.stdout and done.returncode != 0
     assert "3 shards of a GPU that has 2: gres.conf disagrees" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _arbiterd(directory: Path) -> int | None:
+    """The pid of the arbiter of `directory` (this cluster's only)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            argv = cmdline.read_bytes().split(b"\0")
+            if (
+                len(argv) > 1
+                and argv[0].endswith(b"gpupool-arbiterd")
+                and argv[1] == bytes(directory)
+            ):
+                return int(cmdline.parent.name)
+    return None
+
+
+def test_a_restarted_arbiter_holds_the_running_slurm_shares_again(
+    cluster: Cluster, people: list[User]
+) -> None:
+    job = cluster.sbatch(people[0], "shard:3", f"{sys.executable} {PROBE} 1 20")
+    _wait("the job's share", lambda: str(job) in cluster.shares())
+    share = json.loads((cluster.root / "shares" / str(job) / "share.json").read_text())
+    arbiter = cluster.root / "node" / "arbiter"
+    first = _arbiterd(arbiter)
+    assert first is not None
+    (view,) = arbiter.glob("gpu-*")
+    killed_at = time.time_ns()
+    os.kill(first, signal.SIGKILL)
+
+    def held() -> bool:
+        # a new arbiter makes a GPU's view afresh when a share is registered on that GPU
+        with contextlib.suppress(OSError):
+            if _arbiterd(arbiter) not in (None, first) and view.stat().st_ctime_ns > killed_at:
+                return share["share_id"] in {s.share_id for s in read_shares(view)}
+        return False
+
+    try:
+        _wait("the share registered with the new arbiter", held)
+    finally:
+        subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env})
+    _wait("the share's end", lambda: str(job) not in cluster.shares())

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import DaemonError, InvalidRequest
 from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.isolation.arbiter_control import Registration
 from gpupool.slurm import shares
 from gpupool.slurm.gres import Gres
 
@@ -24,6 +25,19 @@ class SlurmNode:
     arbiter: NodeArbiter
     sim_node: Path | None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: each running share's terms at the arbiter, by Slurm job id: registered again when the
+    #: arbiter is started again (NodeArbiter.also_keep)
+    _held: dict[int, Registration] = field(default_factory=dict)
+    #: its own lock: the arbiter asks for them while holding its lock, which `start` takes
+    #: while holding `_lock`
+    _held_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.arbiter.also_keep(self.registrations)
+
+    def registrations(self) -> list[Registration]:
+        with self._held_lock:
+            return list(self._held.values())
 
     def start(
         self, job_id: int, uid: int, gres: Gres, shards_per_gpu: int, snapshot: NodeSnapshot | None
@@ -43,13 +57,18 @@ class SlurmNode:
             except InvalidRequest as err:
                 shares.refuse(self.shares_dir, job_id, str(err))
                 return {"refused": str(err)}
-            share = shares.write_share(
+            share, held = shares.write_share(
                 self.shares_dir, share, entry.pw_gid, gpus, self.arbiter, self.sim_node
             )
+            if held is not None:
+                with self._held_lock:
+                    self._held[job_id] = held
         return {"share": share.to_json()}
 
     def end(self, job_id: int) -> bool:
         with self._lock:
+            with self._held_lock:
+                self._held.pop(job_id, None)
             return shares.end_share(self.shares_dir, job_id, self.arbiter)
 
     def listing(self) -> list[dict[str, object]]:

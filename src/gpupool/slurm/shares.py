@@ -28,6 +28,7 @@ from gpupool.core import settings
 from gpupool.core.errors import GpupoolError, InvalidRequest
 from gpupool.core.units import MILLI_PER_GPU
 from gpupool.devices.snapshot import NodeSnapshot
+from gpupool.isolation.arbiter_control import Registration
 from gpupool.isolation.launch import ShareLimits, share_env
 from gpupool.isolation.libraries import SHIM_LIBRARY, SIM_DIR
 from gpupool.k8s import hostfiles
@@ -106,9 +107,9 @@ def write_share(
     gpus: Mapping[int, GpuInfo],
     arbiter: NodeArbiter,
     sim_node: Path | None,
-) -> SlurmShare:
+) -> tuple[SlurmShare, Registration | None]:
     """Register the share with the node's arbiter (the daemon's) and write its files (see the
-    module's doc)."""
+    module's doc); the share and its registration, if it has one (a whole GPU has none)."""
     lib = hostfiles.install(shares_dir / "lib")
     job_dir = shares_dir / str(share.slurm_job_id)
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -119,9 +120,11 @@ def write_share(
     os.chown(region, share.uid, gid)
     limits = ShareLimits(share.gpus, share.memory, share.compute_milli)
     env = share_env(limits, [gpus[i].memory for i in share.gpus], region / "region")
+    registration = None
     if limits.arbitrated:
         name = arbiter.share_of(f"slurm {share.slurm_job_id}")
-        arbiter.register(limits.registration(name, share.uid, {i: gpus[i].uuid for i in gpus}))
+        registration = limits.registration(name, share.uid, {i: gpus[i].uuid for i in gpus})
+        arbiter.register(registration)
         env[settings.ARBITER_DIR.name] = str(arbiter.directory)
         env[settings.ARBITER_SHARE.name] = name.setting
         share = SlurmShare(**{**asdict(share), "share_id": name.share_id})
@@ -135,7 +138,7 @@ def write_share(
         visible["LD_LIBRARY_PATH"] = str(lib / SIM_DIR)
     _write(job_dir / "env", "".join(f"{k}={v}\n" for k, v in visible.items()), 0o444)
     _write(job_dir / SHARE_RECORD, json.dumps(share.to_json()), 0o444)
-    return share
+    return share, registration
 
 
 def refuse(shares_dir: Path, job_id: int, why: str) -> None:
