@@ -177,6 +177,10 @@ def test_ps_shows_the_job_share_with_its_slurm_job_id(cluster: Cluster, people: 
     (share,) = [s for s in json.loads(done.stdout)["slurm"] if s["slurm_job_id"] == job]
     assert (share["user"], share["gpus"], share["shards"]) == (people[1].name, [0], 4)
     assert share["memory"] == 40 * GIB * 4 // 10 and share["compute_milli"] == 400
+    # its settings hold its arbiter key: another user can read them neither there nor by name
+    settings = cluster.root / "shares" / str(job) / "etc" / "gpupool" / "shim.conf"
+    peek = run_as(people[2], ["cat", str(settings)])
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr
     subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
     _wait("the share's end", lambda: str(job) not in cluster.shares())
 
