@@ -239,3 +239,18 @@ def test_a_restarted_arbiter_holds_the_running_slurm_shares_again(
     finally:
         subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env})
     _wait("the share's end", lambda: str(job) not in cluster.shares())
+
+
+def test_slurmd_killed_mid_job_and_restarted_leaves_no_share(
+    cluster: Cluster, people: list[User]
+) -> None:
+    job = cluster.sbatch(people[1], "shard:2", f"{sys.executable} {PROBE} 1 60")
+    _wait("the job to run", lambda: cluster.state(job) == "RUNNING")
+    slurmd = int((cluster.root / "slurmd.pid").read_text().split()[0])
+    os.kill(slurmd, signal.SIGKILL)
+    _wait("slurmd's end", lambda: not Path(f"/proc/{slurmd}").exists())
+    assert str(job) in cluster.shares()  # its step runs on, held to its share
+    conf = str(cluster.root / "slurm.conf")
+    subprocess.run(["slurmd", "-f", conf, "-N", "gpupool0"], check=True, capture_output=True)
+    subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
+    _wait("the share's end", lambda: str(job) not in cluster.shares(), 60)
