@@ -254,3 +254,24 @@ def test_slurmd_killed_mid_job_and_restarted_leaves_no_share(
     subprocess.run(["slurmd", "-f", conf, "-N", "gpupool0"], check=True, capture_output=True)
     subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
     _wait("the share's end", lambda: str(job) not in cluster.shares(), 60)
+
+
+def test_the_watchdog_knows_a_slurm_jobs_processes(cluster: Cluster, people: list[User]) -> None:
+    job = cluster.sbatch(people[0], "shard:2", f"{sys.executable} {PROBE} 1 8")
+    url = f"unix://{cluster.root / 'state' / 'gpupool.sock'}"
+
+    def events() -> list[dict[str, object]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpupool", "events", "--json", "--url", url],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return list(json.loads(done.stdout)["events"])
+
+    mine = f"slurm job {job}"
+    _wait("the watchdog's pass over the job", lambda: any(mine in str(e) for e in events()))
+    found = [e for e in events() if mine in str(e)]
+    assert {e["kind"] for e in found} == {"exempt"}, found
+    assert not any(e["kind"] == "no_job" and f"{PROBE}" in str(e) for e in events())
+    _wait("the share's end", lambda: str(job) not in cluster.shares(), 60)

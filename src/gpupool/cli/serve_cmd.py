@@ -6,6 +6,7 @@ import errno
 import grp
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,10 @@ def _slurm_node(agent: Agent, shares: Path | None) -> SlurmNode | None:
 
     if shares is None:
         return None
-    return SlurmNode(shares.resolve(), agent.arbiter, agent.launch_node.sim_node)
+    node = SlurmNode(shares.resolve(), agent.arbiter, agent.launch_node.sim_node)
+    # its jobs' GPU processes are no strangers to the watchdog: exempt, never killed
+    agent.watchdog.exemptions = replace(agent.watchdog.exemptions, held=node.holder)
+    return node
 
 
 def _socket_gid(name: str | None) -> tuple[int | None, str]:

@@ -4,7 +4,9 @@ pays for one small request rather than for a process that loads gpupool and open
 
 from __future__ import annotations
 
+import os
 import pwd
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +72,24 @@ class SlurmNode:
             with self._held_lock:
                 self._held.pop(job_id, None)
             return shares.end_share(self.shares_dir, job_id, self.arbiter)
+
+    def holder(self, pid: int) -> str | None:
+        """`slurm job N` when process `pid` is a task of job N as the SPANK plugin made it:
+        in the host's user namespace (where only root mounts), with job N's files over its
+        /etc, run by the job's user; else None (the watchdog's process of no job)."""
+        try:
+            if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
+                return None
+            uid = os.stat(f"/proc/{pid}").st_uid
+            mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+        except OSError:
+            return None
+        prefix = re.escape(f"lowerdir={self.shares_dir}/")
+        found = re.search(rf"{prefix}(\d+)/etc:/etc(?:,|$)", mounts, re.MULTILINE)
+        share = shares.read_share(self.shares_dir / found.group(1)) if found else None
+        if share is None or share.uid != uid:
+            return None
+        return f"slurm job {share.slurm_job_id}"
 
     def listing(self) -> list[dict[str, object]]:
         return [share.to_json() for share in shares.list_shares(self.shares_dir)]
