@@ -13,6 +13,12 @@
  * namespace. Nothing on the host changes. A job with no share directory (no GPU gres) is left
  * alone; a job whose share cannot be put in place does not start (fail closed).
  *
+ * A job may ask less than its shards give, or another way to use them (srun, sbatch and salloc
+ * options): --gpupool-priority=high|low, --gpupool-policy=cap|share, --gpupool-memory=SIZE,
+ * --gpupool-compute=PERCENT. They are checked for form at submit; the node daemon checks that
+ * they ask no more than the shards (else the job's tasks refuse to start, saying why). Slurm
+ * hands them to the Prolog as SPANK__SLURM_SPANK_OPTION_gpupool_gpupool_<name>.
+ *
  * plugstack.conf: required /path/to/gpupool-spank.so shares=/var/lib/gpupool/slurm
  */
 #define _GNU_SOURCE
@@ -33,6 +39,54 @@ SPANK_PLUGIN(gpupool, 1);
 #define ENV_LINE_MAX 4096
 
 static const char *shares_dir = "/var/lib/gpupool/slurm";
+
+/* the options' values, checked for form in the submitting command (local context) */
+static int check_option(int val, const char *optarg, int remote);
+
+enum { OPT_PRIORITY, OPT_POLICY, OPT_MEMORY, OPT_COMPUTE };
+
+struct spank_option spank_options[] = {
+    {"gpupool-priority", "high|low", "gpupool: the share's priority (low runs in the time high "
+     "shares leave)", 1, OPT_PRIORITY, check_option},
+    {"gpupool-policy", "cap|share", "gpupool: cap (at most the shards' compute) or share (a "
+     "weight: idle time too)", 1, OPT_POLICY, check_option},
+    {"gpupool-memory", "SIZE", "gpupool: less GPU memory than the shards give (e.g. 2Gi)", 1,
+     OPT_MEMORY, check_option},
+    {"gpupool-compute", "PERCENT", "gpupool: less compute than the shards give (1-100)", 1,
+     OPT_COMPUTE, check_option},
+    SPANK_OPTIONS_TABLE_END};
+
+static int one_of(const char *text, const char *a, const char *b) {
+    return strcmp(text, a) == 0 || strcmp(text, b) == 0;
+}
+
+/* SIZE: digits, then an optional K/M/G/T (with i) and B; the daemon reads it exactly */
+static int is_size(const char *text) {
+    const char *p = text;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == text) return 0;
+    if (*p != '\0' && strchr("kKMGTP", *p) != NULL) p++;
+    if (*p == 'i') p++;
+    if (*p == 'B') p++;
+    return *p == '\0';
+}
+
+static int check_option(int val, const char *optarg, int remote) {
+    (void)remote;
+    const char *arg = optarg != NULL ? optarg : "";
+    char *end = NULL;
+    long percent = strtol(arg, &end, 10);
+    int ok = val == OPT_PRIORITY  ? one_of(arg, "high", "low")
+             : val == OPT_POLICY  ? one_of(arg, "cap", "share")
+             : val == OPT_MEMORY  ? is_size(arg)
+             : val == OPT_COMPUTE ? (end != arg && *end == '\0' && percent >= 1 && percent <= 100)
+                                  : 0;
+    if (!ok) {
+        slurm_error("gpupool: invalid --%s=%s", spank_options[val].name, arg);
+        return -1;
+    }
+    return 0;
+}
 
 static void read_args(int ac, char **av) {
     for (int i = 0; i < ac; i++) {

@@ -275,3 +275,23 @@ def test_the_watchdog_knows_a_slurm_jobs_processes(cluster: Cluster, people: lis
     assert {e["kind"] for e in found} == {"exempt"}, found
     assert not any(e["kind"] == "no_job" and f"{PROBE}" in str(e) for e in events())
     _wait("the share's end", lambda: str(job) not in cluster.shares(), 60)
+
+
+def test_a_job_may_ask_less_than_its_shards_never_more(
+    cluster: Cluster, people: list[User]
+) -> None:
+    user = people[1]
+    show = f"cat /etc/gpupool/shim.conf; {sys.executable} {PROBE} 1"
+    less = cluster.srun(
+        user, "--gres=shard:3", "--gpupool-memory=2Gi", "--gpupool-compute=20",
+        "--gpupool-priority=low", "sh", "-c", show,
+    )  # fmt: skip
+    assert _values(less.stdout)["total"] == str(2 * GIB), less.stderr
+    assert "GPUPOOL_COMPUTE_LIMIT=20" in less.stdout
+    assert "GPUPOOL_COMPUTE_PRIORITY=low" in less.stdout
+    more = cluster.srun(user, "--gres=shard:3", "--gpupool-memory=20Gi", "sh", "-c", "echo RAN")
+    assert "RAN" not in more.stdout and more.returncode != 0
+    assert "--gpupool-memory=20Gi is more than its shards give (12GiB of GPU memory)" in more.stderr
+    bad = cluster.srun(user, "--gres=shard:3", "--gpupool-compute=150", "true")
+    assert bad.returncode != 0 and "gpupool: invalid --gpupool-compute=150" in bad.stderr
+    assert "Traceback" not in more.stderr + bad.stderr

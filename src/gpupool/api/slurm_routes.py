@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.agent.access import Access
 from gpupool.agent.view import NodeView
-from gpupool.slurm.node import SlurmNode
+from gpupool.slurm.node import Asked, SlurmNode
 
 
 class PrologBody(BaseModel):
@@ -28,6 +28,12 @@ class PrologBody(BaseModel):
     count: int = Field(ge=1)
     gpus: list[int] = Field(min_length=1, max_length=64)
     shards_per_gpu: int = Field(ge=1, le=100_000)
+    #: the job's --gpupool-* options, as the user typed them (a job submitted past srun's own
+    #: check may carry anything): checked here, a bad one refuses the job, not the Prolog
+    priority: str | None = Field(default=None, max_length=64)
+    policy: str | None = Field(default=None, max_length=64)
+    memory: str | None = Field(default=None, max_length=64)
+    compute: str | None = Field(default=None, max_length=64)
 
 
 class EpilogBody(BaseModel):
@@ -52,7 +58,9 @@ def register(
     def prolog(body: PrologBody, uid: int = Depends(caller)) -> dict[str, Any]:
         access.require_admin(uid, "making a Slurm job's share")
         gres = (body.kind, body.count, tuple(body.gpus))
-        return slurm.start(body.job_id, body.uid, gres, body.shards_per_gpu, view.snapshot())
+        asked = Asked(body.priority, body.policy, body.memory, body.compute)
+        snapshot = view.snapshot()
+        return slurm.start(body.job_id, body.uid, gres, body.shards_per_gpu, snapshot, asked)
 
     @app.post("/v1/slurm/epilog")
     def epilog(body: EpilogBody, uid: int = Depends(caller)) -> dict[str, Any]:

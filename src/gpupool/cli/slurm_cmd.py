@@ -15,6 +15,8 @@ from gpupool.cli.lines import say
 from gpupool.core.errors import ConfigError
 
 HELP = "Slurm: a node's Prolog and Epilog, and a dev cluster."
+#: how Slurm hands the SPANK plugin's options (--gpupool-NAME) to the Prolog
+OPTION_ENV = "SPANK__SLURM_SPANK_OPTION_gpupool_gpupool_"
 
 
 def _job() -> tuple[int, str]:
@@ -41,6 +43,7 @@ def _prolog(args: argparse.Namespace) -> int:
         "count": count,
         "gpus": list(gpus),
         "shards_per_gpu": args.shards,
+        **_asked(),
     }
     with Client(args.url) as client:
         answer = client.call("POST", "/v1/slurm/prolog", json=body)
@@ -52,6 +55,16 @@ def _prolog(args: argparse.Namespace) -> int:
         share = answer["share"]
         say(f"job {job_id}: {share['shards'] or 'whole'} shard(s) of GPU(s) {share['gpus']}")
     return 0
+
+
+def _asked() -> dict[str, object]:
+    """The job's --gpupool-* options (the plugin checked their form at submit)."""
+    asked: dict[str, object] = {}
+    for name in ("priority", "policy", "memory", "compute"):
+        value = os.environ.get(OPTION_ENV + name)
+        if value:
+            asked[name] = value
+    return asked
 
 
 def _epilog(args: argparse.Namespace) -> int:

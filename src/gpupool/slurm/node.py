@@ -10,6 +10,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import DaemonError, InvalidRequest
@@ -17,6 +18,15 @@ from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter_control import Registration
 from gpupool.slurm import shares
 from gpupool.slurm.gres import Gres
+
+
+class Asked(NamedTuple):
+    """What a job asked with the SPANK plugin's options (None: what its shards give)."""
+
+    priority: str | None = None
+    policy: str | None = None
+    memory: str | None = None
+    compute: str | None = None
 
 
 @dataclass
@@ -42,10 +52,17 @@ class SlurmNode:
             return list(self._held.values())
 
     def start(
-        self, job_id: int, uid: int, gres: Gres, shards_per_gpu: int, snapshot: NodeSnapshot | None
+        self,
+        job_id: int,
+        uid: int,
+        gres: Gres,
+        shards_per_gpu: int,
+        snapshot: NodeSnapshot | None,
+        asked: Asked = Asked(),
     ) -> dict[str, object]:
-        """Make job `job_id`'s share; {"share": ...}, or {"refused": why} when the node cannot
-        hold it (its tasks then refuse to start, saying why)."""
+        """Make job `job_id`'s share, narrowed to what it `asked`; {"share": ...}, or
+        {"refused": why} when the node cannot hold it (its tasks then refuse to start, saying
+        why)."""
         if snapshot is None:
             raise DaemonError("the daemon has not read its GPUs yet: try again")
         try:
@@ -56,6 +73,7 @@ class SlurmNode:
         with self._lock:
             try:
                 share = shares.share_of(job_id, entry.pw_name, uid, gres, gpus, shards_per_gpu)
+                share = shares.narrowed(share, *asked)
             except InvalidRequest as err:
                 shares.refuse(self.shares_dir, job_id, str(err))
                 return {"refused": str(err)}

@@ -20,16 +20,17 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core import settings
 from gpupool.core.errors import GpupoolError, InvalidRequest
-from gpupool.core.units import MILLI_PER_GPU
+from gpupool.core.resources import Priority
+from gpupool.core.units import MILLI_PER_GPU, format_bytes, parse_bytes
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter_control import Registration
-from gpupool.isolation.launch import ShareLimits, share_env
+from gpupool.isolation.launch import ComputePolicy, ShareLimits, share_env
 from gpupool.isolation.libraries import SHIM_LIBRARY, SIM_DIR
 from gpupool.k8s import hostfiles
 from gpupool.k8s.inventory import GpuInfo, from_snapshot
@@ -54,6 +55,9 @@ class SlurmShare:
     memory: int
     compute_milli: int
     share_id: int = 0
+    #: what the job asked with the SPANK plugin's options (None: the arbiter's default)
+    priority: str | None = None
+    policy: str = "cap"
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "gpus": list(self.gpus)}
@@ -90,6 +94,47 @@ def share_of(
     return SlurmShare(job_id, user, uid, indices, count, shards_per_gpu, memory, compute)
 
 
+def narrowed(
+    share: SlurmShare,
+    priority: str | None,
+    policy: str | None,
+    memory: str | None,
+    compute: str | None,
+) -> SlurmShare:
+    """`share` with what the job asked (--gpupool-*): InvalidRequest if it asks more than its
+    shards give, or something that is no value of the option."""
+    job = f"job {share.slurm_job_id}"
+    for name, value, allowed in (
+        ("priority", priority, {"high", "low"}),
+        ("policy", policy, {"cap", "share"}),
+    ):
+        if value is not None and value not in allowed:
+            raise InvalidRequest(
+                f"{job}: invalid --gpupool-{name}={value}: {' or '.join(sorted(allowed))}"
+            )
+    if compute is not None and not (compute.isdigit() and 1 <= int(compute) <= 100):
+        raise InvalidRequest(f"{job}: invalid --gpupool-compute={compute}: a percent from 1 to 100")
+    limit = share.memory
+    if memory is not None:
+        limit = parse_bytes(memory)
+        if not 0 < limit <= share.memory:
+            raise InvalidRequest(
+                f"{job}: --gpupool-memory={memory} is more than its shards give "
+                f"({format_bytes(share.memory)} of GPU memory)"
+            )
+    milli = share.compute_milli
+    if compute is not None:
+        milli = int(compute) * MILLI_PER_GPU // 100
+        if milli > share.compute_milli:
+            raise InvalidRequest(
+                f"{job}: --gpupool-compute={compute} is more than its shards give "
+                f"({share.compute_milli * 100 // MILLI_PER_GPU} % of the GPU)"
+            )
+    return replace(
+        share, memory=limit, compute_milli=milli, priority=priority, policy=policy or "cap"
+    )
+
+
 def node_gpus(snapshot: NodeSnapshot) -> dict[int, GpuInfo]:
     return {gpu.index: gpu for gpu in from_snapshot(snapshot)}
 
@@ -118,7 +163,13 @@ def write_share(
     region = job_dir / "region"
     region.mkdir(mode=0o700)
     os.chown(region, share.uid, gid)
-    limits = ShareLimits(share.gpus, share.memory, share.compute_milli)
+    limits = ShareLimits(
+        share.gpus,
+        share.memory,
+        share.compute_milli,
+        policy=ComputePolicy(share.policy),
+        priority=Priority(share.priority) if share.priority else None,
+    )
     env = share_env(limits, [gpus[i].memory for i in share.gpus], region / "region")
     registration = None
     if limits.arbitrated:
