@@ -46,10 +46,14 @@ static int check_option(int val, const char *optarg, int remote);
 enum { OPT_PRIORITY, OPT_POLICY, OPT_MEMORY, OPT_COMPUTE };
 
 struct spank_option spank_options[] = {
-    {"gpupool-priority", "high|low", "gpupool: the share's priority (low runs in the time high "
-     "shares leave)", 1, OPT_PRIORITY, check_option},
-    {"gpupool-policy", "cap|share", "gpupool: cap (at most the shards' compute) or share (a "
-     "weight: idle time too)", 1, OPT_POLICY, check_option},
+    {"gpupool-priority", "high|low",
+     "gpupool: the share's priority (low runs in the time high "
+     "shares leave)",
+     1, OPT_PRIORITY, check_option},
+    {"gpupool-policy", "cap|share",
+     "gpupool: cap (at most the shards' compute) or share (a "
+     "weight: idle time too)",
+     1, OPT_POLICY, check_option},
     {"gpupool-memory", "SIZE", "gpupool: less GPU memory than the shards give (e.g. 2Gi)", 1,
      OPT_MEMORY, check_option},
     {"gpupool-compute", "PERCENT", "gpupool: less compute than the shards give (1-100)", 1,
