@@ -257,7 +257,7 @@ def test_slurmd_killed_mid_job_and_restarted_leaves_no_share(
 
 
 def test_the_watchdog_knows_a_slurm_jobs_processes(cluster: Cluster, people: list[User]) -> None:
-    job = cluster.sbatch(people[0], "shard:2", f"{sys.executable} {PROBE} 1 8")
+    job = cluster.sbatch(people[0], "shard:2", f"{sys.executable} {PROBE} 1 60")
     url = f"unix://{cluster.root / 'state' / 'gpupool.sock'}"
 
     def events() -> list[dict[str, object]]:
@@ -273,7 +273,9 @@ def test_the_watchdog_knows_a_slurm_jobs_processes(cluster: Cluster, people: lis
     _wait("the watchdog's pass over the job", lambda: any(mine in str(e) for e in events()))
     found = [e for e in events() if mine in str(e)]
     assert {e["kind"] for e in found} == {"exempt"}, found
-    assert not any(e["kind"] == "no_job" and f"{PROBE}" in str(e) for e in events())
+    pids = {e["pid"] for e in found}
+    assert not [e for e in events() if e["kind"] == "no_job" and e["pid"] in pids]
+    subprocess.run(["scancel", str(job)], env={"PATH": "/usr/bin:/bin", **cluster.env}, check=True)
     _wait("the share's end", lambda: str(job) not in cluster.shares(), 60)
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.core.errors import DaemonError, InvalidRequest
+from gpupool.devices.procfs import process_uid
 from gpupool.devices.snapshot import NodeSnapshot
 from gpupool.isolation.arbiter_control import Registration
 from gpupool.slurm import shares
@@ -98,7 +99,7 @@ class SlurmNode:
         try:
             if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
                 return None
-            uid = os.stat(f"/proc/{pid}").st_uid
+            uid = process_uid(pid)  # /proc/PID's owner is root's while the process is not dumpable
             mounts = Path(f"/proc/{pid}/mountinfo").read_text()
         except OSError:
             return None
