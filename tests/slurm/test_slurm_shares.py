@@ -67,7 +67,17 @@ def _gpupool(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def people() -> Iterator[list[User]]:
+    with users(3, prefix="gps") as made:
+        check_interpreter(made[0])
+        yield made
+
+
+@pytest.fixture(scope="module")
+def cluster(people: list[User]) -> Iterator[Cluster]:
+    """Down (every job cancelled) before its users are removed: userdel refuses a user whose
+    job still runs."""
+    del people
     root = world_dir()
     try:
         _gpupool("slurm", "dev-cluster", "up", str(root), "--simulate", SPEC, "--shards", "10")
@@ -75,13 +85,6 @@ def cluster() -> Iterator[Cluster]:
     finally:
         _gpupool("slurm", "dev-cluster", "down", str(root))
         remove_tree(root)
-
-
-@pytest.fixture(scope="module")
-def people() -> Iterator[list[User]]:
-    with users(3, prefix="gps") as made:
-        check_interpreter(made[0])
-        yield made
 
 
 def _wait(what: str, ready: object, seconds: float = 30.0) -> None:

@@ -226,8 +226,7 @@ def down(root: Path) -> list[str]:
     """Cancel every job, stop what `up` started; what was stopped."""
     root = root.resolve()
     env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True, timeout=10)
+    _cancel_all(env)
     stopped = []
     for name in PIDS:
         pid = _pid(root / name)
@@ -240,6 +239,21 @@ def down(root: Path) -> list[str]:
         with contextlib.suppress(OSError):
             (root / name).unlink()
     return stopped
+
+
+def _cancel_all(env: dict[str, str], seconds: float = 20.0) -> None:
+    """Cancel every job and wait (bounded) until Slurm lists none: their processes end and
+    their Epilogs run before the daemons stop."""
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True, timeout=10)
+        while time.monotonic() < deadline:
+            listed = subprocess.run(
+                ["squeue", "-h"], env=env, capture_output=True, text=True, timeout=10
+            )
+            if listed.returncode != 0 or not listed.stdout.strip():
+                return
+            time.sleep(0.2)
 
 
 def _wait_gone(pid: int, seconds: float = 15.0) -> None:
