@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck venv clean native proto browser cli-docs docs-check
+.PHONY: test demo lint typecheck venv clean native proto browser slurm cli-docs docs-check
 
 venv: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(wildcard setup.py)
 # tests marked `serial` (GPU time shares and latencies measured over wall-clock windows) run
 # after them, one at a time. Both parts always run; either failing fails `make test`.
 TEST_WORKERS ?= 4
-test: $(STAMP) native browser
+test: $(STAMP) slurm native browser
 	$(BIN)/python -m compileall -q src
 	@status=0; \
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=1; \
@@ -40,6 +40,21 @@ browser:
 			echo "make browser: installing chromium failed; the browser test will fail"; \
 		else \
 			echo "make browser: no chromium, and not root with apt-get; the browser test skips"; \
+		fi; \
+	fi
+
+# the Slurm tests run a dev cluster from Debian's packages, and the SPANK plugin builds against
+# Slurm's headers: as root, install them when missing (before `native`, which then builds the
+# plugin); elsewhere those tests skip and say why
+slurm:
+	@if ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ] || [ ! -f /usr/include/slurm/spank.h ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			{ apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client \
+				munge libslurm-dev; } || \
+			echo "make slurm: installing Slurm failed; the Slurm tests will skip"; \
+		else \
+			echo "make slurm: no Slurm, and not root with apt-get; the Slurm tests skip"; \
 		fi; \
 	fi
 

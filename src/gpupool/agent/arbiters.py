@@ -64,6 +64,14 @@ class NodeArbiter:
         self._control: ArbiterControl | None = None
         self._since = 0.0  # when the control connection was made (time.monotonic)
         self._lock = threading.Lock()
+        #: the node's shares the daemon did not start (a Slurm node's jobs'), registered again
+        #: with the daemon's own when the arbiter is started again
+        self._others: list[Callable[[], Iterable[Registration]]] = []
+
+    def also_keep(self, shares: Callable[[], Iterable[Registration]]) -> None:
+        """Have `keep` register `shares`' registrations too after a restart of the arbiter."""
+        with self._lock:
+            self._others.append(shares)
 
     def share_of(self, name: str) -> ArbiterShare:
         """The share `name`'s ("job 12", "pod <uid>") id and key at the arbiter, the same for
@@ -126,7 +134,8 @@ class NodeArbiter:
             except GpupoolError as err:
                 log.warning("no compute arbiter: %s (shares hold their caps alone)", err)
                 return
-            for registration in running():
+            others = [registration for source in self._others for registration in source()]
+            for registration in [*running(), *others]:
                 try:
                     control.register(registration)
                 except GpupoolError as err:

@@ -18,7 +18,8 @@ daemon finds at that path (same device and inode).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidRequest
 
@@ -31,6 +32,9 @@ _DELETED = " (deleted)"
 class Exemptions:
     paths: frozenset[str] = frozenset()
     uids: frozenset[int] = frozenset()
+    #: who else holds a process the daemon did not start, by pid (`slurm job 12`: a share its
+    #: Slurm node made), or None
+    held: Callable[[int], str | None] | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> Exemptions:

@@ -153,7 +153,8 @@ def _of_no_job(entry: GpuProcess, exemptions: Exemptions) -> tuple[GpuProcess, F
     # /proc read only when needed
     uid = process_uid(entry.pid) if exemptions.uids else None
     exe = executable(entry.pid) if exemptions.paths else None
-    entry = replace(entry, exempt=exemptions.why(exe, uid))
+    held = exemptions.held(entry.pid) if exemptions.held is not None else None
+    entry = replace(entry, exempt=held or exemptions.why(exe, uid))
     return entry, Finding(NO_JOB if entry.exempt is None else EXEMPT, entry.gpu, (entry,))
 
 

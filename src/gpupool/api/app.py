@@ -31,6 +31,7 @@ from gpupool.api import (
     elastic_routes,
     error_bodies,
     service_routes,
+    slurm_routes,
     watchdog_routes,
 )
 from gpupool.api.dashboard import Sessions, dashboard_router
@@ -41,6 +42,7 @@ from gpupool.api.submit_batch import SubmitBatcher
 from gpupool.core.errors import InvalidRequest, Unauthorized
 from gpupool.core.resources import Mode, Priority
 from gpupool.core.units import parse_compute_percent
+from gpupool.slurm.node import SlurmNode
 
 
 class SubmitBody(BaseModel):
@@ -113,10 +115,12 @@ def create_app(
     *,
     allowed_hosts: Iterable[str] = (),
     secure_cookies: bool = False,
+    slurm: SlurmNode | None = None,
 ) -> Guard:
     """The app for `agent`, behind its guard. `token` guards TCP connections (None: TCP refuses
     everyone); `allowed_hosts`: names besides localhost a Host header may carry (the --listen
-    host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure."""
+    host, --allowed-host); `secure_cookies`: TCP is TLS, so the dashboard's cookie is Secure;
+    `slurm`: this Slurm node's jobs' shares (/v1/slurm, docs/slurm.md), on a Slurm node."""
     view = agent.view
     access = view.access
     secret = None if token is None else token.encode()
@@ -202,6 +206,8 @@ def create_app(
     admin_routes.register(app, agent, caller)
     elastic_routes.register(app, agent, caller)
     service_routes.register(app, agent, caller)
+    if slurm is not None:
+        slurm_routes.register(app, slurm, view, access, caller)
     app.include_router(metrics_router(view, caller))
     sessions = Sessions(os.urandom(32), secure=secure_cookies)
     app.include_router(dashboard_router(view, secret, sessions, caller))

@@ -111,10 +111,14 @@ def _ps(args: argparse.Namespace) -> int:
     with Client(args.url) as client:
         jobs = client.call("GET", "/v1/jobs", params={"all": args.all})["jobs"]
         services = _services(client)
+        slurm = _slurm_shares(client)
     if args.json:
-        plain.echo_json({"jobs": jobs, "services": services})
+        plain.echo_json({"jobs": jobs, "services": services, "slurm": slurm})
     else:
         jobs_view.print_jobs(jobs)
+        if slurm:  # shares Slurm started on this node (docs/slurm.md)
+            say()
+            jobs_view.print_slurm_shares(slurm)
         if services:  # their replicas are among the jobs above, named SERVICE/REPLICA
             from gpupool.cli import service_view
 
@@ -127,6 +131,14 @@ def _services(client: Client) -> list[dict[str, Any]]:
     """The daemon's services (none from a daemon older than services)."""
     try:
         return list(client.call("GET", "/v1/services")["services"])
+    except NotFound:
+        return []
+
+
+def _slurm_shares(client: Client) -> list[dict[str, Any]]:
+    """The Slurm jobs' shares (none from a daemon that is no Slurm node's)."""
+    try:
+        return list(client.call("GET", "/v1/slurm")["shares"])
     except NotFound:
         return []
 

@@ -96,6 +96,23 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         say("(no jobs)")
 
 
+def print_slurm_shares(shares: list[dict[str, Any]]) -> None:
+    """The shares Slurm's jobs hold on this node (their shards of each GPU)."""
+    header = ["SLURM JOB", "USER", "GPUS", "SHARDS", "MEM/GPU", "COMPUTE"]
+    rows = [
+        [
+            str(share["slurm_job_id"]),
+            share["user"],
+            ",".join(str(g) for g in share["gpus"]),
+            f"{share['shards']}/{share['shards_per_gpu']}" if share["shards"] else "whole",
+            _bytes(share["memory"]),
+            f"{share['compute_milli'] / 10:g}%",
+        ]
+        for share in shares
+    ]
+    say("\n".join(texttable.lines(header, rows)))
+
+
 def _when(at: float | None) -> str:
     return "-" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3]
 

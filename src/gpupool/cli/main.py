@@ -130,6 +130,9 @@ COMMANDS: dict[str, Entry] = {
         "MIG layouts: show them, check them against a model, plan and apply mig-parted configs.",
     ),
     "k8s": Entry("k8s_cmd", "Kubernetes: device plugin, scheduler extender, webhook."),
+    "slurm": Entry(
+        "slurm_cmd", "Slurm: a node's Prolog and Epilog, and a dev cluster.", argparse=True
+    ),
 }
 
 

@@ -6,7 +6,9 @@ import errno
 import grp
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,6 +17,10 @@ from gpupool.core import settings
 from gpupool.core.errors import ConfigError, DaemonError, InvalidRequest
 from gpupool.core.units import format_bytes, parse_bytes, parse_duration
 from gpupool.scheduler.names import POLICY_NAMES, check_policy
+
+if TYPE_CHECKING:
+    from gpupool.agent.agent import Agent
+    from gpupool.slurm.node import SlurmNode
 
 #: the socket group a root daemon uses when --socket-group is not given and the group exists
 DEFAULT_SOCKET_GROUP = "gpupool"
@@ -60,6 +66,18 @@ def _token(token_file: Path | None, listen: str | None) -> str | None:
             f"(at most {MAX_TOKEN_FILE} bytes), e.g. from: openssl rand -hex 32"
         )
     return token.decode("ascii")
+
+
+def _slurm_node(agent: Agent, shares: Path | None) -> SlurmNode | None:
+    """The Slurm node's shares, held by this daemon's arbiter, with --slurm-shares."""
+    from gpupool.slurm.node import SlurmNode
+
+    if shares is None:
+        return None
+    node = SlurmNode(shares.resolve(), agent.arbiter, agent.launch_node.sim_node)
+    # its jobs' GPU processes are no strangers to the watchdog: exempt, never killed
+    agent.watchdog.exemptions = replace(agent.watchdog.exemptions, held=node.holder)
+    return node
 
 
 def _socket_gid(name: str | None) -> tuple[int | None, str]:
@@ -253,6 +271,13 @@ def register(app: typer.Typer) -> None:
             envvar=settings.MIG_KEEP_INSTANCES.name,
             help="Leave the MIG instances made for jobs in place after them (default: destroy).",
         ),
+        slurm_shares: Path | None = typer.Option(
+            None,
+            "--slurm-shares",
+            metavar="DIR",
+            help="On a Slurm node: where its Prolog writes the jobs' shares (gpupool slurm "
+            "prolog --shares), so that ps, /v1/slurm and the metrics show them (docs/slurm.md).",
+        ),
         log_format: str = typer.Option(
             settings.LOG_FORMAT.default,
             "--log-format",
@@ -338,7 +363,13 @@ def register(app: typer.Typer) -> None:
                 f"exempt {exemptions}, state {root})"
             )
             hosts = [*allowed_hosts, *([listen.rpartition(":")[0]] if listen else [])]
-            app = create_app(agent, token, allowed_hosts=hosts, secure_cookies=tls is not None)
+            app = create_app(
+                agent,
+                token,
+                allowed_hosts=hosts,
+                secure_cookies=tls is not None,
+                slurm=_slurm_node(agent, slurm_shares),
+            )
             # the router is a process of its own, which outlives this one (router_link.py)
             link = RouterLink(agent.services, root, router)
             try:
