@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -315,3 +316,27 @@ def test_a_swapped_out_openai_model_streams_a_chat_token_by_token(routed: Routed
     service = routed.service("chat-a")
     assert service["swaps"]["in"] == 1 and service["resident"] is True, service
     assert arrived[0][0] >= service["swaps"]["last_in_s"]  # the first token waited for the swap
+
+
+def test_swap_ins_come_back_in_the_order_their_requests_came(routed: Routed) -> None:
+    # one 24 GiB model fits: "late" (the newer job) is asked for first, "early" just after;
+    # the room freed by swapping "last" out was freed for the first request, whose model it
+    # is, not taken by the lower job id asked later (that waited up to a minute under Zipf)
+    for name in ("early", "late", "last"):
+        routed.create(name, **SHARE)
+        routed.ready(name, timeout=60)
+    assert until(lambda: state_of(routed, "late") == "suspended", timeout=30)
+    assert state_of(routed, "early") == "suspended"
+    answered: dict[str, float] = {}
+
+    def ask(name: str) -> None:
+        answer = httpx.get(f"{routed.base}/{name}/infer", timeout=90)
+        assert answer.status_code == 200, answer.text
+        answered[name] = time.monotonic()
+
+    first = threading.Thread(target=ask, args=("late",))
+    first.start()
+    time.sleep(0.15)
+    ask("early")
+    first.join()
+    assert answered["late"] < answered["early"], answered
