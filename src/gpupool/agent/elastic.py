@@ -169,6 +169,13 @@ class ElasticJobs:
         """The running jobs whose memory admission counts (not suspended)."""
         return [j for j in running if not (j.id in rows and rows[j.id].frees_memory)]
 
+    def room_back(self, job: Job, running: Sequence[Job], capacity: Sequence[GpuView]) -> bool:
+        """Whether the suspended `job`'s GPUs have room for its share now: a resume asked now
+        would not wait for another's memory to leave first."""
+        occupying = self.occupying(running, self.rows())
+        free = self.less_bursts(node.free_now(capacity, occupying, self._reserve))
+        return self._lack(job, free) is None
+
     def less_bursts(self, gpus: Sequence[GpuView]) -> tuple[GpuView, ...]:
         """`gpus` less what bursts still hold on them."""
         on: dict[int, int] = {}
