@@ -73,8 +73,13 @@ class Residency:
 async def drive(
     pool: Pool, names: list[str], rate: float, seconds: float, where: Residency | None
 ) -> dict[str, loadgen.Result]:
-    """Poisson arrivals at `rate`, each to a model drawn by Zipf, classed by where it was."""
-    targets = {name: loadgen.Target(f"{pool.router}/{name}/infer") for name in names}
+    """Poisson arrivals at `rate`, each to a model drawn by Zipf, classed by where it was.
+    Each model's clients come from an address of their own (127.0.0.2, .3, ...), as the apps
+    of a shared inference endpoint do: the router bounds each peer's connections (128)."""
+    targets = {
+        name: loadgen.Target(f"{pool.router}/{name}/infer", source=f"127.0.0.{2 + i}")
+        for i, name in enumerate(names)
+    }
     weights = zipf(len(names), 1.0)
     results = {"resident": loadgen.Result(), "swapped": loadgen.Result()}
     rng, tasks = random.Random(7), set()
