@@ -53,6 +53,8 @@ class Swapper:
         #: waiting replica (job id) -> the service swapped out for it, and when that one's
         #: memory was last seen on its way out
         self._for: dict[int, tuple[str, float]] = {}
+        #: the service swapped out last to keep room (keep_room), while its memory leaves
+        self._room = ""
 
     def make_room(self, services: Sequence[Service], now: float, stop: Stop) -> None:
         """For each replica that waits for room, swap out an idle service if none is on its
@@ -88,8 +90,12 @@ class Swapper:
         """Headroom on a GPU that swaps: when the service swapped out most recently used has no
         room to come back at once, the least recently used idle one is swapped out now, in the
         background, so that its next request waits for one copy (its own in) rather than two
-        in series (a victim's out, then its own in). Waiters first, one swap out at a time."""
-        if any(True for _ in _waiters(services)) or any(_leaving(s) for s in services):
+        in series (a victim's out, then its own in). One such swap out at a time, beside the
+        waiters' own: under steady swapping some replica always waits, and the room freed
+        first goes to the first waiter, whose own swap out then keeps the room."""
+        by_name = {s.name: s for s in services}
+        leaving = by_name.get(self._room)
+        if leaving is not None and _leaving(leaving):
             return
         parked = [
             (service, replica)
@@ -108,6 +114,7 @@ class Swapper:
         victims = _victims(services, service, replica, now)
         if victims:
             _swap_out(victims[0], service, replica, now, "to keep room for")
+            self._room = victims[0].name
 
 
 def _swap_out(
