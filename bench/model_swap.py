@@ -147,6 +147,10 @@ def pooled(models: int, rate: float, seconds: float) -> dict[str, Any]:
         "gave_way": sum("could not resume" in e["detail"] for s in services for e in s["events"]),
         "swapped_out_events": log.count(": swapped out for service"),
         "parked_for_swap": log.count("parking: swapped out"),
+        # swapped out in the background, so that the next swap in finds room at once
+        "kept_room": log.count(": swapped out to keep room for service"),
+        # a victim that got a request of its own before it parked: it served on
+        "taken_back": log.count("kept: a request came while it was parking"),
     }
 
 
