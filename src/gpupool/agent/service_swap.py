@@ -8,10 +8,10 @@ router holds the waiting request. One service is swapped out at a time for each 
 next only once the memory of the last is free, so no more is parked than the waiter needs; the
 waiters are served in parallel. A swapped-out service
 comes back with its next request, swapping out others in turn. A GPU that swaps keeps room for
-its next swap in: while none waits, the least recently used idle service is swapped out in the
-background until the service swapped out most recently used could come back at once, so that a
-swap in is one copy (its own in) and not two in series (a victim's out, then its own in); only
-where at least KEEP_ROOM_AMONG swappable services are resident.
+its next swap in: the least recently used idle service is swapped out in the background (one
+such at a time, beside the waiters' own) until the service swapped out most recently used could
+come back at once, so that a swap in is one copy (its own in) and not two in series (a victim's
+out, then its own in); only where at least KEEP_ROOM_AMONG swappable services are resident.
 
 Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
 not `--keep-alive -1`, and idle (no request in flight or waiting; a resume waits while a service
