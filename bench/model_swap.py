@@ -73,8 +73,13 @@ class Residency:
 async def drive(
     pool: Pool, names: list[str], rate: float, seconds: float, where: Residency | None
 ) -> dict[str, loadgen.Result]:
-    """Poisson arrivals at `rate`, each to a model drawn by Zipf, classed by where it was."""
-    targets = {name: loadgen.Target(f"{pool.router}/{name}/infer") for name in names}
+    """Poisson arrivals at `rate`, each to a model drawn by Zipf, classed by where it was.
+    Each model's clients come from an address of their own (127.0.0.2, .3, ...), as the apps
+    of a shared inference endpoint do: the router bounds each peer's connections (128)."""
+    targets = {
+        name: loadgen.Target(f"{pool.router}/{name}/infer", source=f"127.0.0.{2 + i}")
+        for i, name in enumerate(names)
+    }
     weights = zipf(len(names), 1.0)
     results = {"resident": loadgen.Result(), "swapped": loadgen.Result()}
     rng, tasks = random.Random(7), set()
@@ -142,6 +147,10 @@ def pooled(models: int, rate: float, seconds: float) -> dict[str, Any]:
         "gave_way": sum("could not resume" in e["detail"] for s in services for e in s["events"]),
         "swapped_out_events": log.count(": swapped out for service"),
         "parked_for_swap": log.count("parking: swapped out"),
+        # swapped out in the background, so that the next swap in finds room at once
+        "kept_room": log.count(": swapped out to keep room for service"),
+        # a victim that got a request of its own before it parked: it served on
+        "taken_back": log.count("kept: a request came while it was parking"),
     }
 
 

@@ -48,10 +48,18 @@ class Result:
         }
 
 
-class Target:
-    """One URL, with a pool of kept-alive connections to its host."""
+#: seconds a kept-alive connection may stay idle before it is dropped rather than reused, as
+#: httpx's keepalive_expiry (5 s): well below a server's idle timeout (the router's 30 s), so a
+#: request is never written to a connection the server is closing
+KEEPALIVE_S = 5.0
 
-    def __init__(self, url: str) -> None:
+
+class Target:
+    """One URL, with a pool of kept-alive connections to its host, from `source` (a local
+    address: another peer as the server sees it) if given."""
+
+    def __init__(self, url: str, source: str | None = None) -> None:
+        self.source = (source, 0) if source else None
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         path = parts.path or "/"
@@ -59,15 +67,21 @@ class Target:
             f"GET {path}{'?' + parts.query if parts.query else ''} HTTP/1.1\r\n"
             f"Host: {self.host}:{self.port}\r\n\r\n"
         ).encode()
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        #: kept-alive connections and when each went idle
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self._idle:
+            reader, writer, since = self._idle.pop()
+            if time.perf_counter() - since < KEEPALIVE_S:
+                return reader, writer
+            writer.close()
+        return await asyncio.open_connection(self.host, self.port, local_addr=self.source)
 
     async def once(self, result: Result, began: float) -> None:
         """One request; its latency counted from `began` (its arrival)."""
         try:
-            if self._idle:
-                reader, writer = self._idle.pop()
-            else:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
+            reader, writer = await self._connection()
             writer.write(self.request)
             head = await reader.readuntil(b"\r\n\r\n")
             status = head.split(b" ", 2)[1].decode()
@@ -98,7 +112,7 @@ class Target:
         if close:
             writer.close()
         else:
-            self._idle.append((reader, writer))
+            self._idle.append((reader, writer, time.perf_counter()))
 
 
 async def open_loop(targets: list[Target], rate: float, seconds: float, seed: int = 1) -> Result:

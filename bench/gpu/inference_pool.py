@@ -12,6 +12,10 @@ server (examples/model_server.py), so the script is never run blind on a GPU:
 
     make native && PYTHONPATH=src python bench/gpu/inference_pool.py --out inference-gpu.md
     PYTHONPATH=src python bench/gpu/inference_pool.py --simulate --seconds 3
+
+`--swap` measures the swap instead (inference_swap.py): two GPT-2 services that do not fit the
+GPU together, a request's first token when its model was parked in host memory against a cold
+start and against a resident model.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ sys.path.insert(0, str(REPO / "examples"))
 
 import loadgen  # noqa: E402
 from inference_support import Pool  # noqa: E402
+from inference_swap import measure_swap  # noqa: E402
+from inference_swap import report as swap_report  # noqa: E402
 
 SERVICES = {"bert-a": "bert", "bert-b": "bert", "gpt2-a": "gpt2", "gpt2-b": "gpt2"}
 
@@ -133,17 +139,29 @@ def main() -> None:
         "--modes", default="shim,mps", help="The sharing modes to measure, comma-separated."
     )
     parser.add_argument("--out", type=Path, help="Write the results as Markdown here.")
+    parser.add_argument("--swap", action="store_true", help="Measure the swap instead.")
     args = parser.parse_args()
+    if args.swap:
+        spec = "1xA100-40GB" if args.simulate else None
+        swapped = measure_swap(
+            spec, argv("gpt2", args.simulate), lambda p, n: first_token(p, n, args.simulate)
+        )
+        write(args.out, "\n".join(swap_report(swapped)), {"swap": swapped})
+        return
     modes = args.modes.split(",")
     if not set(modes) <= {"shim", "mps"}:
         parser.error(f"--modes: shim and mps are the modes a service runs in, not {args.modes}")
     spec = "1xA100-40GB" if args.simulate else None
     results = {mode: run_mode(mode, spec, args) for mode in modes}
     text = "\n".join(line for mode, result in results.items() for line in report(mode, result))
+    write(args.out, text, results)
+
+
+def write(out: Path | None, text: str, results: dict[str, Any]) -> None:
     print(text)
     print("RESULT " + json.dumps(results))
-    if args.out:
-        args.out.write_text(f"# Inference pooling on a GPU\n\n{text}")
+    if out:
+        out.write_text(f"# Inference pooling on a GPU\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -14,3 +14,20 @@ def test_the_inference_gpu_check_runs_on_a_simulated_node(tmp_path: Path) -> Non
     assert "## Mode shim" in text and "## Mode mps" in text
     rows = [line for line in text.splitlines() if line.startswith(("| bert-", "| gpt2-"))]
     assert len(rows) == 8 and all("'200'" in row and "'5" not in row for row in rows), rows
+
+
+def test_the_swap_gpu_check_runs_on_a_simulated_node(tmp_path: Path) -> None:
+    text = dry_run("inference_pool.py", tmp_path, "--simulate", "--swap", short_tmp=True)
+    assert "## Swap: two GPT-2 services of 60 % of the GPU each" in text, text
+    cells = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")[1].strip(" |")
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith(("| first", "|---"))
+    }
+    assert list(cells) == [
+        "cold start (create to first token)",
+        "resident",
+        "parked, swapped in for the request",
+        "of it, the swap in (wake to ready)",
+    ], text
+    assert all(float(value) > 0 for value in cells.values()), cells

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -315,3 +316,52 @@ def test_a_swapped_out_openai_model_streams_a_chat_token_by_token(routed: Routed
     service = routed.service("chat-a")
     assert service["swaps"]["in"] == 1 and service["resident"] is True, service
     assert arrived[0][0] >= service["swaps"]["last_in_s"]  # the first token waited for the swap
+
+
+def test_a_gpu_that_swaps_keeps_room_for_the_next_swap_in(routed: Routed) -> None:
+    # four shares of 9 GiB fit the 40 GB GPU: the fifth's start swaps the first out, then the
+    # least recently used idle one is parked in the background, so that the first's request
+    # finds room at once (one copy: its own in) instead of waiting for a victim's copy out
+    ninth = {**SHARE, "memory": "9Gi", "compute": 10}
+    names = [f"m{i}" for i in range(5)]
+    for name in names:
+        routed.create(name, **ninth)
+        routed.ready(name, timeout=60)
+    assert until(lambda: state_of(routed, "m0") == "suspended", timeout=30)
+    assert until(lambda: state_of(routed, "m1") == "suspended", timeout=30)
+    events = [e["detail"] for e in routed.service("m1")["events"]]
+    assert any("swapped out to keep room for service m0" in e for e in events), events
+    assert [state_of(routed, name) for name in names[2:]] == ["ready"] * 3
+    answer = httpx.get(f"{routed.base}/m0/infer", timeout=90)
+    assert answer.status_code == 200, answer.text
+    m0 = routed.service("m0")
+    assert m0["swaps"]["in"] == 1, m0
+    events = [e["detail"] for e in m0["events"]]
+    assert not any("waits for room" in e for e in events), events
+    # and the room is kept: the least recently used idle one (m2) goes in the background
+    assert until(lambda: state_of(routed, "m2") == "suspended", timeout=30)
+    assert [state_of(routed, name) for name in ("m0", "m3", "m4")] == ["ready"] * 3
+
+
+def test_swap_ins_come_back_in_the_order_their_requests_came(routed: Routed) -> None:
+    # one 24 GiB model fits: "late" (the newer job) is asked for first, "early" just after;
+    # the room freed by swapping "last" out was freed for the first request, whose model it
+    # is, not taken by the lower job id asked later (that waited up to a minute under Zipf)
+    for name in ("early", "late", "last"):
+        routed.create(name, **SHARE)
+        routed.ready(name, timeout=60)
+    assert until(lambda: state_of(routed, "late") == "suspended", timeout=30)
+    assert state_of(routed, "early") == "suspended"
+    answered: dict[str, float] = {}
+
+    def ask(name: str) -> None:
+        answer = httpx.get(f"{routed.base}/{name}/infer", timeout=90)
+        assert answer.status_code == 200, answer.text
+        answered[name] = time.monotonic()
+
+    first = threading.Thread(target=ask, args=("late",))
+    first.start()
+    time.sleep(0.15)
+    ask("early")
+    first.join()
+    assert answered["late"] < answered["early"], answered

@@ -139,6 +139,7 @@ class Agent(QueueLoop):
                 self._elastic_state,
                 self._holds,
                 _parked_memory(config),
+                self._room_back,
             ),
         )
         self.view.services = self.services
@@ -307,6 +308,16 @@ class Agent(QueueLoop):
         shown = self.elastic.shown(job_id) or {}
         waits = [w for w in shown.get("waiting", []) if w.startswith("waiting to resume")]
         return "suspended", "; ".join(waits)
+
+    def _room_back(self, job_id: int) -> bool:
+        """Whether a suspended job's GPUs have room for its memory to come back at once."""
+        try:
+            job = self.store.job(job_id)
+        except GpupoolError:
+            return True
+        running = [j for j in self.store.jobs([State.RUNNING]) if j.spec.mode is not Mode.MIG]
+        capacity = [g for g in self.sampler.capacity if g.index not in self.sampler.mig_mode]
+        return self.elastic.room_back(job, running, capacity)
 
     def _holds(self, job_id: int) -> int:
         """The bytes a running shim job has allocated, on its GPUs or moved to host memory

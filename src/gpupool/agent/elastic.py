@@ -49,6 +49,14 @@ def require_shim(job: Job, doing: str) -> None:
         )
 
 
+def resume_order(job: Job, row: ElasticRow) -> tuple[int, float, int]:
+    """Resumes by priority, then preempted jobs in queue order, then the others in the order
+    they were asked: a job asked to resume later never takes the room freed for an earlier one
+    (a service's swap in, whose swap out was for it, waited behind lower job ids for a minute)."""
+    rank, job_id = queue_order(job)
+    return rank, 0.0 if row.then_resume else row.since, job_id
+
+
 class ElasticJobs:
     """Suspend, resume, preemption and bursts; thread-safe (API calls and the queue loop)."""
 
@@ -161,6 +169,13 @@ class ElasticJobs:
         """The running jobs whose memory admission counts (not suspended)."""
         return [j for j in running if not (j.id in rows and rows[j.id].frees_memory)]
 
+    def room_back(self, job: Job, running: Sequence[Job], capacity: Sequence[GpuView]) -> bool:
+        """Whether the suspended `job`'s GPUs have room for its share now: a resume asked now
+        would not wait for another's memory to leave first."""
+        occupying = self.occupying(running, self.rows())
+        free = self.less_bursts(node.free_now(capacity, occupying, self._reserve))
+        return self._lack(job, free) is None
+
     def less_bursts(self, gpus: Sequence[GpuView]) -> tuple[GpuView, ...]:
         """`gpus` less what bursts still hold on them."""
         on: dict[int, int] = {}
@@ -218,6 +233,7 @@ class ElasticJobs:
                     want,
                     ("suspended", f"{moved} moved to host memory; its GPU memory is free"),
                     released=True,
+                    then_resume=row.then_resume,
                     reason=row.reason,
                 )
                 return replace(row, want=want, released=True)
@@ -249,7 +265,7 @@ class ElasticJobs:
         waiting: dict[int, list[str]] = {}
         asked = sorted(
             (j for j in running if j.id in rows and rows[j.id].want == RESUME),
-            key=queue_order,
+            key=lambda job: resume_order(job, rows[job.id]),
         )
         blocked = False
         for job in asked:

@@ -104,6 +104,7 @@ class ServiceLoop:
             parking = self._parking
             service_swap.bound_host(services, parking.host_limit, parking.holds, now, self._stop)
             self._swapper.make_room(services, now, self._stop)
+            self._swapper.keep_room(services, now, parking.room_back)
         self._stop_orphans()
 
     def _pass(self, service: Service) -> None:

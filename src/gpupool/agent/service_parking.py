@@ -36,7 +36,8 @@ Stop = Callable[[Service, Replica, str, float], None]
 class Parking:
     """What parking needs of the agent's elastic memory, for a job id: suspend it, resume it,
     its state ("" when it runs, suspending, suspended, resuming; and why a resume waits for
-    room, "" if it does not), and the bytes it holds; and the bound on parked bytes."""
+    room, "" if it does not), the bytes it holds, and whether it has room to come back; and
+    the bound on parked bytes."""
 
     suspend: Callable[[int], object]
     resume: Callable[[int], object]
@@ -45,6 +46,9 @@ class Parking:
     holds: Callable[[int], int] = lambda _job_id: 0
     #: the host bytes parked replicas may hold together (service_swap.bound_host)
     host_limit: int = 1 << 62
+    #: whether a suspended job's GPUs have room for it to come back at once (the headroom
+    #: service_swap.Swapper.keep_room keeps)
+    room_back: Callable[[int], bool] = lambda _job_id: True
 
     def adopted(self, job_id: int) -> str | None:
         """The state of a replica adopted by a restarted daemon, if it was parked."""

@@ -7,7 +7,11 @@ pass, and its last replica is parked (service_parking.py: suspended to host memo
 router holds the waiting request. One service is swapped out at a time for each waiter, and its
 next only once the memory of the last is free, so no more is parked than the waiter needs; the
 waiters are served in parallel. A swapped-out service
-comes back with its next request, swapping out others in turn.
+comes back with its next request, swapping out others in turn. A GPU that swaps keeps room for
+its next swap in: the least recently used idle service is swapped out in the background (one
+such at a time, beside the waiters' own) until the service swapped out most recently used could
+come back at once, so that a swap in is one copy (its own in) and not two in series (a victim's
+out, then its own in); only where at least KEEP_ROOM_AMONG swappable services are resident.
 
 Only a service that may go to zero can be swapped out: MIN 0, mode shim (its memory can be moved),
 not `--keep-alive -1`, and idle (no request in flight or waiting; a resume waits while a service
@@ -36,6 +40,9 @@ SETTLE_S = 0.5
 #: seconds without a request before a service counts as idle: the router's counts reach the
 #: daemon every 0.1 s, so a service that just answered may still show none in flight
 MIN_IDLE_S = 0.5
+#: the least number of swappable models resident on a GPU for it to keep room for a swap in:
+#: with fewer, the slot left free is too large a part of what stays resident
+KEEP_ROOM_AMONG = 3
 
 
 class Swapper:
@@ -46,6 +53,8 @@ class Swapper:
         #: waiting replica (job id) -> the service swapped out for it, and when that one's
         #: memory was last seen on its way out
         self._for: dict[int, tuple[str, float]] = {}
+        #: the service swapped out last to keep room (keep_room), while its memory leaves
+        self._room = ""
 
     def make_room(self, services: Sequence[Service], now: float, stop: Stop) -> None:
         """For each replica that waits for room, swap out an idle service if none is on its
@@ -75,17 +84,52 @@ class Swapper:
                 why = f"could not resume ({replica.waits}): a new replica instead"
                 stop(service, replica, why, now)
 
+    def keep_room(
+        self, services: Sequence[Service], now: float, room_back: Callable[[int], bool]
+    ) -> None:
+        """Headroom on a GPU that swaps: when the service swapped out most recently used has no
+        room to come back at once, the least recently used idle one is swapped out now, in the
+        background, so that its next request waits for one copy (its own in) rather than two
+        in series (a victim's out, then its own in). One such swap out at a time, beside the
+        waiters' own: under steady swapping some replica always waits, and the room freed
+        first goes to the first waiter, whose own swap out then keeps the room."""
+        by_name = {s.name: s for s in services}
+        leaving = by_name.get(self._room)
+        if leaving is not None and _leaving(leaving):
+            return
+        parked = [
+            (service, replica)
+            for service in services
+            if service.swapped_out()
+            for replica in service.replicas.values()
+            if replica.stopping is None and replica.state == "suspended"
+        ]
+        if not parked:
+            return
+        service, replica = max(parked, key=lambda item: item[0].traffic.last_request)
+        if room_back(replica.job_id):
+            return
+        if len(_candidates(services, service, replica)) < KEEP_ROOM_AMONG:
+            return
+        victims = _victims(services, service, replica, now)
+        if victims:
+            _swap_out(victims[0], service, replica, now, "to keep room for")
+            self._room = victims[0].name
 
-def _swap_out(victim: Service, waiter: Service, replica: Replica, now: float) -> None:
+
+def _swap_out(
+    victim: Service, waiter: Service, replica: Replica, now: float, why: str = "for"
+) -> None:
     victim.swapped_out_at = now
     victim.event(
-        f"swapped out for service {waiter.name}: parked to host memory, least recently used "
+        f"swapped out {why} service {waiter.name}: parked to host memory, least recently used "
         "first; its next request brings it back"
     )
-    waiter.event(
-        f"replica {replica.index} (job {replica.job_id}) waits for room: swapping out service "
-        f"{victim.name}"
-    )
+    if why == "for":
+        waiter.event(
+            f"replica {replica.index} (job {replica.job_id}) waits for room: swapping out "
+            f"service {victim.name}"
+        )
 
 
 def _leaving(service: Service) -> bool:
