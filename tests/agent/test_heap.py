@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.agent.daemon_support import until
 
 from gpupool.agent import heap
 from gpupool.agent.agent import Agent
@@ -61,3 +62,40 @@ def test_the_daemon_limits_its_arenas_when_it_starts(
     monkeypatch.setattr(heap, "limit_arenas", lambda: calls.append(True) or True)
     agent.start()
     assert calls == [True]
+
+
+def test_the_loop_trims_the_heap(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(heap, "trim", lambda: calls.append(True) or True)
+    agent.start()
+    assert until(lambda: calls, timeout=10)
+
+
+#: 64 MiB in 1 KiB blocks of malloc's heap, all freed but the last (it pins the heap's top, so
+#: that glibc's own trim at free cannot give the pages back), then the RSS before and after trim
+FREED_PAGES = r"""
+import ctypes, sys
+from gpupool.agent.heap import trim
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+blocks = [libc.malloc(1024) for _ in range(65536)]
+for block in blocks[:-1]:
+    libc.free(block)
+before = rss_mib()
+print(trim() if sys.argv[1] == "trim" else False, before, rss_mib())
+"""
+
+
+@pytest.mark.parametrize("how", ["trim", "no-trim"])
+def test_trim_gives_the_heaps_free_pages_back(how: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FREED_PAGES, how], capture_output=True, text=True, check=True
+    )
+    trimmed, before, after = done.stdout.split()
+    if how == "trim":
+        assert trimmed == "True" and float(before) - float(after) > 48, done.stdout
+    else:
+        assert float(before) - float(after) < 8, done.stdout  # glibc keeps them without it

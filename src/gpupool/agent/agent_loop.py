@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from gpupool.agent import launcher, node
+from gpupool.agent import heap, launcher, node
 from gpupool.agent.arbiters import NodeArbiter
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.elastic import ElasticJobs
@@ -305,6 +305,7 @@ class QueueLoop:
         self.prune(self.config.keep_finished_s)
         self.store.trim_node_events()
         self.store.trim_job_events()
+        heap.trim()
 
     def prune(self, older_than_s: float) -> int:
         """Delete the jobs that finished more than `older_than_s` ago, their events and their
