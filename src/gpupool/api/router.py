@@ -34,15 +34,8 @@ import uvloop
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
 from gpupool.api import router_openai as openai
-from gpupool.api.router_body import PIECE, Body, read_request_body, request_length
-from gpupool.api.router_http import (
-    MAX_HEAD,
-    REASONS,
-    BadMessage,
-    Head,
-    json_answer,
-    read_head,
-)
+from gpupool.api.router_body import PIECE, Body, Requests
+from gpupool.api.router_http import MAX_HEAD, REASONS, BadMessage, Head, json_answer
 from gpupool.api.router_limits import BODY_S, HEAD_S, Connections
 from gpupool.api.router_upstream import (
     Connection,
@@ -206,16 +199,17 @@ class Router:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, forwarded: bytes
     ) -> None:
         """Requests on one connection, one after the other, until one ends it."""
+        requests = Requests(reader)
         while True:
             async with asyncio.timeout(HEAD_S):  # the idle time and the head's in one
-                head = await read_head(reader)
+                head = await requests.head()
             if head is None:
                 return
-            length = request_length(head)
-            if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
+            expect = head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect")
+            if expect and requests.declares_body():
                 writer.write(_CONTINUE)
             try:
-                body = await self._body(reader, length)
+                body = await self._body(requests)
             except BadMessage as err:  # in the shape of the API the request is for
                 shape = openai.error if openai.is_openai(head.second) else _native
                 writer.write(shape(err.status, str(err), close=True))
@@ -224,11 +218,11 @@ class Router:
             if not await self._request(head, body, (reader, writer), forwarded):
                 return
 
-    async def _body(self, reader: asyncio.StreamReader, length: int | None) -> Body:
+    async def _body(self, requests: Requests) -> Body:
         deadline = self.loop.time() + BODY_S
         try:
             async with asyncio.timeout_at(deadline):
-                body = await read_request_body(reader, length)
+                body = await requests.body()
         except TimeoutError:
             raise BadMessage(f"the body did not come within {BODY_S:g}s", 408) from None
         body.deadline = deadline

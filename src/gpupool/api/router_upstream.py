@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gpupool.agent.service_traffic import Endpoint
 from gpupool.api.router_answer import Answer
-from gpupool.api.router_body import Body, relay_exactly
+from gpupool.api.router_body import Body
 from gpupool.api.router_http import MAX_HEAD, BadMessage, Head
 from gpupool.isolation.sock_owner import PeerUnknown, accepting_uid
 
@@ -113,7 +113,7 @@ class Upstreams:
         (up_reader, up_writer), reused = await self.connect(endpoint, owner)
         answer = Answer(up_reader, head_only=request.head.first == b"HEAD")
         try:
-            head = await _exchange(request, endpoint, answer, up_writer, client)
+            head = await _exchange(request, endpoint, answer, up_writer, writer)
         except UpstreamFailed as err:
             unread = not request.body.left and _unread_by_replica(answer, up_writer, err, reused)
             up_writer.close()
@@ -143,17 +143,17 @@ async def _exchange(
     endpoint: Endpoint,
     answer: Answer,
     up_writer: asyncio.StreamWriter,
-    client: Connection,
+    writer: asyncio.StreamWriter,
 ) -> Head:
     """Send the request (its head and body; the rest of a streamed body by its deadline) and
-    read the answer's head (1xx ones passed on); UpstreamFailed when the replica fails first."""
-    reader, writer = client
+    read the answer's head (1xx ones passed on to the client's `writer`); UpstreamFailed when
+    the replica fails first."""
     try:
         up_writer.write(request.encode())
-        if request.body.left:
+        if request.body.left and request.body.source is not None:
             try:
                 async with asyncio.timeout_at(request.body.deadline):
-                    await relay_exactly(reader, up_writer, request.body.left)
+                    await request.body.source.relay_rest(up_writer)
             except TimeoutError:
                 up_writer.close()
                 raise BadMessage("the body did not come in time", 408) from None
