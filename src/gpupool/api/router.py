@@ -38,7 +38,8 @@ from gpupool.api.router_body import PIECE, Body, Requests
 from gpupool.api.router_http import MAX_HEAD, REASONS, BadMessage, Head, json_answer
 from gpupool.api.router_limits import BODY_S, HEAD_S, Connections
 from gpupool.api.router_upstream import (
-    Connection,
+    Client,
+    ClientGone,
     Request,
     UpstreamFailed,
     UpstreamRefused,
@@ -183,8 +184,11 @@ class Router:
             writer.write(_native(503, refused, close=True, extra=_RETRY))
             writer.close()
             return
+        # done when the connection is lost (a reset), to cut the request it has at a replica
+        lost = self.loop.create_task(writer.wait_closed())
+        lost.add_done_callback(_seen)
         try:
-            await self._serve(reader, writer, address.encode())
+            await self._serve(Client(reader, writer, lost), address.encode())
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the client went, or sent no whole head in time: its connection ends
         except BadMessage as err:
@@ -194,11 +198,11 @@ class Router:
             self._connections.release(address)
             with contextlib.suppress(Exception):
                 writer.close()
+            lost.cancel()
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, forwarded: bytes
-    ) -> None:
+    async def _serve(self, client: Client, forwarded: bytes) -> None:
         """Requests on one connection, one after the other, until one ends it."""
+        reader, writer, _ = client
         requests = Requests(reader)
         while True:
             async with asyncio.timeout(HEAD_S):  # the idle time and the head's in one
@@ -215,7 +219,7 @@ class Router:
                 writer.write(shape(err.status, str(err), close=True))
                 await _linger(reader, writer)
                 return
-            if not await self._request(head, body, (reader, writer), forwarded):
+            if not await self._request(head, body, client, forwarded):
                 return
 
     async def _body(self, requests: Requests) -> Body:
@@ -228,7 +232,7 @@ class Router:
         body.deadline = deadline
         return body
 
-    async def _request(self, head: Head, body: Body, client: Connection, forwarded: bytes) -> bool:
+    async def _request(self, head: Head, body: Body, client: Client, forwarded: bytes) -> bool:
         """Route one request, received whole (or its body's start); whether the client
         connection stays open."""
         began = time.perf_counter()
@@ -251,7 +255,7 @@ class Router:
         return await self._route(service, request, began, client, keep, _native)
 
     async def _openai(
-        self, head: Head, body: Body, client: Connection, forwarded: bytes, keep: bool
+        self, head: Head, body: Body, client: Client, forwarded: bytes, keep: bool
     ) -> bool:
         """A request to the OpenAI API (router_openai.py): to the service of its `model`."""
         began = time.perf_counter()
@@ -273,7 +277,7 @@ class Router:
             keep = keep and not body.left  # the rest of its body unread: the connection ends
             client[1].write(openai.refused(err, close=not keep))
             if body.left:
-                await _linger(*client)
+                await _linger(client.reader, client.writer)
             return keep
         request = Request(head, body, b"", head.second, forwarded)
         return await self._route(service, request, began, client, keep, openai.error)
@@ -283,7 +287,7 @@ class Router:
         service: ServiceTraffic,
         request: Request,
         began: float,
-        client: Connection,
+        client: Client,
         keep: bool,
         shape: Shape,
     ) -> bool:
@@ -329,7 +333,7 @@ class Router:
         found: Endpoint,
         request: Request,
         began: float,
-        client: Connection,
+        client: Client,
         keep: bool,
         shape: Shape,
     ) -> bool:
@@ -346,7 +350,7 @@ class Router:
                 request, found, service.owner, client, keep
             )
             return keep_client
-        except UpstreamRefused:
+        except (UpstreamRefused, ClientGone):
             status = None
             raise
         except UpstreamFailed as err:
@@ -376,6 +380,12 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         async with asyncio.timeout(LINGER_S):
             while await reader.read(PIECE):
                 pass
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    """Take a lost connection's error, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _native(
