@@ -191,7 +191,8 @@ class Requests:
             self._failed = refused if isinstance(refused, BadMessage) else BadMessage(str(err))
         except httptools.HttpParserError as err:
             self._failed = BadMessage(f"malformed request: {err}")
-        self._bound()
+        if self._wire > MAX_HEAD:  # both bounds are past it (CHUNKED_WIRE > MAX_HEAD)
+            self._bound()
         return True
 
     def _bound(self) -> None:
@@ -223,6 +224,9 @@ class Requests:
         """The body of the request whose head came last: whole, or its first BODY_BUFFER bytes
         and how many are left (for `relay_rest`)."""
         message = self._messages[0]
+        if message.complete and not message.pieces:  # no body, or an empty one
+            self._messages.popleft()
+            return Body(b"", 0, message.length is not None, source=self)
         # a chunked body is read whole (on_body refuses it past BODY_BUFFER)
         while not message.complete and (message.length == -1 or message.held < BODY_BUFFER):
             if not await self._more():
