@@ -1,7 +1,8 @@
 """The router's cases for bench/security.py: a service of alice's behind `gpupool serve
 --router`, attacked by carol, who needs no account in the pool (the router is a TCP port any
 local process may reach): bodies trickled to hold its replica slots, requests smuggled past the
-router to a replica on Python's http.server, its replica's port bound once the replica died.
+router to a replica on Python's http.server, slow requests sent and reset to hold its replica
+slots, its replica's port bound once the replica died.
 
 Run alone (as root) it prints only these rows: `python bench/security_router.py`.
 """
@@ -24,14 +25,14 @@ import httpx  # noqa: E402
 from security_support import SPEC, Bench, attempt, setup, table  # noqa: E402
 from tests.agent.conftest import _kill_jobs  # noqa: E402
 from tests.agent.daemon_support import Daemon, until  # noqa: E402
-from tests.agent.services_support import free_port  # noqa: E402
+from tests.agent.services_support import MODEL_SERVER, free_port  # noqa: E402
 from tests.agent.test_router_framing import PLAIN  # noqa: E402
 from tests.agent.test_router_takeover import SQUATTER  # noqa: E402
 from tests.users import User, gpupool_as, user_env  # noqa: E402
 
 #: carol's attacks, run as carol: ARGV [port, what]; prints a JSON list of what came back
 _ATTACK = """
-import json, sys, time
+import json, socket, struct, sys, time
 from tests.agent.router_attacks import raw, status_of, trickle
 from tests.agent.test_router_framing import smuggling
 port, what = int(sys.argv[1]), sys.argv[2]
@@ -40,6 +41,14 @@ if what == "trickle":
     held = [trickle(port, head) for _ in range(8)]
     print("holding", flush=True)
     time.sleep(20)
+elif what == "reset":  # each held 30 s by the replica, then reset: the client is gone
+    for _ in range(8):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /alice-slow/infer?delay=30 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        time.sleep(0.2)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    print("reset", flush=True)
 else:
     print(json.dumps([status_of(raw(port, attack)) for attack in smuggling(b"alice-chat")]))
 """
@@ -82,6 +91,7 @@ def case_router(b: Bench) -> None:
     try:
         _trickled(b, daemon, port, url)
         _smuggled(b, port, url)
+        _reset(b, daemon, port, where)
         _taken_over(b, daemon, url)
     finally:
         daemon.stop()
@@ -119,6 +129,28 @@ def _smuggled(b: Bench, port: int, url: str) -> None:
         f"carol's answers {json.loads(statuses)}; alice's next 3 requests: "
         f"{[a.status_code for a in after]}, each her own answer: {all(hers)}",
         all(hers),
+    )
+
+
+def _reset(b: Bench, daemon: Daemon, port: int, where: str) -> None:
+    argv = ["--memory", "1Gi", "--compute", "10", "--concurrency", "2", "--workdir", "/tmp"]
+    argv += ["--", sys.executable, MODEL_SERVER, "--memory-mib", "64"]  # /infer?delay=S
+    created = gpupool_as(b.alice, "service", "create", "alice-slow", *argv, url=daemon.url)
+    ready = lambda: daemon.call("GET", "/v1/services/alice-slow")["replicas"]["ready"]  # noqa: E731
+    if created.returncode != 0 or not until(ready, timeout=60):
+        raise RuntimeError(f"alice-slow did not become ready: {created.stderr.strip()}")
+    attacker = _as_carol(b, str(port), "reset")
+    assert attacker.stdout is not None and attacker.stdout.readline() == "reset\n"
+    began = time.monotonic()
+    answer = httpx.get(f"http://{where}/alice-slow/infer", timeout=90)
+    took = time.monotonic() - began
+    b.record(
+        "router: requests reset",
+        "carol",
+        "8 requests to alice's service (concurrency 2) that its replica holds 30 s "
+        "(`/infer?delay=30`), each reset 0.2 s after it was sent; then alice's request",
+        f"alice: {answer.status_code} in {took:.2f} s",
+        answer.status_code == 200 and took < 5,
     )
 
 

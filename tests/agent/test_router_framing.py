@@ -5,10 +5,13 @@ among them Python's own http.server, HTTP/1.0 and HTTP/1.1)."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -115,6 +118,40 @@ def test_a_smuggled_request_never_answers_the_next_client(routed: Routed, protoc
                 if number == 0:
                     assert json_body(sent)["body"] == SMUGGLED.decode()
     assert set(routed.service("plain")["statuses"]) == {"200"}
+
+
+def answers(data: bytes) -> list[dict[str, Any]]:
+    """The JSON bodies of the answers one after the other in `data`, by their Content-Length."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        framed = re.search(rb"Content-Length: ([0-9]+)", head, re.IGNORECASE)
+        assert framed is not None, head
+        length = int(framed.group(1))
+        found.append(json.loads(rest[:length]))
+        data = rest[length:]
+    return found
+
+
+def test_pipelined_requests_are_each_framed_and_answered_in_order(routed: Routed) -> None:
+    plain(routed, "plain", "HTTP/1.0")
+    large = b"z" * 300_000  # over the buffer: streamed after its start
+    pipelined = [
+        b"GET /plain/a HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /plain/b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /plain/c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n2;ext=1\r\nde\r\n0\r\nX-T: 1\r\n\r\n",
+        b"POST /plain/d HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n" + large,
+        b"GET /plain/e HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ]
+    found = answers(raw(routed.port, b"".join(pipelined), timeout=30))
+    assert [(a["path"], a["body"]) for a in found] == [
+        ("/a", ""),
+        ("/b", "hello"),
+        ("/c", "abcde"),
+        ("/d", large.decode()),
+        ("/e", ""),
+    ]
 
 
 def test_one_peer_cannot_hold_every_connection(routed: Routed) -> None:

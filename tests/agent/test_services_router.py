@@ -7,6 +7,7 @@ import itertools
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -50,6 +51,29 @@ def test_a_client_gone_mid_stream_frees_the_replica_slot_at_once(routed: Routed)
     assert until(lambda: routed.service("gen")["in_flight"] == 0, timeout=10)
     assert httpx.get(f"{routed.base}/gen/ping", timeout=30).status_code == 200
     assert time.monotonic() - began < 10
+
+
+def test_a_client_reset_before_its_answer_frees_the_replica_slot_at_once(routed: Routed) -> None:
+    routed.create("held", concurrency=1)
+    routed.ready("held")
+    # a client that half-closes after its request still gets its answer
+    with socket.create_connection(("127.0.0.1", routed.port), timeout=30) as polite:
+        polite.sendall(b"GET /held/infer?delay=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        polite.shutdown(socket.SHUT_WR)
+        assert polite.recv(65536).startswith(b"HTTP/1.1 200 ")
+    gone = socket.create_connection(("127.0.0.1", routed.port), timeout=30)
+    gone.sendall(b"GET /held/infer?delay=60 HTTP/1.1\r\nHost: x\r\n\r\n")  # held 60 s
+    assert until(lambda: routed.service("held")["in_flight"] == 1, timeout=10)
+    gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    gone.close()  # a reset, before the answer's first byte
+    began = time.monotonic()
+    # the router cuts the replica's request and gives its one slot to the next request
+    assert until(lambda: routed.service("held")["in_flight"] == 0, timeout=10)
+    assert httpx.get(f"{routed.base}/held/infer", timeout=30).status_code == 200
+    assert time.monotonic() - began < 10
+    # the cut one is no replica's failure: not a 502
+    counted = until(lambda: routed.service("held")["statuses"] == {"200": 2}, timeout=5)
+    assert counted, routed.service("held")
 
 
 def test_a_crashed_replica_fails_its_requests_with_502_and_is_restarted(routed: Routed) -> None:

@@ -34,18 +34,12 @@ import uvloop
 
 from gpupool.agent.service_traffic import Endpoint, ServiceTraffic, Traffic
 from gpupool.api import router_openai as openai
-from gpupool.api.router_body import PIECE, Body, read_request_body, request_length
-from gpupool.api.router_http import (
-    MAX_HEAD,
-    REASONS,
-    BadMessage,
-    Head,
-    json_answer,
-    read_head,
-)
+from gpupool.api.router_body import PIECE, Body, Requests
+from gpupool.api.router_http import MAX_HEAD, REASONS, BadMessage, Head, json_answer
 from gpupool.api.router_limits import BODY_S, HEAD_S, Connections
 from gpupool.api.router_upstream import (
-    Connection,
+    Client,
+    ClientGone,
     Request,
     UpstreamFailed,
     UpstreamRefused,
@@ -190,8 +184,11 @@ class Router:
             writer.write(_native(503, refused, close=True, extra=_RETRY))
             writer.close()
             return
+        # done when the connection is lost (a reset), to cut the request it has at a replica
+        lost = self.loop.create_task(writer.wait_closed())
+        lost.add_done_callback(_seen)
         try:
-            await self._serve(reader, writer, address.encode())
+            await self._serve(Client(reader, writer, lost), address.encode())
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the client went, or sent no whole head in time: its connection ends
         except BadMessage as err:
@@ -201,40 +198,41 @@ class Router:
             self._connections.release(address)
             with contextlib.suppress(Exception):
                 writer.close()
+            lost.cancel()
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, forwarded: bytes
-    ) -> None:
+    async def _serve(self, client: Client, forwarded: bytes) -> None:
         """Requests on one connection, one after the other, until one ends it."""
+        reader, writer, _ = client
+        requests = Requests(reader)
         while True:
             async with asyncio.timeout(HEAD_S):  # the idle time and the head's in one
-                head = await read_head(reader)
+                head = await requests.head()
             if head is None:
                 return
-            length = request_length(head)
-            if length and head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect"):
+            expect = head.third == b"HTTP/1.1" and b"100-continue" in head.tokens(b"expect")
+            if expect and requests.declares_body():
                 writer.write(_CONTINUE)
             try:
-                body = await self._body(reader, length)
+                body = await self._body(requests)
             except BadMessage as err:  # in the shape of the API the request is for
                 shape = openai.error if openai.is_openai(head.second) else _native
                 writer.write(shape(err.status, str(err), close=True))
                 await _linger(reader, writer)
                 return
-            if not await self._request(head, body, (reader, writer), forwarded):
+            if not await self._request(head, body, client, forwarded):
                 return
 
-    async def _body(self, reader: asyncio.StreamReader, length: int | None) -> Body:
+    async def _body(self, requests: Requests) -> Body:
         deadline = self.loop.time() + BODY_S
         try:
             async with asyncio.timeout_at(deadline):
-                body = await read_request_body(reader, length)
+                body = await requests.body()
         except TimeoutError:
             raise BadMessage(f"the body did not come within {BODY_S:g}s", 408) from None
         body.deadline = deadline
         return body
 
-    async def _request(self, head: Head, body: Body, client: Connection, forwarded: bytes) -> bool:
+    async def _request(self, head: Head, body: Body, client: Client, forwarded: bytes) -> bool:
         """Route one request, received whole (or its body's start); whether the client
         connection stays open."""
         began = time.perf_counter()
@@ -257,7 +255,7 @@ class Router:
         return await self._route(service, request, began, client, keep, _native)
 
     async def _openai(
-        self, head: Head, body: Body, client: Connection, forwarded: bytes, keep: bool
+        self, head: Head, body: Body, client: Client, forwarded: bytes, keep: bool
     ) -> bool:
         """A request to the OpenAI API (router_openai.py): to the service of its `model`."""
         began = time.perf_counter()
@@ -279,7 +277,7 @@ class Router:
             keep = keep and not body.left  # the rest of its body unread: the connection ends
             client[1].write(openai.refused(err, close=not keep))
             if body.left:
-                await _linger(*client)
+                await _linger(client.reader, client.writer)
             return keep
         request = Request(head, body, b"", head.second, forwarded)
         return await self._route(service, request, began, client, keep, openai.error)
@@ -289,7 +287,7 @@ class Router:
         service: ServiceTraffic,
         request: Request,
         began: float,
-        client: Connection,
+        client: Client,
         keep: bool,
         shape: Shape,
     ) -> bool:
@@ -335,7 +333,7 @@ class Router:
         found: Endpoint,
         request: Request,
         began: float,
-        client: Connection,
+        client: Client,
         keep: bool,
         shape: Shape,
     ) -> bool:
@@ -352,7 +350,7 @@ class Router:
                 request, found, service.owner, client, keep
             )
             return keep_client
-        except UpstreamRefused:
+        except (UpstreamRefused, ClientGone):
             status = None
             raise
         except UpstreamFailed as err:
@@ -382,6 +380,12 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         async with asyncio.timeout(LINGER_S):
             while await reader.read(PIECE):
                 pass
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    """Take a lost connection's error, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _native(

@@ -1,46 +1,57 @@
-"""Request bodies for the router: read whole before the request takes a replica (an answer's
-body is router_answer.py's).
+"""A client connection's requests, framed by llhttp (httptools, the parser uvicorn uses): one
+parser per connection, fed as bytes arrive; a replica's answers are router_answer.py's.
 
-A request's body is read (chunked ones decoded) into memory up to BODY_BUFFER before the router
-takes a replica slot for it, so a client that trickles its body holds a connection, never a
-replica; it goes upstream with a Content-Length, never chunked, so a replica that does not read
-chunked bodies (Python's http.server) cannot take its chunks for a next request. A larger body
-with a Content-Length is streamed after its first BODY_BUFFER bytes, under the request's
-deadline; a larger chunked one is refused (413). Framing that two parsers could read two ways is
-refused (400): Content-Length and Transfer-Encoding together, several Content-Length values, a
-coding other than chunked, a malformed chunk, a body on GET or HEAD.
+The parser reads no more than one piece (PIECE) past the request being served: what it framed
+of the next pipelined requests waits in order for its turn. A request's body is read (chunked
+ones decoded) into memory up to BODY_BUFFER before the router takes a replica slot for it, so a
+client that trickles its body holds a connection, never a replica; it goes upstream with a
+Content-Length, never chunked, so a replica that does not read chunked bodies (Python's
+http.server) cannot take its chunks for a next request. A larger body with a Content-Length is
+streamed after its first BODY_BUFFER bytes, under the request's deadline; a larger chunked one
+is refused (413). Refused too, on top of what llhttp refuses (a bare CR or LF, a folded header
+line, a header name that is not a token, a control character, a malformed chunk), is framing
+that two parsers could read two ways (400): Content-Length and Transfer-Encoding together,
+several Content-Length values, a coding other than chunked, Transfer-Encoding in HTTP/1.0, a
+body on GET or HEAD, a version other than HTTP/1.0 and 1.1. A head over MAX_HEAD bytes or with
+more than MAX_HEADERS headers gets 431.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
-from gpupool.api.router_http import MAX_HEAD, BadMessage, Head, parse_head
+import httptools
+
+from gpupool.api.router_http import MAX_HEAD, MAX_HEADERS, BadMessage, Head
 from gpupool.api.router_limits import SEND_S
 
 #: the most bytes of a request's body held before it takes a replica (chunked: in all)
 BODY_BUFFER = 256 * 1024
-#: the most bytes read at once while relaying a body
+#: the most bytes read at once from a connection
 PIECE = 64 * 1024
+#: the most bytes a chunked request may take on the wire, its framing and trailers with its data
+CHUNKED_WIRE = MAX_HEAD + 2 * BODY_BUFFER
 #: methods whose body has no meaning (RFC 9110 9.3.1): a replica may answer without reading it
 #: and take it for the next request on the connection
 _BODILESS = frozenset({b"GET", b"HEAD", b"TRACE", b"CONNECT"})
 _DIGITS = re.compile(rb"[0-9]{1,18}")
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
+_VERSIONS = {"1.1": b"HTTP/1.1", "1.0": b"HTTP/1.0"}
 
 
 @dataclass
 class Body:
     """A request's body as read: `data`, and the bytes still to come after it (`left`, only for
-    a Content-Length larger than BODY_BUFFER, to come by `deadline`, the event loop's time).
-    `framed`: the request declared a body."""
+    a Content-Length larger than BODY_BUFFER, to come by `deadline`, the event loop's time, from
+    `source`). `framed`: the request declared a body."""
 
     data: bytes = b""
     left: int = 0
     framed: bool = False
     deadline: float = 0.0
+    source: Requests | None = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
@@ -71,69 +82,179 @@ def request_length(head: Head) -> int | None:
     return length
 
 
-async def read_request_body(reader: asyncio.StreamReader, length: int | None) -> Body:
-    """The body as framed by `length` (request_length's): whole, or its first BODY_BUFFER
-    bytes and how many are left."""
-    if length is None:
-        return Body()
-    if length == -1:
-        return Body(await _dechunk(reader), 0, True)
-    data = await reader.readexactly(min(length, BODY_BUFFER))
-    return Body(data, length - len(data), True)
+class _Message:
+    """One request as llhttp frames it: its head once whole, its body's pieces not yet taken."""
+
+    __slots__ = (
+        "complete",
+        "head",
+        "headers",
+        "held",
+        "length",
+        "pieces",
+        "size",
+        "target",
+        "trailers",
+    )
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head: Head | None = None
+        self.length: int | None = None
+        self.pieces: list[bytes] = []
+        self.held = 0
+        self.trailers = 0
+        self.size = 0  # the head's bytes so far, its target and headers
+        self.complete = False
 
 
-async def _dechunk(reader: asyncio.StreamReader) -> bytes:
-    data = bytearray()
-    while size := await _chunk_size(reader):
-        if len(data) + size > BODY_BUFFER:
+class Requests:
+    """The requests of one client connection, in order: `head()`, then `body()`, then, for a
+    body larger than BODY_BUFFER, `relay_rest()`."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self._parser = httptools.HttpRequestParser(self)
+        self._messages: deque[_Message] = deque()
+        #: why the parser stopped (raised when the request it stopped in is asked for)
+        self._failed: BadMessage | None = None
+        #: the connection ended, or switched protocols: nothing more is parsed
+        self._ended = False
+        #: bytes read since a request was last complete: what a head or a chunked body took
+        self._wire = 0
+
+    # -- llhttp's callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._messages.append(_Message())
+
+    def on_url(self, data: bytes) -> None:
+        message = self._messages[-1]
+        message.target += data
+        message.size += len(data)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        message = self._messages[-1]
+        if message.head is not None:  # a trailer: checked by llhttp as a header, dropped
+            message.trailers += 1
+            if message.trailers > MAX_HEADERS:
+                raise BadMessage(f"more than {MAX_HEADERS} trailers")
+        elif len(message.headers) == MAX_HEADERS:
+            raise BadMessage(f"more than {MAX_HEADERS} header lines", 431)
+        else:
+            message.headers.append((name, value.rstrip(b" \t")))
+            message.size += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        message = self._messages[-1]
+        version = _VERSIONS.get(self._parser.get_http_version())
+        if version is None:
+            raise BadMessage("malformed request line: only HTTP/1.0 and HTTP/1.1")
+        if message.size > MAX_HEAD:  # a head that came in one piece, which _bound did not see
+            raise BadMessage("the head is too large", 431)
+        head = Head(self._parser.get_method(), message.target, version, message.headers)
+        message.length = request_length(head)
+        message.head = head
+
+    def on_body(self, data: bytes) -> None:
+        message = self._messages[-1]
+        message.pieces.append(data)
+        message.held += len(data)
+        if message.length == -1 and message.held > BODY_BUFFER:
             raise BadMessage(f"a chunked body larger than {BODY_BUFFER} bytes", 413)
-        data += await reader.readexactly(size)
-        await _crlf(reader)
-    await _trailers(reader)
-    return bytes(data)
 
+    def on_message_complete(self) -> None:
+        self._messages[-1].complete = True
+        self._wire = 0
 
-async def _chunk_size(reader: asyncio.StreamReader) -> int:
-    found = _CHUNK_SIZE.fullmatch(await _line(reader))
-    if found is None:
-        raise BadMessage("malformed chunk size line")
-    return int(found.group(1), 16)
+    # -- reading ---------------------------------------------------------------------------
 
+    async def _more(self) -> bool:
+        """Read a piece and parse it; False at the end of the connection, BadMessage if the
+        parser stopped in the request being read."""
+        if self._failed is not None:
+            raise self._failed
+        if self._ended:
+            return False
+        data = await self.reader.read(PIECE)
+        if not data:
+            self._ended = True
+            return False
+        self._wire += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._ended = True  # the router switches no protocol: the connection ends after it
+        except httptools.HttpParserCallbackError as err:
+            refused = err.__context__  # what a callback raised
+            self._failed = refused if isinstance(refused, BadMessage) else BadMessage(str(err))
+        except httptools.HttpParserError as err:
+            self._failed = BadMessage(f"malformed request: {err}")
+        if self._wire > MAX_HEAD:  # both bounds are past it (CHUNKED_WIRE > MAX_HEAD)
+            self._bound()
+        return True
 
-async def _line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await reader.readuntil(b"\r\n")
-    except asyncio.LimitOverrunError as err:
-        raise BadMessage("a chunk line or trailer is too large") from err
+    def _bound(self) -> None:
+        """A head over MAX_HEAD bytes, or a chunked body over CHUNKED_WIRE on the wire, stops
+        the parser (llhttp buffers nothing, but httptools gathers a header line's pieces)."""
+        if self._failed is not None:
+            return
+        last = self._messages[-1] if self._messages else None
+        if last is None or last.complete or last.head is None:  # between requests, or a head
+            if self._wire > MAX_HEAD:
+                self._failed = BadMessage("the head is too large", 431)
+        elif last.length == -1 and self._wire > CHUNKED_WIRE:
+            self._failed = BadMessage(f"a chunked body larger than {BODY_BUFFER} bytes", 413)
 
+    async def head(self) -> Head | None:
+        """The next request's head; None at a clean end of the connection."""
+        while not self._messages or self._messages[0].head is None:
+            if not await self._more():
+                if self._messages:
+                    raise BadMessage("the connection ended inside a head")
+                return None
+        return self._messages[0].head
 
-async def _crlf(reader: asyncio.StreamReader) -> None:
-    if await reader.readexactly(2) != b"\r\n":
-        raise BadMessage("a chunk not followed by CRLF")
+    def declares_body(self) -> bool:
+        """Whether the request whose head came last declares a body (chunked, or a length)."""
+        return bool(self._messages[0].length)
 
+    async def body(self) -> Body:
+        """The body of the request whose head came last: whole, or its first BODY_BUFFER bytes
+        and how many are left (for `relay_rest`)."""
+        message = self._messages[0]
+        if message.complete and not message.pieces:  # no body, or an empty one
+            self._messages.popleft()
+            return Body(b"", 0, message.length is not None, source=self)
+        # a chunked body is read whole (on_body refuses it past BODY_BUFFER)
+        while not message.complete and (message.length == -1 or message.held < BODY_BUFFER):
+            if not await self._more():
+                raise asyncio.IncompleteReadError(b"", None)
+        data = b"".join(message.pieces)
+        message.pieces, message.held = [], 0
+        if len(data) > BODY_BUFFER:  # the rest goes on with relay_rest, after a replica is found
+            message.pieces, data = [data[BODY_BUFFER:]], data[:BODY_BUFFER]
+        length = message.length  # None: no body; -1: chunked, here whole
+        left = length - len(data) if length is not None and length > 0 else 0
+        if not left:
+            self._messages.popleft()
+        return Body(data, left, message.length is not None, source=self)
 
-async def _trailers(reader: asyncio.StreamReader) -> None:
-    """The trailer section up to its blank line, checked as a head's fields, and dropped (the
-    request goes on with a Content-Length)."""
-    lines = b""
-    while (line := await _line(reader)) != b"\r\n":
-        lines += line
-        if len(lines) > MAX_HEAD:
-            raise BadMessage("the trailers are too large")
-    parse_head(b"POST / HTTP/1.1\r\n" + lines + b"\r\n")
-
-
-async def relay_exactly(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int
-) -> None:
-    """Copy `length` bytes as they arrive; IncompleteReadError if the connection ends first."""
-    while length:
-        piece = await reader.read(min(length, PIECE))
-        if not piece:
-            raise asyncio.IncompleteReadError(b"", length)
-        length -= len(piece)
-        writer.write(piece)
-        await sent(writer)
+    async def relay_rest(self, writer: asyncio.StreamWriter) -> None:
+        """The rest of that body copied to `writer` as it comes; IncompleteReadError if the
+        connection ends first."""
+        message = self._messages[0]
+        while True:
+            for piece in message.pieces:
+                writer.write(piece)
+            message.pieces, message.held = [], 0
+            await sent(writer)
+            if message.complete:
+                self._messages.popleft()
+                return
+            if not await self._more():
+                raise asyncio.IncompleteReadError(b"", None)
 
 
 async def sent(writer: asyncio.StreamWriter) -> None:

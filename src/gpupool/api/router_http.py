@@ -1,21 +1,13 @@
-"""HTTP/1.1 request heads for the router, parsed by llhttp (httptools) and checked strictly.
-
-Only what a proxy must know is parsed: the start line and the headers. What a replica could read
-otherwise than the router is refused rather than guessed at (RFC 9112 section 11): a bare CR or
-LF, a folded header line (obs-fold), a header name that is not a token, a control character in a
-value or the target, a request line that is not `METHOD TARGET HTTP/1.x`. A head longer than
-MAX_HEAD or with more than MAX_HEADERS headers is refused with 431. Request bodies are in
-router_body.py, replicas' answers in router_answer.py.
+"""HTTP/1.1 for the router: heads as llhttp (httptools) parsed them, re-encoded to be passed on,
+and the answers the router makes itself. Clients' requests are framed in router_body.py,
+replicas' answers in router_answer.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import httptools
 
 #: the largest request or response head accepted (the StreamReader's limit)
 MAX_HEAD = 64 * 1024
@@ -34,7 +26,6 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
 
 
 class BadMessage(Exception):
@@ -82,63 +73,6 @@ class Head:
         lines += [k + b": " + v for k, v in self.headers if k.lower() not in left_out]
         lines += [k + b": " + v for k, v in extra]
         return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-class _HeadFound:
-    """llhttp's callbacks for one request head."""
-
-    def __init__(self) -> None:
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.complete = False
-
-    def on_url(self, data: bytes) -> None:
-        self.target += data
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self.headers) == MAX_HEADERS:
-            raise BadMessage(f"more than {MAX_HEADERS} header lines", 431)
-        self.headers.append((name, value.rstrip(b" \t")))
-
-    def on_headers_complete(self) -> None:
-        self.complete = True
-
-
-def parse_head(data: bytes) -> Head:
-    """A request head as read up to its blank line, parsed by llhttp (strict: no bare CR or LF,
-    no folded line, header names tokens, no control character in a value or the target, one
-    Content-Length, not with Transfer-Encoding); BadMessage for anything else, and for a start
-    line other than `METHOD TARGET HTTP/1.0|1.1` with single spaces."""
-    found = _HeadFound()
-    parser = httptools.HttpRequestParser(found)
-    try:
-        parser.feed_data(data)
-    except httptools.HttpParserUpgrade:
-        pass  # an Upgrade head is whole; the router drops Upgrade and answers in HTTP/1.1
-    except httptools.HttpParserCallbackError as err:
-        refused = err.__context__  # what the callback raised: too many headers
-        raise (refused if isinstance(refused, BadMessage) else BadMessage(str(err))) from None
-    except httptools.HttpParserError as err:
-        raise BadMessage(f"malformed head: {err}") from None
-    version = b"HTTP/" + parser.get_http_version().encode()
-    if not found.complete or version not in _VERSIONS:
-        raise BadMessage("malformed request line")
-    if data.partition(b"\r\n")[0].count(b" ") != 2:
-        raise BadMessage("malformed request line")
-    return Head(parser.get_method(), found.target, version, found.headers)
-
-
-async def read_head(reader: asyncio.StreamReader) -> Head | None:
-    """The next head on `reader`; None at a clean end of the connection."""
-    try:
-        data = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as err:
-        if not err.partial.strip():
-            return None
-        raise BadMessage("the connection ended inside a head") from err
-    except asyncio.LimitOverrunError as err:
-        raise BadMessage("the head is too large", 431) from err
-    return parse_head(data.lstrip(b"\r\n"))
 
 
 #: the reason phrase of each status the router answers itself

@@ -3,8 +3,9 @@ from the others: connections in all and per peer address, and the time a connect
 to send a head or a body.
 
 The arithmetic (docs/limits.md): a connection holds at most a head (MAX_HEAD, twice over in the
-reader's buffer) and a body's buffer (BODY_BUFFER) before it takes a replica, so one peer holds
-at most about MAX_PER_PEER * 384 KiB (48 MiB) and all of them MAX_CONNECTIONS times that; each
+reader's buffer), a body's buffer (BODY_BUFFER) and one piece its parser read ahead (PIECE)
+before it takes a replica, so one peer holds at most about MAX_PER_PEER * 448 KiB (56 MiB) and
+all of them MAX_CONNECTIONS times that; each
 connection is at most two descriptors (the client's and one to a replica).
 """
 

@@ -16,10 +16,11 @@ import asyncio
 import errno
 import socket
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpupool.agent.service_traffic import Endpoint
 from gpupool.api.router_answer import Answer
-from gpupool.api.router_body import Body, relay_exactly
+from gpupool.api.router_body import Body
 from gpupool.api.router_http import MAX_HEAD, BadMessage, Head
 from gpupool.isolation.sock_owner import PeerUnknown, accepting_uid
 
@@ -35,8 +36,22 @@ _REFRAMED = frozenset({b"content-length", b"transfer-encoding", b"expect"})
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+class Client(NamedTuple):
+    """A client's connection: `lost` is done once it is gone (reset; not at a half-close, after
+    which the client still reads its answer)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    lost: asyncio.Future[None]
+
+
 class UpstreamFailed(Exception):
     """The replica failed before its answer began: the client gets a 502."""
+
+
+class ClientGone(ConnectionResetError):
+    """The client's connection was lost before its answer began: the replica's request was cut
+    (its connection closed), its slot freed; nothing is counted."""
 
 
 class UpstreamRefused(UpstreamFailed):
@@ -104,22 +119,34 @@ class Upstreams:
         return (reader, writer), False
 
     async def forward(
-        self, request: Request, endpoint: Endpoint, owner: int, client: Connection, keep: bool
+        self, request: Request, endpoint: Endpoint, owner: int, client: Client, keep: bool
     ) -> tuple[int, bool]:
         """Send `request` to `endpoint`, copy its answer back; (status, whether the client
         connection may stay open). UpstreamFailed when the replica fails before its answer
-        began; BadMessage (408) when the client's streamed body does not come in time."""
-        writer = client[1]
+        began; BadMessage (408) when the client's streamed body does not come in time;
+        ClientGone when the client's connection is lost before then."""
+        writer = client.writer
+        if client.lost.done():
+            raise ClientGone("the client went before its request took a replica")
         (up_reader, up_writer), reused = await self.connect(endpoint, owner)
         answer = Answer(up_reader, head_only=request.head.first == b"HEAD")
+
+        def cut(_: object) -> None:  # the replica sees its request's connection reset
+            up_writer.transport.abort()
+
+        client.lost.add_done_callback(cut)
         try:
-            head = await _exchange(request, endpoint, answer, up_writer, client)
+            head = await _exchange(request, endpoint, answer, up_writer, writer)
         except UpstreamFailed as err:
+            if client.lost.done():  # cut() closed the connection: no replica's failure
+                raise ClientGone(f"the client went before its answer began: {err}") from err
             unread = not request.body.left and _unread_by_replica(answer, up_writer, err, reused)
             up_writer.close()
             if not unread:
                 raise
             raise UpstreamRefused(f"replica on port {endpoint.port} took nothing: {err}") from err
+        finally:
+            client.lost.remove_done_callback(cut)
         # an answer that ends with its connection ends the client's too
         client_keep = keep and answer.framed
         extra = [] if client_keep else [(b"Connection", b"close")]
@@ -143,17 +170,17 @@ async def _exchange(
     endpoint: Endpoint,
     answer: Answer,
     up_writer: asyncio.StreamWriter,
-    client: Connection,
+    writer: asyncio.StreamWriter,
 ) -> Head:
     """Send the request (its head and body; the rest of a streamed body by its deadline) and
-    read the answer's head (1xx ones passed on); UpstreamFailed when the replica fails first."""
-    reader, writer = client
+    read the answer's head (1xx ones passed on to the client's `writer`); UpstreamFailed when
+    the replica fails first."""
     try:
         up_writer.write(request.encode())
-        if request.body.left:
+        if request.body.left and request.body.source is not None:
             try:
                 async with asyncio.timeout_at(request.body.deadline):
-                    await relay_exactly(reader, up_writer, request.body.left)
+                    await request.body.source.relay_rest(up_writer)
             except TimeoutError:
                 up_writer.close()
                 raise BadMessage("the body did not come in time", 408) from None
