@@ -62,11 +62,13 @@ def typer_option(flag: Flag) -> Any:
     return typer.Option(None, *flag.names, metavar=flag.metavar, help=flag.help)
 
 
-def add(parser: argparse.ArgumentParser, flag: Flag) -> None:
-    """`flag` added to an argparse command's parser."""
+def add(parser: argparse.ArgumentParser, flag: Flag, required: bool = False) -> None:
+    """`flag` added to an argparse command's parser (`required`: a value the command needs)."""
     if flag.metavar is None:
         parser.add_argument(*flag.names, dest=flag.dest, action="store_true", help=flag.help)
     else:
         # argparse expands % in help texts
         text = flag.help.replace("%", "%%")
-        parser.add_argument(*flag.names, dest=flag.dest, metavar=flag.metavar, help=text)
+        parser.add_argument(
+            *flag.names, dest=flag.dest, metavar=flag.metavar, help=text, required=required
+        )

@@ -115,9 +115,7 @@ def parser(name: str) -> argparse.ArgumentParser:
     actions = cluster.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="Start munged, slurmctld, slurmd and a gpupool daemon.")
     up.add_argument("directory", type=Path, metavar="DIR", help="Where the cluster's files go.")
-    up.add_argument(
-        "--simulate", required=True, metavar="SPEC", help="The simulated GPUs: 1xA100-40GB."
-    )
+    options.add(up, options.SIMULATE, required=True)
     up.add_argument("--shards", type=int, default=10, metavar="M", help="Shards per GPU.")
     up.add_argument("--nodes", type=int, default=1, metavar="N", help="Slurm nodes (1 here).")
     up.set_defaults(run=_up)
