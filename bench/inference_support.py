@@ -15,8 +15,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gpupool.agent.mps import REAL_CONTROL
 from gpupool.api.client import Client
 from gpupool.core.errors import DaemonError
+from gpupool.devices.sim import mps_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_SERVER = str(ROOT / "examples" / "model_server.py")
@@ -114,4 +116,10 @@ class Pool:
         for pids in (self.root / "state").glob("jobs/*/pids.json"):  # replicas outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, OSError):
                 os.killpg(json.loads(pids.read_text())["job"], signal.SIGKILL)
+        # and so do the MPS control daemons it started for mode mps: told to quit
+        control = mps_twin.command() if self.spec is not None else [REAL_CONTROL]
+        for pipe in (self.root / "state").glob("mps/*/pipe"):
+            env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(control, input="quit\n", text=True, env=env, timeout=30, check=False)
         self.log.close()
