@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from shim_support import PROGS, compile_prog
 
-SECONDS = 3.0
+SECONDS = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +49,27 @@ def test_gpus_and_exec_show_each_busy_share_against_its_share(client: Path, tmp_
         for percent, priority in shares
     ]
     time.sleep(1.5)  # both busy
-    shown = gpupool("gpus", "--node-dir", str(node), "--json", env=env)
+    # three readings, each of `gpus`' 0.5 s window, judged by their median: one such window on
+    # 2 busy cores moves by more than the tolerance now and then
+    docs = [
+        json.loads(gpupool("gpus", "--node-dir", str(node), "--json", env=env).communicate(60)[0])
+        for _ in range(3)
+    ]
     table = gpupool("gpus", "--node-dir", str(node), env=env)
-    doc = json.loads(shown.communicate(timeout=60)[0])
     text = table.communicate(timeout=60)[0]
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
-    got = {row["percent"]: row for row in doc["compute_shares"]}
-    assert sorted(got) == [30, 70], doc["compute_shares"]
+    got = {row["percent"]: row for row in docs[0]["compute_shares"]}
+    assert sorted(got) == [30, 70], docs[0]["compute_shares"]
     assert got[30]["priority"] == "high" and got[70]["priority"] == "low"
-    assert abs(got[30]["used_percent"] - 30) <= 8, got
-    assert abs(got[70]["used_percent"] - 70) <= 8, got
+    for percent in (30, 70):
+        used = [
+            row["used_percent"]
+            for doc in docs
+            for row in doc["compute_shares"]
+            if row["percent"] == percent
+        ]
+        assert len(used) == 3 and abs(statistics.median(used) - percent) <= 8, docs
     assert "Compute shares" in text and "30% cap" in text and "70% cap" in text, text
     for (percent, priority), (stdout, stderr) in zip(shares, outputs, strict=True):
         assert stdout.startswith("run "), stdout  # the command's own output, alone
