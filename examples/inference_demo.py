@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
+from demo_support import bold, cli, free_port, until  # noqa: E402
 
 SECONDS = 20.0
 #: name -> (replicas, priority, concurrency, requests/s or None for batch scoring)
@@ -44,29 +44,15 @@ SERVICES: dict[str, tuple[str, str, int, float | None]] = {
 }
 
 
-def bold(text: str) -> None:
-    print(f"\n\033[1m{text}\033[0m", flush=True)
-
-
 def main() -> None:
     bin_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin").resolve()
     gpupool, python = str(bin_dir / "gpupool"), str(bin_dir / "python")
     work = Path(tempfile.mkdtemp(prefix="gpupool-inference-"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     router = f"http://127.0.0.1:{port}"
     env = dict(os.environ, GPUPOOL_URL=f"unix://{work / 'state' / 'gpupool.sock'}")
 
-    def run(*args: str, show: bool = True) -> str:
-        if show:
-            print("$ gpupool " + " ".join(args).replace(str(HERE) + "/", ""), flush=True)
-        done = subprocess.run([gpupool, *args], env=env, capture_output=True, text=True)
-        if show:
-            print(done.stdout, end="", flush=True)
-        if done.returncode:
-            raise SystemExit(done.stderr)
-        return done.stdout
+    run = cli(gpupool, env)
 
     bold("== Inference pooling: 8 model services on a simulated node of 2x A100-40GB ==")
     daemon = subprocess.Popen(
@@ -91,7 +77,7 @@ def main() -> None:
                 "--idle", "6s", "--window", "4s", "--workdir", "/tmp", "--",
                 python, str(HERE / "model_server.py"), "--memory-mib", "2048",
             )  # fmt: skip
-        _until(lambda: all(s["replicas"]["ready"] for s in _services(run)), 30)
+        until(lambda: all(s["replicas"]["ready"] for s in _services(run)), 30)
         bold(f"Traffic for {SECONDS:g} s through the router ({router}/NAME/...)")
         results = asyncio.run(_traffic(router))
         bold("Under load: chat scaled out; summarize went to zero replicas")
@@ -133,12 +119,6 @@ async def _traffic(router: str) -> dict[str, loadgen.Result]:
 
 def _services(run: Callable[..., str]) -> list[dict[str, Any]]:
     return list(json.loads(run("service", "ls", "--json", show=False))["services"])
-
-
-def _until(check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def _report(services: list[dict[str, Any]], results: dict[str, loadgen.Result]) -> None:

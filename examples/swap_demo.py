@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,30 +25,19 @@ from typing import Any
 import openai
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-
-def bold(text: str) -> None:
-    print(f"\n\033[1m{text}\033[0m", flush=True)
+from demo_support import bold, cli, free_port, until  # noqa: E402
 
 
 def main() -> None:
     bin_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin").resolve()
     gpupool, python = str(bin_dir / "gpupool"), str(bin_dir / "python")
     work = Path(tempfile.mkdtemp(prefix="gpupool-swap-"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, GPUPOOL_URL=f"unix://{work / 'state' / 'gpupool.sock'}")
 
-    def run(*args: str, show: bool = True) -> str:
-        if show:
-            print("$ gpupool " + " ".join(args).replace(str(HERE) + "/", ""), flush=True)
-        done = subprocess.run([gpupool, *args], env=env, capture_output=True, text=True)
-        if show:
-            print(done.stdout, end="", flush=True)
-        if done.returncode:
-            raise SystemExit(done.stderr)
-        return done.stdout
+    run = cli(gpupool, env)
 
     def service(name: str) -> dict[str, Any]:
         return dict(json.loads(run("service", "describe", name, "--json", show=False)))
@@ -119,11 +107,8 @@ def _chat(base_url: str) -> None:
 
 
 def _until(check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit("the demo's daemon did not get there in time")
-        time.sleep(0.1)
+    if not until(check, timeout):
+        raise SystemExit("the demo's daemon did not get there in time")
 
 
 if __name__ == "__main__":
