@@ -11,12 +11,8 @@ Usage: examples/inference_demo.py [BIN_DIR]   (BIN_DIR holds gpupool and python;
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
-from demo_support import bold, cli, free_port, until  # noqa: E402
+from demo_support import bold, cli, free_port, simulated_daemon, until  # noqa: E402
 
 SECONDS = 20.0
 #: name -> (replicas, priority, concurrency, requests/s or None for batch scoring)
@@ -55,20 +51,7 @@ def main() -> None:
     run = cli(gpupool, env)
 
     bold("== Inference pooling: 8 model services on a simulated node of 2x A100-40GB ==")
-    daemon = subprocess.Popen(
-        [
-            *(gpupool, "serve", "--simulate", "2xA100-40GB", "--node-dir", str(work / "node")),
-            *("--state-dir", str(work / "state"), "--router", f"127.0.0.1:{port}"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            if subprocess.run([gpupool, "ps"], env=env, capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+    with simulated_daemon(gpupool, "2xA100-40GB", work, port, env):
         bold("Each service: a model server (a share of 1/4 GPU: 8Gi, 25 %), replicas MIN..MAX")
         for name, (replicas, priority, concurrency, _rate) in SERVICES.items():
             run(
@@ -88,15 +71,6 @@ def main() -> None:
         asyncio.run(loadgen.Target(f"{router}/summarize/infer").once(woke, began))
         print(f"  answered {dict(woke.statuses)} in {time.perf_counter() - began:.2f} s")
         _report(_services(run), results)
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-        with contextlib.suppress(OSError, ValueError):  # the router outlives the daemon too
-            os.kill(int((work / "state" / "router.pid").read_text()), signal.SIGKILL)
-        for pids in (work / "state").glob("jobs/*/pids.json"):  # replicas outlive the daemon
-            with contextlib.suppress(OSError, ValueError):
-                os.killpg(json.loads(pids.read_text())["job"], signal.SIGKILL)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 async def _traffic(router: str) -> dict[str, loadgen.Result]:

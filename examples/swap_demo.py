@@ -9,12 +9,8 @@ Usage: examples/swap_demo.py [BIN_DIR]   (BIN_DIR holds gpupool and python; defa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +23,7 @@ import openai
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from demo_support import bold, cli, free_port, until  # noqa: E402
+from demo_support import bold, cli, free_port, simulated_daemon, until  # noqa: E402
 
 
 def main() -> None:
@@ -43,19 +39,7 @@ def main() -> None:
         return dict(json.loads(run("service", "describe", name, "--json", show=False)))
 
     bold("== More models than fit: two chat models of 24 GiB on one simulated A100-40GB ==")
-    daemon = subprocess.Popen(
-        [
-            *(gpupool, "serve", "--simulate", "1xA100-40GB", "--node-dir", str(work / "node")),
-            *("--state-dir", str(work / "state"), "--router", f"127.0.0.1:{port}"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _until(
-            lambda: subprocess.run([gpupool, "ps"], env=env, capture_output=True).returncode == 0
-        )
+    with simulated_daemon(gpupool, "1xA100-40GB", work, port, env):
         cold = {}
         for name in ("chat-a", "chat-b"):
             began = time.monotonic()
@@ -80,15 +64,6 @@ def main() -> None:
             "simulated model loads at once; a real LLM's cold start is its load from disk, "
             "tens of seconds to minutes"
         )
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-        with contextlib.suppress(OSError, ValueError):  # the router outlives the daemon too
-            os.kill(int((work / "state" / "router.pid").read_text()), signal.SIGKILL)
-        for pids in (work / "state").glob("jobs/*/pids.json"):  # replicas outlive the daemon
-            with contextlib.suppress(OSError, ValueError):
-                os.killpg(json.loads(pids.read_text())["job"], signal.SIGKILL)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _chat(base_url: str) -> None:
